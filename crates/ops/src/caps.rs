@@ -1,0 +1,92 @@
+//! What the runtime behind a client can do, read once per launch from its properties.
+//!
+//! Two facts measured on this project's machines drive this module: Mesa's lavapipe (wgpu without
+//! a GPU) has no bf16 (its WGSL compiler panics and the read returns garbage) and reports no plane
+//! operations (and `plane_sum` silently returns wrong values there). Ops therefore check dtype
+//! support before launching and pick a shared-memory reduction when plane ops are missing.
+
+use cubecl::features::Plane;
+use cubecl::prelude::*;
+
+use crate::{DType, OpsError, Result};
+
+/// The name of the runtime (`"cuda"`, `"wgpu"`, ...).
+pub fn runtime_name<R: Runtime>(client: &ComputeClient<R>) -> &'static str {
+    R::name(client)
+}
+
+/// Whether the runtime can load, store and compute with `dtype`.
+pub fn supports_dtype<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    // wgpu advertises bf16 on some drivers yet cannot compile it (see module docs).
+    if dtype == DType::BF16 && runtime_name(client).contains("wgpu") {
+        return false;
+    }
+    client.properties().supports_type(dtype.elem_type())
+}
+
+/// Whether plane (warp/subgroup) reductions are reported and usable.
+pub fn has_plane_ops<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    client.features().plane.contains(Plane::Ops)
+}
+
+/// Errors unless `dtype` is one of the float activations and the runtime supports it.
+pub fn check_float_dtype<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    dtype: DType,
+) -> Result<()> {
+    if !dtype.is_float() {
+        return Err(OpsError::UnsupportedDType {
+            op,
+            dtype,
+            runtime: runtime_name(client),
+            detail: "expected f32, f16 or bf16".into(),
+        });
+    }
+    check_dtype_supported(client, op, dtype)
+}
+
+/// Errors if the runtime cannot handle `dtype` at all.
+pub fn check_dtype_supported<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    dtype: DType,
+) -> Result<()> {
+    if supports_dtype(client, dtype) {
+        return Ok(());
+    }
+    let detail = if dtype == DType::BF16 {
+        "bf16 is not supported by this runtime; use f16 or f32".to_string()
+    } else {
+        format!("{dtype} is not supported by this runtime")
+    };
+    Err(OpsError::UnsupportedDType {
+        op,
+        dtype,
+        runtime: runtime_name(client),
+        detail,
+    })
+}
+
+/// The widest vector (in elements) for loads of `dtype` that divides `len`: 16-byte loads
+/// where the runtime allows them.
+pub fn vector_size_for<R: Runtime>(client: &ComputeClient<R>, dtype: DType, len: usize) -> usize {
+    client
+        .io_optimized_vector_sizes(dtype.size())
+        .find(|&v| len % v == 0)
+        .unwrap_or(1)
+}
+
+/// Plane size the runtime guarantees at least (32 on NVIDIA).
+pub fn plane_size_min<R: Runtime>(client: &ComputeClient<R>) -> u32 {
+    client.properties().hardware.plane_size_min.max(1)
+}
+
+/// Number of streaming multiprocessors (or a guess of 32 when the runtime does not say).
+pub fn num_sms<R: Runtime>(client: &ComputeClient<R>) -> u32 {
+    client
+        .properties()
+        .hardware
+        .num_streaming_multiprocessors
+        .unwrap_or(32)
+}

@@ -1,0 +1,88 @@
+//! Shared validation and launch geometry for the kernels.
+
+use cubecl::prelude::*;
+
+use crate::{caps, DeviceTensor, OpsError, Result};
+
+/// Checks that `a` and `b` have the same dtype.
+pub(crate) fn check_same_dtype<R: Runtime>(
+    op: &'static str,
+    a: &DeviceTensor<R>,
+    b: &DeviceTensor<R>,
+) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(OpsError::UnsupportedDType {
+            op,
+            dtype: b.dtype(),
+            runtime: "any",
+            detail: format!("expected {} to match the input", a.dtype()),
+        });
+    }
+    Ok(())
+}
+
+/// Validates a row-wise op: `x` is a contiguous, non-empty float tensor the runtime supports, and
+/// each of `same` has exactly its shape and dtype and is contiguous.
+pub(crate) fn validate_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: &DeviceTensor<R>,
+    same: &[&DeviceTensor<R>],
+) -> Result<()> {
+    caps::check_float_dtype(client, op, x.dtype())?;
+    if x.rank() == 0 || x.numel() == 0 {
+        return Err(OpsError::shape(
+            op,
+            format!("input must be non-empty with rank >= 1, got {:?}", x.shape()),
+        ));
+    }
+    if !x.is_contiguous() {
+        return Err(OpsError::shape(op, "input must be contiguous"));
+    }
+    for t in same {
+        check_same_dtype(op, x, t)?;
+        if t.shape() != x.shape() {
+            return Err(OpsError::shape(
+                op,
+                format!("{:?} does not match the input {:?}", t.shape(), x.shape()),
+            ));
+        }
+        if !t.is_contiguous() {
+            return Err(OpsError::shape(op, "every operand must be contiguous"));
+        }
+    }
+    Ok(())
+}
+
+/// Geometry of a one-cube-per-row launch.
+pub(crate) struct RowLaunch {
+    pub cube_count: CubeCount,
+    pub cube_dim: u32,
+    pub vector: usize,
+    pub row_vectors: usize,
+}
+
+/// One cube per row of `x` (viewed as `[rows, last_dim]`), with the widest vector that divides
+/// the row and a power-of-two cube just large enough for it (32..=256 units).
+pub(crate) fn row_launch<R: Runtime>(client: &ComputeClient<R>, x: &DeviceTensor<R>) -> RowLaunch {
+    let vector = caps::vector_size_for(client, x.dtype(), x.last_dim());
+    let row_vectors = x.last_dim() / vector;
+    let cube_dim = (row_vectors as u32).next_power_of_two().clamp(32, 256);
+    RowLaunch {
+        cube_count: cube_count_1d(client, x.rows() as u32),
+        cube_dim,
+        vector,
+        row_vectors,
+    }
+}
+
+/// A cube count of `n` cubes laid out along x (the kernels read CUBE_POS).
+pub(crate) fn cube_count_1d<R: Runtime>(client: &ComputeClient<R>, n: u32) -> CubeCount {
+    let (max_x, _, _) = client.properties().hardware.max_cube_count;
+    if n <= max_x {
+        CubeCount::Static(n, 1, 1)
+    } else {
+        let y = n.div_ceil(max_x);
+        CubeCount::Static(n.div_ceil(y), y, 1)
+    }
+}

@@ -1,0 +1,20 @@
+//! Core GPU kernels for LLM inference, written once in CubeCL and generic over the runtime.
+//!
+//! Every op validates its inputs and returns [`OpsError`] before launching anything. Ops take
+//! [`DeviceTensor`]s and a `ComputeClient<R>`; each has an `_into` form that writes into
+//! preallocated outputs so that a decode step can run without allocating.
+
+pub mod caps;
+pub mod dtype;
+pub mod error;
+mod launch;
+pub mod norm;
+pub mod reduce;
+pub mod reference;
+pub mod tensor;
+
+pub use dtype::{DType, HostElement};
+pub use error::{OpsError, Result};
+pub use tensor::DeviceTensor;
+
+pub use cubecl;

@@ -1,0 +1,192 @@
+//! RMSNorm, alone and fused with the pre-norm residual add.
+//!
+//! One cube per row: the cube sums the squares in f32 (plane or shared-memory reduction, see
+//! [`crate::reduce`]), then scales. Numerics follow Hugging Face's `Qwen2RMSNorm`: statistics in
+//! f32, `x * rsqrt(mean(x²) + eps)` rounded to the activation dtype, then multiplied by the weight.
+
+use cubecl::prelude::*;
+
+use crate::launch::{check_same_dtype, row_launch, validate_rows};
+use crate::reduce::{cube_sum, ReducePlan};
+use crate::{caps, DeviceTensor, OpsError, Result};
+
+#[cube]
+fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
+    let mut s = 0f32;
+    #[unroll]
+    for i in 0..v.vector_size() {
+        let e = f32::cast_from(v.extract(i));
+        s += e * e;
+    }
+    s
+}
+
+#[cube]
+fn scale_by_weight<F: Float, N: Size>(v: Vector<F, N>, w: Vector<F, N>, inv: f32) -> Vector<F, N> {
+    let normed = Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(v) * Vector::new(inv));
+    normed * w
+}
+
+#[cube(launch_unchecked)]
+fn rms_norm_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    weight: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    row_vectors: usize,
+    inv_len: f32,
+    eps: f32,
+    #[comptime] plan: ReducePlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let base = CUBE_POS * row_vectors;
+    let mut acc = 0f32;
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        acc += sum_squares(x[base + i]);
+    }
+    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        out[base + i] = scale_by_weight(x[base + i], weight[i], inv);
+    }
+}
+
+#[cube(launch_unchecked)]
+fn rms_norm_residual_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    residual: &[Vector<F, N>],
+    weight: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    sum_out: &mut [Vector<F, N>],
+    row_vectors: usize,
+    inv_len: f32,
+    eps: f32,
+    #[comptime] plan: ReducePlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let base = CUBE_POS * row_vectors;
+    let mut acc = 0f32;
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        // The sum is rounded to the activation dtype first, as the model's residual stream is.
+        let s = x[base + i] + residual[base + i];
+        sum_out[base + i] = s;
+        acc += sum_squares(s);
+    }
+    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        out[base + i] = scale_by_weight(sum_out[base + i], weight[i], inv);
+    }
+}
+
+fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(OpsError::invalid(op, format!("eps must be finite and >= 0, got {eps}")));
+    }
+    Ok(())
+}
+
+fn check_weight<R: Runtime>(op: &'static str, x: &DeviceTensor<R>, w: &DeviceTensor<R>) -> Result<()> {
+    check_same_dtype(op, x, w)?;
+    if w.shape() != [x.last_dim()] || !w.is_contiguous() {
+        return Err(OpsError::shape(
+            op,
+            format!("weight {:?} for rows of {}", w.shape(), x.last_dim()),
+        ));
+    }
+    Ok(())
+}
+
+/// `rms_norm(x, w, eps)` over the last dimension of `x` (any rank, contiguous).
+pub fn rms_norm<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    eps: f32,
+) -> Result<DeviceTensor<R>> {
+    let out = DeviceTensor::empty(client, x.shape(), x.dtype());
+    rms_norm_into(client, x, weight, eps, &out)?;
+    Ok(out)
+}
+
+/// [`rms_norm`] into a preallocated `out` of the same shape and dtype (no allocation).
+pub fn rms_norm_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    eps: f32,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rms_norm";
+    validate_rows(client, OP, x, &[out])?;
+    check_weight(OP, x, weight)?;
+    check_eps(OP, eps)?;
+    let l = row_launch(client, x);
+    let plan = ReducePlan::new(client, l.cube_dim);
+    unsafe {
+        rms_norm_kernel::launch_unchecked::<R>(
+            client,
+            l.cube_count,
+            CubeDim::new_1d(l.cube_dim),
+            l.vector,
+            x.as_buffer_arg(),
+            weight.as_buffer_arg(),
+            out.as_buffer_arg(),
+            l.row_vectors,
+            1.0 / x.last_dim() as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// The pre-norm residual pattern: returns `(rms_norm(x + residual, w, eps), x + residual)`.
+pub fn rms_norm_residual<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    residual: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    eps: f32,
+) -> Result<(DeviceTensor<R>, DeviceTensor<R>)> {
+    let out = DeviceTensor::empty(client, x.shape(), x.dtype());
+    let sum = DeviceTensor::empty(client, x.shape(), x.dtype());
+    rms_norm_residual_into(client, x, residual, weight, eps, &out, &sum)?;
+    Ok((out, sum))
+}
+
+/// [`rms_norm_residual`] into preallocated outputs. `sum_out` may not alias `x` or `residual`.
+pub fn rms_norm_residual_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    residual: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    eps: f32,
+    out: &DeviceTensor<R>,
+    sum_out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rms_norm_residual";
+    validate_rows(client, OP, x, &[residual, out, sum_out])?;
+    check_weight(OP, x, weight)?;
+    check_eps(OP, eps)?;
+    let l = row_launch(client, x);
+    let plan = ReducePlan::new(client, l.cube_dim);
+    unsafe {
+        rms_norm_residual_kernel::launch_unchecked::<R>(
+            client,
+            l.cube_count,
+            CubeDim::new_1d(l.cube_dim),
+            l.vector,
+            x.as_buffer_arg(),
+            residual.as_buffer_arg(),
+            weight.as_buffer_arg(),
+            out.as_buffer_arg(),
+            sum_out.as_buffer_arg(),
+            l.row_vectors,
+            1.0 / x.last_dim() as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+    let _ = caps::runtime_name(client);
+    Ok(())
+}

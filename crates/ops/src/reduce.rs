@@ -1,0 +1,118 @@
+//! Cube-wide reductions shared by the row kernels (norms, softmax, argmax, GEMV, attention).
+//!
+//! With plane ops the cube reduces each plane with one instruction and the planes through a
+//! small shared array; without them (lavapipe) a shared-memory tree does the same job. The
+//! choice is comptime, so each runtime compiles only the path it can run.
+
+use cubecl::prelude::*;
+
+/// The comptime shape of a cube-wide reduction: how many units and whether planes are usable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReducePlan {
+    /// Units in the cube (a power of two).
+    pub cube_dim: u32,
+    /// Use `plane_*` instructions (only when the runtime reports them).
+    pub use_plane: bool,
+    /// The smallest plane size the device may pick (sizes the shared array of partials).
+    pub plane_size_min: u32,
+}
+
+impl ReducePlan {
+    /// A plan for `cube_dim` units on the runtime behind `client`.
+    pub fn new<R: Runtime>(client: &ComputeClient<R>, cube_dim: u32) -> Self {
+        debug_assert!(cube_dim.is_power_of_two());
+        let plane_size_min = crate::caps::plane_size_min(client);
+        Self {
+            cube_dim,
+            use_plane: crate::caps::has_plane_ops(client) && cube_dim >= plane_size_min,
+            plane_size_min,
+        }
+    }
+
+    /// The number of partials the plane path keeps in shared memory.
+    pub fn max_planes(&self) -> u32 {
+        (self.cube_dim / self.plane_size_min).max(1)
+    }
+
+    /// log2 of the cube size: the number of steps of the shared-memory tree.
+    pub fn tree_steps(&self) -> u32 {
+        self.cube_dim.trailing_zeros()
+    }
+}
+
+/// The sum of `value` over all units of the cube, returned to every unit.
+#[cube]
+pub fn cube_sum(value: f32, #[comptime] plan: ReducePlan) -> f32 {
+    let mut out = 0f32;
+    if comptime![plan.use_plane] {
+        let partial = plane_sum(value);
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.max_planes() as usize]);
+        if UNIT_POS_PLANE == 0 {
+            shared[PLANE_POS as usize] = partial;
+        }
+        sync_cube();
+        let num_planes = CUBE_DIM / PLANE_DIM;
+        for i in 0..num_planes {
+            out += shared[i as usize];
+        }
+    } else {
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.cube_dim as usize]);
+        shared[UNIT_POS as usize] = value;
+        sync_cube();
+        #[unroll]
+        for step in 0..plan.tree_steps() {
+            let stride = comptime![(plan.cube_dim >> (step + 1)) as usize];
+            if (UNIT_POS as usize) < stride {
+                let other = shared[UNIT_POS as usize + stride];
+                shared[UNIT_POS as usize] += other;
+            }
+            sync_cube();
+        }
+        out = shared[0];
+    }
+    out
+}
+
+/// The maximum of `value` over all units of the cube, returned to every unit.
+#[cube]
+pub fn cube_max(value: f32, #[comptime] plan: ReducePlan) -> f32 {
+    let mut out = f32::new(f32::NEG_INFINITY);
+    if comptime![plan.use_plane] {
+        let partial = plane_max(value);
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.max_planes() as usize]);
+        if UNIT_POS_PLANE == 0 {
+            shared[PLANE_POS as usize] = partial;
+        }
+        sync_cube();
+        let num_planes = CUBE_DIM / PLANE_DIM;
+        for i in 0..num_planes {
+            out = max(out, shared[i as usize]);
+        }
+    } else {
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.cube_dim as usize]);
+        shared[UNIT_POS as usize] = value;
+        sync_cube();
+        #[unroll]
+        for step in 0..plan.tree_steps() {
+            let stride = comptime![(plan.cube_dim >> (step + 1)) as usize];
+            if (UNIT_POS as usize) < stride {
+                let other = shared[UNIT_POS as usize + stride];
+                shared[UNIT_POS as usize] = max(shared[UNIT_POS as usize], other);
+            }
+            sync_cube();
+        }
+        out = shared[0];
+    }
+    out
+}
+
+/// Sum of the lanes of a vector, in f32.
+#[cube]
+pub fn vector_sum<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
+    let mut s = 0f32;
+    #[unroll]
+    for i in 0..v.vector_size() {
+        s += f32::cast_from(v.extract(i));
+    }
+    s
+}
