@@ -9,6 +9,8 @@ pub use ops;
 pub use quant;
 pub use sparse;
 
+pub mod bench;
 pub mod runtime;
+pub mod selfcheck;
 
 pub use runtime::{Backend, RuntimeChoice, RuntimeError};

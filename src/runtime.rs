@@ -81,7 +81,9 @@ pub fn probe_cuda() -> Result<Backend, RuntimeError> {
             return Err(no("libcuda (the NVIDIA driver) was not found".into()));
         }
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            return Err(no("libnvrtc (the CUDA runtime compiler) was not found".into()));
+            return Err(no(
+                "libnvrtc (the CUDA runtime compiler) was not found".into()
+            ));
         }
         cudarc::driver::result::init().map_err(|e| no(format!("cuInit failed: {e:?}")))?;
         let count = cudarc::driver::result::device::get_count()
@@ -100,7 +102,8 @@ pub fn probe_wgpu() -> Result<Backend, RuntimeError> {
     #[cfg(feature = "wgpu")]
     {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
-        let adapters = cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
+        let adapters =
+            cubecl::future::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY));
         if adapters.is_empty() {
             return Err(RuntimeError::NoDevice {
                 runtime: "wgpu",

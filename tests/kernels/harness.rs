@@ -81,8 +81,14 @@ pub fn random(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
 pub fn round_to(values: &[f32], dtype: DType) -> Vec<f64> {
     match dtype {
         DType::F32 => values.iter().map(|&v| v as f64).collect(),
-        DType::F16 => values.iter().map(|&v| half::f16::from_f32(v).to_f64()).collect(),
-        DType::BF16 => values.iter().map(|&v| half::bf16::from_f32(v).to_f64()).collect(),
+        DType::F16 => values
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f64())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_f64())
+            .collect(),
         other => panic!("round_to: {other} is not a float dtype"),
     }
 }

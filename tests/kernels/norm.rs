@@ -40,7 +40,12 @@ fn rms_norm_residual_case<R: Runtime>(client: &ComputeClient<R>) {
             // The device rounds the sum to the dtype before normalising it: so does the reference.
             let sum_dev = sum.to_f64_vec(client).unwrap();
             let (_, want_sum) = reference::norm::rms_norm_residual(&xh, &rh, &wh, 1e-5);
-            assert_close(&format!("residual sum {dtype} {n}"), &sum_dev, &want_sum, tolerance(dtype));
+            assert_close(
+                &format!("residual sum {dtype} {n}"),
+                &sum_dev,
+                &want_sum,
+                tolerance(dtype),
+            );
             let want = reference::norm::rms_norm(&sum_dev, &wh, 1e-5);
             assert_close(
                 &format!("rms_norm_residual {dtype} {n}"),
@@ -64,14 +69,26 @@ fn rms_norm_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_err("negative eps", rms_norm(client, &x, &w4, -1.0), "argument");
     assert_err("nan eps", rms_norm(client, &x, &w4, f32::NAN), "argument");
     let wrong_out = DeviceTensor::empty(client, &[4, 3], DType::F32);
-    assert_err("out shape", rms_norm_into(client, &x, &w4, 1e-6, &wrong_out), "shape");
+    assert_err(
+        "out shape",
+        rms_norm_into(client, &x, &w4, 1e-6, &wrong_out),
+        "shape",
+    );
     let strided = x.view(&[4, 3], &[1, 4]).unwrap();
     let w3f = DeviceTensor::from_f32(client, &[1.0; 3], &[3], DType::F32).unwrap();
-    assert_err("non-contiguous", rms_norm(client, &strided, &w3f, 1e-6), "shape");
+    assert_err(
+        "non-contiguous",
+        rms_norm(client, &strided, &w3f, 1e-6),
+        "shape",
+    );
     if !ops::caps::supports_dtype(client, DType::BF16) {
         let xb = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::BF16).unwrap();
         let wb = DeviceTensor::from_f32(client, &[1.0; 4], &[4], DType::BF16).unwrap();
-        assert_err("bf16 unsupported", rms_norm(client, &xb, &wb, 1e-6), "dtype");
+        assert_err(
+            "bf16 unsupported",
+            rms_norm(client, &xb, &wb, 1e-6),
+            "dtype",
+        );
     }
 }
 

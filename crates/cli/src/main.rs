@@ -1,1 +1,107 @@
-fn main() {}
+//! `cli`: run the library from the command line.
+//!
+//! ```text
+//! cli --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
+//! cli --runtime cuda bench [--family norm]    # device timings as JSON lines
+//! ```
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use cubecl::prelude::*;
+use cubellm::runtime::{self, RuntimeChoice};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cli",
+    version,
+    about = "Portable LLM-inference kernels (CubeCL): generate, check, bench"
+)]
+struct Cli {
+    /// Runtime: cuda, wgpu, or auto (CUDA if a device is present, else wgpu).
+    #[arg(long, global = true, default_value = "auto")]
+    runtime: RuntimeChoice,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run every kernel once per dtype against its CPU f64 reference and print a table.
+    Selfcheck,
+    /// Time the kernels on the device and print one JSON line per case.
+    Bench {
+        /// Only this family (default: all).
+        #[arg(long)]
+        family: Option<String>,
+        /// Only cases whose name contains this text.
+        #[arg(long, default_value = "")]
+        filter: String,
+    },
+}
+
+fn selfcheck<R: Runtime>(client: &ComputeClient<R>) -> anyhow::Result<bool> {
+    let rows = cubellm::selfcheck::run(client)?;
+    println!(
+        "{:<22} {:<6} {:<12} {:>12} {:>10}  result",
+        "op", "dtype", "shape", "rel. error", "tolerance"
+    );
+    for r in &rows {
+        println!(
+            "{:<22} {:<6} {:<12} {:>12.3e} {:>10.0e}  {}",
+            r.op,
+            r.dtype.name(),
+            r.shape,
+            r.error,
+            r.tolerance,
+            if r.passed() { "ok" } else { "FAILED" }
+        );
+    }
+    let failed = rows.iter().filter(|r| !r.passed()).count();
+    println!("{} passed, {} failed", rows.len() - failed, failed);
+    Ok(failed == 0)
+}
+
+fn bench<R: Runtime>(
+    client: &ComputeClient<R>,
+    family: Option<&str>,
+    filter: &str,
+) -> anyhow::Result<()> {
+    let families: Vec<&'static str> = match family {
+        Some(f) => match cubellm::bench::FAMILIES.iter().find(|k| **k == f) {
+            Some(k) => vec![*k],
+            None => anyhow::bail!(
+                "unknown bench family '{f}' (known: {})",
+                cubellm::bench::FAMILIES.join(", ")
+            ),
+        },
+        None => cubellm::bench::FAMILIES.to_vec(),
+    };
+    for f in families {
+        let cases = cubellm::bench::cases(client, f);
+        cubellm::bench::measure(client, f, cases, filter);
+    }
+    Ok(())
+}
+
+fn run(cli: Cli) -> anyhow::Result<bool> {
+    let backend = runtime::resolve(cli.runtime)?;
+    eprintln!("runtime: {backend}");
+    cubellm::with_runtime!(backend, |client: R| match &cli.command {
+        Command::Selfcheck => selfcheck::<R>(&client),
+        Command::Bench { family, filter } =>
+            bench::<R>(&client, family.as_deref(), filter).map(|_| true),
+    })
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

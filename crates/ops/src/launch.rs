@@ -33,7 +33,10 @@ pub(crate) fn validate_rows<R: Runtime>(
     if x.rank() == 0 || x.numel() == 0 {
         return Err(OpsError::shape(
             op,
-            format!("input must be non-empty with rank >= 1, got {:?}", x.shape()),
+            format!(
+                "input must be non-empty with rank >= 1, got {:?}",
+                x.shape()
+            ),
         ));
     }
     if !x.is_contiguous() {

@@ -9,6 +9,7 @@ pub mod dtype;
 pub mod error;
 mod launch;
 pub mod norm;
+pub mod online_softmax;
 pub mod reduce;
 pub mod reference;
 pub mod tensor;

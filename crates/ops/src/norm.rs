@@ -78,12 +78,19 @@ fn rms_norm_residual_kernel<F: Float, N: Size>(
 
 fn check_eps(op: &'static str, eps: f32) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
-        return Err(OpsError::invalid(op, format!("eps must be finite and >= 0, got {eps}")));
+        return Err(OpsError::invalid(
+            op,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
     }
     Ok(())
 }
 
-fn check_weight<R: Runtime>(op: &'static str, x: &DeviceTensor<R>, w: &DeviceTensor<R>) -> Result<()> {
+fn check_weight<R: Runtime>(
+    op: &'static str,
+    x: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+) -> Result<()> {
     check_same_dtype(op, x, w)?;
     if w.shape() != [x.last_dim()] || !w.is_contiguous() {
         return Err(OpsError::shape(

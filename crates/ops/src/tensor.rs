@@ -73,7 +73,9 @@ impl<R: Runtime> DeviceTensor<R> {
         ]
         .into_iter()
         .find(|d| d.elem_type() == inner.dtype)
-        .ok_or_else(|| OpsError::invalid("DeviceTensor", format!("no DType for {}", inner.dtype)))?;
+        .ok_or_else(|| {
+            OpsError::invalid("DeviceTensor", format!("no DType for {}", inner.dtype))
+        })?;
         Ok(Self { inner, dtype })
     }
 
@@ -148,7 +150,12 @@ impl<R: Runtime> DeviceTensor<R> {
         Ok(())
     }
 
-    fn upload_bytes(client: &ComputeClient<R>, bytes: &[u8], shape: &[usize], dtype: DType) -> Self {
+    fn upload_bytes(
+        client: &ComputeClient<R>,
+        bytes: &[u8],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Self {
         let handle = if bytes.is_empty() {
             client.empty(4)
         } else {
@@ -344,7 +351,10 @@ impl<R: Runtime> DeviceTensor<R> {
                 ),
             ));
         }
-        client.write(self.handle(), cubecl_environment::bytes::Bytes::from_bytes_vec(bytes.to_vec()));
+        client.write(
+            self.handle(),
+            cubecl_environment::bytes::Bytes::from_bytes_vec(bytes.to_vec()),
+        );
         Ok(())
     }
 }
