@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Joins the JSON lines of `cli bench` and `scripts/bench_torch.py` into a Markdown table.
+
+    python3 scripts/bench_table.py ours.jsonl torch.jsonl [--peak-gbps 2980]
+"""
+import argparse
+import json
+
+
+def load(path):
+    out = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            r = json.loads(line)
+            out[(r["family"], r["case"], r["dtype"])] = r
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ours")
+    ap.add_argument("peer")
+    ap.add_argument("--peak-gbps", type=float, default=2980.0)
+    args = ap.parse_args()
+    ours, peer = load(args.ours), load(args.peer)
+    print("| family | case | dtype | ours µs | ours GB/s | % of copy bw | ours TFLOP/s | torch µs | speed-up vs torch |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for key, r in ours.items():
+        p = peer.get(key)
+        pus = f"{p['us']:.2f}" if p else "-"
+        ratio = f"{p['us'] / r['us']:.2f}x" if p else "-"
+        tf = f"{r['tflops']:.1f}" if r.get("flops") else "-"
+        pct = f"{100 * r['gbps'] / args.peak_gbps:.0f}%" if r.get("bytes") else "-"
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {r['us']:.2f} | {r['gbps']:.0f} | {pct} | {tf} | {pus} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""PyTorch peers of `cli bench`: the same case names, timed the same way (many back-to-back
+launches per sample, one synchronize, median of 9 samples after warm-up), printed as JSON lines.
+
+    python3 scripts/bench_torch.py [--family norm] [--filter 4096x]
+
+Runs on the GPU machine (torch with CUDA). Each family lists its cases in the order and with the
+names that `cubellm::bench::<family>::cases` uses; `scripts/bench_table.py` joins them.
+"""
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def time_launches(fn, target_s=0.02, samples=9):
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    one = max(time.perf_counter() - t0, 5e-7)
+    iters = int(min(max(target_s / one, 3), 10000))
+    for _ in range(min(max(iters, 3), 20)):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) / iters)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def norm_cases():
+    for dname in ["f16", "bf16", "f32"]:
+        dt = DTYPES[dname]
+        for rows, n in [(4096, 4096), (512, 1536), (1, 1536)]:
+            x = torch.randn(rows, n, device="cuda", dtype=dt)
+            r = torch.randn(rows, n, device="cuda", dtype=dt)
+            w = torch.randn(n, device="cuda", dtype=dt)
+            e = x.element_size()
+            yield (f"rms_norm {rows}x{n}", dname, e * (2 * rows * n + n),
+                   lambda x=x, w=w, n=n: F.rms_norm(x, (n,), w, 1e-6))
+            yield (f"rms_norm_residual {rows}x{n}", dname, e * (4 * rows * n + n),
+                   lambda x=x, r=r, w=w, n=n: F.rms_norm(x + r, (n,), w, 1e-6))
+
+
+FAMILIES = {"norm": norm_cases}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", default=None)
+    ap.add_argument("--filter", default="")
+    args = ap.parse_args()
+    fams = [args.family] if args.family else list(FAMILIES)
+    for fam in fams:
+        for item in FAMILIES[fam]():
+            name, dname, nbytes, fn = item[:4]
+            flops = item[4] if len(item) > 4 else 0
+            if args.filter not in name:
+                continue
+            s = time_launches(fn)
+            print(json.dumps({"impl": "torch", "family": fam, "case": name, "dtype": dname,
+                              "runtime": "cuda", "us": round(s * 1e6, 3), "bytes": nbytes,
+                              "flops": flops, "gbps": round(nbytes / s / 1e9, 1),
+                              "tflops": round(flops / s / 1e12, 2)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
