@@ -4,3 +4,6 @@
 mod harness;
 
 mod norm;
+
+#[cfg(feature = "wgpu")]
+mod burn;

@@ -4,6 +4,8 @@
 //! [`DeviceTensor`]s and a `ComputeClient<R>`; each has an `_into` form that writes into
 //! preallocated outputs so that a decode step can run without allocating.
 
+#[cfg(feature = "burn")]
+pub mod burn;
 pub mod caps;
 pub mod dtype;
 pub mod error;
