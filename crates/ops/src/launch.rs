@@ -1,11 +1,12 @@
-//! Shared validation and launch geometry for the kernels.
+//! Shared validation and launch geometry for the kernels (public so that the sibling crates,
+//! `quant` and `sparse`, validate and launch the same way).
 
 use cubecl::prelude::*;
 
 use crate::{caps, DeviceTensor, OpsError, Result};
 
 /// Checks that `a` and `b` have the same dtype.
-pub(crate) fn check_same_dtype<R: Runtime>(
+pub fn check_same_dtype<R: Runtime>(
     op: &'static str,
     a: &DeviceTensor<R>,
     b: &DeviceTensor<R>,
@@ -23,7 +24,7 @@ pub(crate) fn check_same_dtype<R: Runtime>(
 
 /// Validates a row-wise op: `x` is a contiguous, non-empty float tensor the runtime supports, and
 /// each of `same` has exactly its shape and dtype and is contiguous.
-pub(crate) fn validate_rows<R: Runtime>(
+pub fn validate_rows<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     x: &DeviceTensor<R>,
@@ -58,7 +59,7 @@ pub(crate) fn validate_rows<R: Runtime>(
 }
 
 /// Geometry of a one-cube-per-row launch.
-pub(crate) struct RowLaunch {
+pub struct RowLaunch {
     pub cube_count: CubeCount,
     pub cube_dim: u32,
     pub vector: usize,
@@ -67,7 +68,7 @@ pub(crate) struct RowLaunch {
 
 /// One cube per row of `x` (viewed as `[rows, last_dim]`), with the widest vector that divides
 /// the row and a power-of-two cube just large enough for it (32..=256 units).
-pub(crate) fn row_launch<R: Runtime>(client: &ComputeClient<R>, x: &DeviceTensor<R>) -> RowLaunch {
+pub fn row_launch<R: Runtime>(client: &ComputeClient<R>, x: &DeviceTensor<R>) -> RowLaunch {
     let vector = caps::vector_size_for(client, x.dtype(), x.last_dim());
     let row_vectors = x.last_dim() / vector;
     let cube_dim = (row_vectors as u32).next_power_of_two().clamp(32, 256);
@@ -80,7 +81,7 @@ pub(crate) fn row_launch<R: Runtime>(client: &ComputeClient<R>, x: &DeviceTensor
 }
 
 /// A cube count of `n` cubes laid out along x (the kernels read CUBE_POS).
-pub(crate) fn cube_count_1d<R: Runtime>(client: &ComputeClient<R>, n: u32) -> CubeCount {
+pub fn cube_count_1d<R: Runtime>(client: &ComputeClient<R>, n: u32) -> CubeCount {
     let (max_x, _, _) = client.properties().hardware.max_cube_count;
     if n <= max_x {
         CubeCount::Static(n, 1, 1)

@@ -9,7 +9,7 @@ pub mod burn;
 pub mod caps;
 pub mod dtype;
 pub mod error;
-mod launch;
+pub mod launch;
 pub mod norm;
 pub mod online_softmax;
 pub mod reduce;

@@ -263,7 +263,7 @@ impl<R: Runtime> DeviceTensor<R> {
     ///
     /// # Safety
     /// The caller checked that the kernel reads at most `numel` elements of a contiguous tensor.
-    pub(crate) unsafe fn as_buffer_arg(&self) -> BufferArg<R> {
+    pub unsafe fn as_buffer_arg(&self) -> BufferArg<R> {
         unsafe { BufferArg::from_raw_parts(self.handle().clone(), self.numel()) }
     }
 
@@ -271,7 +271,7 @@ impl<R: Runtime> DeviceTensor<R> {
     ///
     /// # Safety
     /// The strides and shape describe memory inside the buffer (checked at construction).
-    pub(crate) unsafe fn as_tensor_arg(&self) -> TensorArg<R> {
+    pub unsafe fn as_tensor_arg(&self) -> TensorArg<R> {
         unsafe {
             TensorArg::from_raw_parts(
                 self.handle().clone(),
