@@ -4,6 +4,7 @@
 mod harness;
 
 mod norm;
+mod qkv;
 
 #[cfg(feature = "wgpu")]
 mod burn;

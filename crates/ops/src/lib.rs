@@ -12,6 +12,7 @@ pub mod error;
 pub mod launch;
 pub mod norm;
 pub mod online_softmax;
+pub mod qkv;
 pub mod reduce;
 pub mod reference;
 pub mod tensor;

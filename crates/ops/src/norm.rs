@@ -8,7 +8,7 @@ use cubecl::prelude::*;
 
 use crate::launch::{check_same_dtype, row_launch, validate_rows};
 use crate::reduce::{cube_sum, ReducePlan};
-use crate::{caps, DeviceTensor, OpsError, Result};
+use crate::{DeviceTensor, OpsError, Result};
 
 #[cube]
 fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
@@ -32,12 +32,17 @@ fn rms_norm_kernel<F: Float, N: Size>(
     x: &[Vector<F, N>],
     weight: &[Vector<F, N>],
     out: &mut [Vector<F, N>],
+    rows: usize,
     row_vectors: usize,
     inv_len: f32,
     eps: f32,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
+    // A grid folded into y (more rows than the x limit) has a few spare cubes.
+    if CUBE_POS >= rows {
+        terminate!();
+    }
     let base = CUBE_POS * row_vectors;
     let mut acc = 0f32;
     for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
@@ -56,12 +61,16 @@ fn rms_norm_residual_kernel<F: Float, N: Size>(
     weight: &[Vector<F, N>],
     out: &mut [Vector<F, N>],
     sum_out: &mut [Vector<F, N>],
+    rows: usize,
     row_vectors: usize,
     inv_len: f32,
     eps: f32,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
+    if CUBE_POS >= rows {
+        terminate!();
+    }
     let base = CUBE_POS * row_vectors;
     let mut acc = 0f32;
     for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
@@ -136,6 +145,7 @@ pub fn rms_norm_into<R: Runtime>(
             x.as_buffer_arg(),
             weight.as_buffer_arg(),
             out.as_buffer_arg(),
+            x.rows(),
             l.row_vectors,
             1.0 / x.last_dim() as f32,
             eps,
@@ -187,6 +197,7 @@ pub fn rms_norm_residual_into<R: Runtime>(
             weight.as_buffer_arg(),
             out.as_buffer_arg(),
             sum_out.as_buffer_arg(),
+            x.rows(),
             l.row_vectors,
             1.0 / x.last_dim() as f32,
             eps,
@@ -194,6 +205,5 @@ pub fn rms_norm_residual_into<R: Runtime>(
             x.dtype().elem_type(),
         );
     }
-    let _ = caps::runtime_name(client);
     Ok(())
 }

@@ -2,3 +2,4 @@
 //! a result). They take and return f64 so that comparisons are free of rounding of their own.
 
 pub mod norm;
+pub mod qkv;
