@@ -3,8 +3,13 @@
 
 mod harness;
 
+mod argmax;
+mod elementwise;
+mod embedding;
 mod norm;
 mod qkv;
+mod rope;
+mod softmax;
 
 #[cfg(feature = "wgpu")]
 mod burn;

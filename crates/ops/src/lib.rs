@@ -4,10 +4,13 @@
 //! [`DeviceTensor`]s and a `ComputeClient<R>`; each has an `_into` form that writes into
 //! preallocated outputs so that a decode step can run without allocating.
 
+pub mod argmax;
 #[cfg(feature = "burn")]
 pub mod burn;
 pub mod caps;
 pub mod dtype;
+pub mod elementwise;
+pub mod embedding;
 pub mod error;
 pub mod launch;
 pub mod norm;
@@ -15,6 +18,8 @@ pub mod online_softmax;
 pub mod qkv;
 pub mod reduce;
 pub mod reference;
+pub mod rope;
+pub mod softmax;
 pub mod tensor;
 
 pub use dtype::{DType, HostElement};

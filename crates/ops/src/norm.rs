@@ -27,6 +27,12 @@ fn scale_by_weight<F: Float, N: Size>(v: Vector<F, N>, w: Vector<F, N>, inv: f32
     normed * w
 }
 
+/// One element of [`scale_by_weight`]: `F(x * inv) * w`.
+#[cube]
+pub(crate) fn scale_by_weight_scalar<F: Float>(x: F, w: F, inv: f32) -> F {
+    F::cast_from(f32::cast_from(x) * inv) * w
+}
+
 #[cube(launch_unchecked)]
 fn rms_norm_kernel<F: Float, N: Size>(
     x: &[Vector<F, N>],

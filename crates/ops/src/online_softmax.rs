@@ -1,77 +1,43 @@
 //! The online-softmax statistics shared by [`crate::softmax`] and attention.
 //!
-//! A running `(max, sum)` pair over a stream of logits: adding a value rescales the sum when the
-//! max grows, and two partial pairs merge the same way. One pass over the data gives both
-//! statistics (Milakov & Gimelshein, 2018), which is what flash attention builds on.
+//! A running pair `(max, sum)` with `sum = Σ exp(x_i - max)` over a stream of logits: when the
+//! max grows, the sum (and anything accumulated with the same weights, such as attention's
+//! output) is rescaled by `exp(old_max - new_max)`. One pass gives both statistics (Milakov &
+//! Gimelshein, 2018), which is what flash attention builds on. Kept as scalar functions because
+//! CubeCL's loop-carried variables are scalars: callers hold `max` and `sum` in two variables.
+//!
+//! ```ignore
+//! let mut m = f32::new(f32::MIN); // STATS_EMPTY_MAX, not -inf (WGSL has no inf literal)
+//! let mut s = 0f32;
+//! // for each logit x (masked ones may be -inf):
+//! let new_max = max(m, x);
+//! s = s * rescale_factor(m, new_max) + exp_shifted(x, new_max);
+//! m = new_max;
+//! ```
+//!
+//! Starting from `f32::MIN` rather than `-inf` also keeps the arithmetic free of `-inf - -inf`:
+//! a fully masked stream keeps `max = f32::MIN` and `sum = 0`.
 
 use cubecl::prelude::*;
 
-/// Running softmax statistics: `sum = Σ exp(x_i - max)`.
-#[derive(CubeType, Clone, Copy)]
-pub struct SoftmaxStats {
-    pub max: f32,
-    pub sum: f32,
-}
+/// The initial running max: the lowest finite f32.
+pub const STATS_EMPTY_MAX: f32 = f32::MIN;
 
-#[cube]
-impl SoftmaxStats {
-    /// The empty statistics (max = -inf, sum = 0).
-    pub fn empty() -> SoftmaxStats {
-        SoftmaxStats {
-            max: f32::new(f32::NEG_INFINITY),
-            sum: 0f32,
-        }
-    }
-}
-
-/// Adds one logit to running statistics.
-#[cube]
-pub fn stats_push(stats: SoftmaxStats, x: f32) -> SoftmaxStats {
-    let new_max = max(stats.max, x);
-    // exp(-inf - -inf) would be NaN: an empty side contributes nothing.
-    let old_scale = select(
-        stats.max == f32::new(f32::NEG_INFINITY),
-        0f32,
-        f32::exp(stats.max - new_max),
-    );
-    let add = select(
-        x == f32::new(f32::NEG_INFINITY),
-        0f32,
-        f32::exp(x - new_max),
-    );
-    SoftmaxStats {
-        max: new_max,
-        sum: stats.sum * old_scale + add,
-    }
-}
-
-/// Merges two partial statistics.
-#[cube]
-pub fn stats_merge(a: SoftmaxStats, b: SoftmaxStats) -> SoftmaxStats {
-    let new_max = max(a.max, b.max);
-    let sa = select(
-        a.max == f32::new(f32::NEG_INFINITY),
-        0f32,
-        f32::exp(a.max - new_max),
-    );
-    let sb = select(
-        b.max == f32::new(f32::NEG_INFINITY),
-        0f32,
-        f32::exp(b.max - new_max),
-    );
-    SoftmaxStats {
-        max: new_max,
-        sum: a.sum * sa + b.sum * sb,
-    }
-}
-
-/// The factor that rescales a quantity accumulated under `old_max` to `new_max`
-/// (`exp(old_max - new_max)`, 0 when nothing was accumulated yet).
+/// `exp(old_max - new_max)`: rescales what was accumulated under `old_max`.
 #[cube]
 pub fn rescale_factor(old_max: f32, new_max: f32) -> f32 {
-    select(
-        old_max == f32::new(f32::NEG_INFINITY),
-        0f32,
-        f32::exp(old_max - new_max),
-    )
+    f32::exp(old_max - new_max)
+}
+
+/// `exp(x - max)` (0 for a masked `x = -inf`).
+#[cube]
+pub fn exp_shifted(x: f32, max: f32) -> f32 {
+    f32::exp(x - max)
+}
+
+/// The sum of two partial statistics `(ma, sa)` and `(mb, sb)` expressed under `max(ma, mb)`.
+#[cube]
+pub fn merged_sum(ma: f32, sa: f32, mb: f32, sb: f32) -> f32 {
+    let m = max(ma, mb);
+    sa * rescale_factor(ma, m) + sb * rescale_factor(mb, m)
 }

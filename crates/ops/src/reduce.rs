@@ -74,9 +74,12 @@ pub fn cube_sum(value: f32, #[comptime] plan: ReducePlan) -> f32 {
 }
 
 /// The maximum of `value` over all units of the cube, returned to every unit.
+///
+/// The identity is `f32::MIN`, not `-inf`: WGSL has no infinity literal (a shader that spells
+/// one fails to compile), so kernels use the lowest finite value as "nothing seen yet".
 #[cube]
 pub fn cube_max(value: f32, #[comptime] plan: ReducePlan) -> f32 {
-    let mut out = f32::new(f32::NEG_INFINITY);
+    let mut out = f32::new(f32::MIN);
     if comptime![plan.use_plane] {
         let partial = plane_max(value);
         let mut shared = Shared::<[f32]>::new_slice(comptime![plan.max_planes() as usize]);

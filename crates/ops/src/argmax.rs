@@ -1,0 +1,111 @@
+//! Argmax over the last dimension (greedy decoding reads one u32 per step instead of the
+//! vocabulary's logits).
+
+use cubecl::prelude::*;
+
+use crate::launch::{cube_count_1d, validate_rows};
+use crate::{DType, DeviceTensor, OpsError, Result};
+
+/// Units per cube: one cube per row, a shared-memory tree over the units' candidates.
+const CUBE: u32 = 256;
+
+#[cube(launch_unchecked)]
+fn argmax_kernel<F: Float>(
+    x: &[F],
+    out: &mut [u32],
+    rows: usize,
+    n: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = CUBE_POS;
+    if row >= rows {
+        terminate!();
+    }
+    let base = row * n;
+    let mut best = f32::new(f32::MIN);
+    let mut best_i = n;
+    // Each unit scans increasing indices, so a strict `>` keeps the first of equal values;
+    // NaN compares false and is never chosen.
+    for i in range_stepped(UNIT_POS as usize, n, CUBE_DIM as usize) {
+        let v = f32::cast_from(x[base + i]);
+        if v > best || (best_i == n && v == best) {
+            best = v;
+            best_i = i;
+        }
+    }
+    let mut vals = Shared::<[f32]>::new_slice(comptime![CUBE as usize]);
+    let mut idxs = Shared::<[usize]>::new_slice(comptime![CUBE as usize]);
+    vals[UNIT_POS as usize] = best;
+    idxs[UNIT_POS as usize] = best_i;
+    sync_cube();
+    #[unroll]
+    for step in 0..comptime![CUBE.trailing_zeros()] {
+        let stride = comptime![(CUBE >> (step + 1)) as usize];
+        let u = UNIT_POS as usize;
+        if u < stride {
+            let (v, i) = (vals[u + stride], idxs[u + stride]);
+            let (bv, bi) = (vals[u], idxs[u]);
+            // Larger value wins; on a tie (or an empty side) the smaller index.
+            if v > bv || (v == bv && i < bi) || (bi == n && i < n) {
+                vals[u] = v;
+                idxs[u] = i;
+            }
+        }
+        sync_cube();
+    }
+    if UNIT_POS == 0 {
+        // A row of only NaN has no candidate: report index 0.
+        let i = idxs[0];
+        out[row] = select(i == n, 0u32, i as u32);
+    }
+}
+
+/// Index of the largest element of each row of `x[.., n]` as u32 `[..]` (the shape without the
+/// last dim; a 1-D input gives `[1]`). First index on ties; NaN is never chosen (a row of only
+/// NaN gives 0).
+pub fn argmax<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+) -> Result<DeviceTensor<R>> {
+    let mut shape = x.shape()[..x.rank().saturating_sub(1)].to_vec();
+    if shape.is_empty() {
+        shape.push(1);
+    }
+    let out = DeviceTensor::empty(client, &shape, DType::U32);
+    argmax_into(client, x, &out)?;
+    Ok(out)
+}
+
+/// [`argmax`] into a preallocated u32 tensor with one element per row.
+pub fn argmax_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "argmax";
+    validate_rows(client, OP, x, &[])?;
+    if out.dtype() != DType::U32 || out.numel() != x.rows() || !out.is_contiguous() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "out must be a contiguous u32 tensor of {} elements, got {:?} {}",
+                x.rows(),
+                out.shape(),
+                out.dtype()
+            ),
+        ));
+    }
+    unsafe {
+        argmax_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, x.rows() as u32),
+            CubeDim::new_1d(CUBE),
+            x.as_buffer_arg(),
+            out.as_buffer_arg(),
+            x.rows(),
+            x.last_dim(),
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! Element-wise ops: `add` (with row-vector broadcasting) and `swiglu`.
+//!
+//! Memory-bound: one vector of up to 16 bytes per unit, enough cubes to cover the tensor, so
+//! that the loads coalesce and every SM streams.
+
+use cubecl::prelude::*;
+
+use crate::launch::{check_same_dtype, validate_rows};
+use crate::{caps, DeviceTensor, OpsError, Result};
+
+#[cube(launch_unchecked)]
+fn add_kernel<F: Float, N: Size>(
+    a: &[Vector<F, N>],
+    b: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    len: usize,
+    b_len: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    if ABSOLUTE_POS < len {
+        // b_len == len for a same-shape add, the row length for a broadcast row vector.
+        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[ABSOLUTE_POS % b_len];
+    }
+}
+
+#[cube(launch_unchecked)]
+fn swiglu_kernel<F: Float, N: Size>(
+    gate: &[Vector<F, N>],
+    up: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    len: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    if ABSOLUTE_POS < len {
+        let g = Vector::<f32, N>::cast_from(gate[ABSOLUTE_POS]);
+        let u = Vector::<f32, N>::cast_from(up[ABSOLUTE_POS]);
+        let silu = g / (Vector::new(1f32) + Vector::exp(-g));
+        out[ABSOLUTE_POS] = Vector::<F, N>::cast_from(silu * u);
+    }
+}
+
+/// Units per cube for the element-wise kernels.
+const CUBE: u32 = 256;
+
+fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> (CubeCount, CubeDim) {
+    let cubes = vectors.div_ceil(CUBE as usize) as u32;
+    (
+        crate::launch::cube_count_1d(client, cubes),
+        CubeDim::new_1d(CUBE),
+    )
+}
+
+/// `a + b`: same shape, or `b` a row vector `[n]` broadcast over the rows of `a[.., n]`.
+pub fn add<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &DeviceTensor<R>,
+    b: &DeviceTensor<R>,
+) -> Result<DeviceTensor<R>> {
+    let out = DeviceTensor::empty(client, a.shape(), a.dtype());
+    add_into(client, a, b, &out)?;
+    Ok(out)
+}
+
+/// [`add`] into a preallocated `out` (may be `a` itself: each element is read before it is
+/// written by the same unit).
+pub fn add_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &DeviceTensor<R>,
+    b: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "add";
+    validate_rows(client, OP, a, &[out])?;
+    check_same_dtype(OP, a, b)?;
+    if !b.is_contiguous() {
+        return Err(OpsError::shape(OP, "b must be contiguous"));
+    }
+    let broadcast = b.shape() != a.shape();
+    if broadcast && b.shape() != [a.last_dim()] {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "b {:?} is neither {:?} nor a row [{}]",
+                b.shape(),
+                a.shape(),
+                a.last_dim()
+            ),
+        ));
+    }
+    let b_len = b.numel();
+    let vector = caps::vector_size_for(client, a.dtype(), b_len.min(a.numel()));
+    let len = a.numel() / vector;
+    let (count, dim) = elementwise_grid(client, len);
+    unsafe {
+        add_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            dim,
+            vector,
+            a.as_buffer_arg(),
+            b.as_buffer_arg(),
+            out.as_buffer_arg(),
+            len,
+            b_len / vector,
+            a.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// `silu(gate) * up` (silu in f32), the activation of Qwen2's MLP.
+pub fn swiglu<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &DeviceTensor<R>,
+    up: &DeviceTensor<R>,
+) -> Result<DeviceTensor<R>> {
+    let out = DeviceTensor::empty(client, gate.shape(), gate.dtype());
+    swiglu_into(client, gate, up, &out)?;
+    Ok(out)
+}
+
+/// [`swiglu`] into a preallocated `out`.
+pub fn swiglu_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate: &DeviceTensor<R>,
+    up: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "swiglu";
+    validate_rows(client, OP, gate, &[up, out])?;
+    let vector = caps::vector_size_for(client, gate.dtype(), gate.numel());
+    let len = gate.numel() / vector;
+    let (count, dim) = elementwise_grid(client, len);
+    unsafe {
+        swiglu_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            dim,
+            vector,
+            gate.as_buffer_arg(),
+            up.as_buffer_arg(),
+            out.as_buffer_arg(),
+            len,
+            gate.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,395 @@
+//! Rotary position embeddings in Qwen2's non-interleaved "rotate half" layout, and the fused
+//! RMSNorm + RoPE op.
+//!
+//! For a head vector `x` of dim `D` and `i < D/2`, with `c = cos(p θ^(-2i/D))`, `s = sin(..)`:
+//! `out[i] = x[i] c - x[i + D/2] s`, `out[i + D/2] = x[i + D/2] c + x[i] s` (math in f32).
+
+use cubecl::prelude::*;
+
+use crate::launch::{check_same_dtype, cube_count_1d, validate_rows};
+use crate::norm::scale_by_weight_scalar;
+use crate::reduce::{cube_sum, ReducePlan};
+use crate::{DType, DeviceTensor, OpsError, Result};
+
+/// cos/sin tables for every position below `max_positions`, computed once per model.
+pub struct RopeCache<R: Runtime> {
+    /// f32 `[max_positions, head_dim / 2]`.
+    pub cos: DeviceTensor<R>,
+    /// f32 `[max_positions, head_dim / 2]`.
+    pub sin: DeviceTensor<R>,
+    pub head_dim: usize,
+    pub theta: f64,
+}
+
+impl<R: Runtime> Clone for RopeCache<R> {
+    fn clone(&self) -> Self {
+        Self {
+            cos: self.cos.clone(),
+            sin: self.sin.clone(),
+            head_dim: self.head_dim,
+            theta: self.theta,
+        }
+    }
+}
+
+impl<R: Runtime> RopeCache<R> {
+    /// Tables computed on the host in f64 (inverse frequencies `θ^(-2i/D)` as Hugging Face's
+    /// Qwen2 defines them), stored as f32.
+    pub fn new(
+        client: &ComputeClient<R>,
+        max_positions: usize,
+        head_dim: usize,
+        theta: f64,
+    ) -> Result<Self> {
+        const OP: &str = "RopeCache::new";
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(OpsError::invalid(
+                OP,
+                format!("head_dim must be even and > 0, got {head_dim}"),
+            ));
+        }
+        if max_positions == 0 {
+            return Err(OpsError::invalid(OP, "max_positions must be > 0"));
+        }
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(OpsError::invalid(
+                OP,
+                format!("theta must be finite and > 0, got {theta}"),
+            ));
+        }
+        let (cos, sin) = crate::reference::rope::tables(max_positions, head_dim, theta);
+        let to32 = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+        let shape = [max_positions, head_dim / 2];
+        Ok(Self {
+            cos: DeviceTensor::from_slice(client, &to32(cos), &shape)?,
+            sin: DeviceTensor::from_slice(client, &to32(sin), &shape)?,
+            head_dim,
+            theta,
+        })
+    }
+
+    pub fn max_positions(&self) -> usize {
+        self.cos.shape()[0]
+    }
+}
+
+#[cube(launch_unchecked)]
+fn rope_kernel<F: Float>(
+    x: &[F],
+    positions: &[u32],
+    cos: &[f32],
+    sin: &[f32],
+    out: &mut [F],
+    tokens: usize,
+    heads: usize,
+    head_dim: usize,
+    table_rows: u32,
+    #[define(F)] _dtype: ElemType,
+) {
+    let t = CUBE_POS / heads;
+    let half = head_dim / 2;
+    let i = UNIT_POS as usize;
+    if t >= tokens || i >= half {
+        terminate!();
+    }
+    // Positions live on the device: past the table, the last row is used (documented).
+    let p = min(positions[t], table_rows - 1) as usize;
+    let base = CUBE_POS * head_dim;
+    let a = f32::cast_from(x[base + i]);
+    let b = f32::cast_from(x[base + i + half]);
+    let c = cos[p * half + i];
+    let s = sin[p * half + i];
+    out[base + i] = F::cast_from(a * c - b * s);
+    out[base + i + half] = F::cast_from(b * c + a * s);
+}
+
+/// RoPE of `x[T, H, D]` at `positions[T]` (u32, on the device).
+pub fn rope<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    cache: &RopeCache<R>,
+) -> Result<DeviceTensor<R>> {
+    let out = DeviceTensor::empty(client, x.shape(), x.dtype());
+    rope_into(client, x, positions, cache, &out)?;
+    Ok(out)
+}
+
+/// [`rope`] into `out` (may be `x` itself: each pair is read before it is written).
+///
+/// Positions at or past `cache.max_positions()` use the table's last row: they live on the
+/// device, so the kernel cannot report them. [`rope_host_positions`] checks them first.
+pub fn rope_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    positions: &DeviceTensor<R>,
+    cache: &RopeCache<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "rope";
+    validate_rows(client, OP, x, &[out])?;
+    if x.rank() != 3 || x.shape()[2] != cache.head_dim {
+        return Err(OpsError::shape(
+            OP,
+            format!("x {:?} must be [T, H, {}]", x.shape(), cache.head_dim),
+        ));
+    }
+    let (tokens, heads, head_dim) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+    if positions.dtype() != DType::U32
+        || positions.shape() != [tokens]
+        || !positions.is_contiguous()
+    {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "positions must be u32 [{tokens}], got {:?} {}",
+                positions.shape(),
+                positions.dtype()
+            ),
+        ));
+    }
+    let half = head_dim / 2;
+    unsafe {
+        rope_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, (tokens * heads) as u32),
+            CubeDim::new_1d((half as u32).next_power_of_two()),
+            x.as_buffer_arg(),
+            positions.as_buffer_arg(),
+            cache.cos.as_buffer_arg(),
+            cache.sin.as_buffer_arg(),
+            out.as_buffer_arg(),
+            tokens,
+            heads,
+            head_dim,
+            cache.max_positions() as u32,
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// [`rope`] with positions given on the host, checked against the cache before uploading.
+pub fn rope_host_positions<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    positions: &[u32],
+    cache: &RopeCache<R>,
+) -> Result<DeviceTensor<R>> {
+    if let Some(&p) = positions
+        .iter()
+        .find(|&&p| p as usize >= cache.max_positions())
+    {
+        return Err(OpsError::invalid(
+            "rope",
+            format!(
+                "position {p} is past the cache's {} positions",
+                cache.max_positions()
+            ),
+        ));
+    }
+    let pos = DeviceTensor::from_slice(client, positions, &[positions.len()])?;
+    rope(client, x, &pos, cache)
+}
+
+#[cube(launch_unchecked)]
+fn fused_rmsnorm_rope_kernel<F: Float>(
+    x: &[F],
+    weight: &[F],
+    cos: &[F],
+    sin: &[F],
+    out: &mut [F],
+    rows: usize,
+    seq: usize,
+    hidden: usize,
+    head_dim: usize,
+    inv_len: f32,
+    eps: f32,
+    #[comptime] plan: ReducePlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = CUBE_POS;
+    if row >= rows {
+        terminate!();
+    }
+    let base = row * hidden;
+    let mut acc = 0f32;
+    for i in range_stepped(UNIT_POS as usize, hidden, CUBE_DIM as usize) {
+        let v = f32::cast_from(x[base + i]);
+        acc += v * v;
+    }
+    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
+    // Row r of the [b, s] grid sits at sequence position r % s.
+    let tbl = (row % seq) * head_dim;
+    let half = head_dim / 2;
+    let pairs = hidden / 2;
+    for k in range_stepped(UNIT_POS as usize, pairs, CUBE_DIM as usize) {
+        let head = k / half;
+        let i = k % half;
+        let ia = head * head_dim + i;
+        let ib = ia + half;
+        let a = f32::cast_from(scale_by_weight_scalar::<F>(x[base + ia], weight[ia], inv));
+        let b = f32::cast_from(scale_by_weight_scalar::<F>(x[base + ib], weight[ib], inv));
+        // Hugging Face's full-width tables: out = x * cos + rotate_half(x) * sin.
+        let ca = f32::cast_from(cos[tbl + i]);
+        let sa = f32::cast_from(sin[tbl + i]);
+        let cb = f32::cast_from(cos[tbl + i + half]);
+        let sb = f32::cast_from(sin[tbl + i + half]);
+        out[base + ia] = F::cast_from(a * ca - b * sa);
+        out[base + ib] = F::cast_from(b * cb + a * sb);
+    }
+}
+
+/// RMSNorm over the hidden dim followed by RoPE on each head, in one kernel.
+///
+/// `x[b, s, h]`, `weight[h]`, `cos`/`sin` of shape `[s, head_dim]` or `[1, s, 1, head_dim]`
+/// (Hugging Face's full-width tables, in x's dtype), `head_dim` even; `num_heads` is inferred as
+/// `h / head_dim` when `None` and must agree with it otherwise.
+pub fn fused_rmsnorm_rope<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    cos: &DeviceTensor<R>,
+    sin: &DeviceTensor<R>,
+    eps: f32,
+    num_heads: Option<usize>,
+) -> Result<DeviceTensor<R>> {
+    let out = DeviceTensor::empty(client, x.shape(), x.dtype());
+    fused_rmsnorm_rope_into(client, x, weight, cos, sin, eps, num_heads, &out)?;
+    Ok(out)
+}
+
+/// [`fused_rmsnorm_rope`] into a preallocated `out` of x's shape.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_rmsnorm_rope_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weight: &DeviceTensor<R>,
+    cos: &DeviceTensor<R>,
+    sin: &DeviceTensor<R>,
+    eps: f32,
+    num_heads: Option<usize>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "fused_rmsnorm_rope";
+    validate_rows(client, OP, x, &[out])?;
+    if x.rank() != 3 {
+        return Err(OpsError::shape(
+            OP,
+            format!("x {:?} must be [b, s, h]", x.shape()),
+        ));
+    }
+    let (seq, hidden) = (x.shape()[1], x.shape()[2]);
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(OpsError::invalid(
+            OP,
+            format!("eps must be finite and >= 0, got {eps}"),
+        ));
+    }
+    for t in [weight, cos, sin] {
+        check_same_dtype(OP, x, t)?;
+        if !t.is_contiguous() {
+            return Err(OpsError::shape(
+                OP,
+                "weight, cos and sin must be contiguous",
+            ));
+        }
+    }
+    if weight.shape() != [hidden] {
+        return Err(OpsError::shape(
+            OP,
+            format!("weight {:?}, expected [{hidden}]", weight.shape()),
+        ));
+    }
+    let head_dim = match cos.shape() {
+        [s, d] if *s == seq => *d,
+        [1, s, 1, d] if *s == seq => *d,
+        other => {
+            return Err(OpsError::shape(
+                OP,
+                format!("cos {other:?} must be [{seq}, head_dim] or [1, {seq}, 1, head_dim]"),
+            ))
+        }
+    };
+    if sin.shape() != cos.shape() {
+        return Err(OpsError::shape(
+            OP,
+            format!("sin {:?} differs from cos {:?}", sin.shape(), cos.shape()),
+        ));
+    }
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(OpsError::invalid(
+            OP,
+            format!("head_dim must be even and > 0, got {head_dim}"),
+        ));
+    }
+    if hidden % head_dim != 0 {
+        return Err(OpsError::shape(
+            OP,
+            format!("hidden {hidden} is not a multiple of head_dim {head_dim}"),
+        ));
+    }
+    if let Some(n) = num_heads {
+        if n * head_dim != hidden {
+            return Err(OpsError::shape(
+                OP,
+                format!("num_heads {n} x head_dim {head_dim} != hidden {hidden}"),
+            ));
+        }
+    }
+    let cube_dim = ((hidden / 2) as u32).next_power_of_two().clamp(32, 256);
+    let plan = ReducePlan::new(client, cube_dim);
+    unsafe {
+        fused_rmsnorm_rope_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, x.rows() as u32),
+            CubeDim::new_1d(cube_dim),
+            x.as_buffer_arg(),
+            weight.as_buffer_arg(),
+            cos.as_buffer_arg(),
+            sin.as_buffer_arg(),
+            out.as_buffer_arg(),
+            x.rows(),
+            seq,
+            hidden,
+            head_dim,
+            1.0 / hidden as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// The fused op as a module: holds the norm weight, the head size and eps.
+pub struct FusedRmsNormRope<R: Runtime> {
+    pub weight: DeviceTensor<R>,
+    pub head_dim: usize,
+    pub eps: f32,
+}
+
+impl<R: Runtime> FusedRmsNormRope<R> {
+    /// Applies the op to `x[b, s, h]` with tables `cos`/`sin` (see [`fused_rmsnorm_rope`]);
+    /// errors if the tables' head dim is not `self.head_dim`.
+    pub fn forward(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        cos: &DeviceTensor<R>,
+        sin: &DeviceTensor<R>,
+    ) -> Result<DeviceTensor<R>> {
+        if cos.shape().last() != Some(&self.head_dim) {
+            return Err(OpsError::shape(
+                "FusedRmsNormRope",
+                format!(
+                    "cos {:?} does not end in head_dim {}",
+                    cos.shape(),
+                    self.head_dim
+                ),
+            ));
+        }
+        let heads = x.last_dim() / self.head_dim.max(1);
+        fused_rmsnorm_rope(client, x, &self.weight, cos, sin, self.eps, Some(heads))
+    }
+}

@@ -1,0 +1,86 @@
+use crate::harness::*;
+use crate::on_each_runtime;
+use cubecl::prelude::*;
+use ops::elementwise::{add, add_into, swiglu, swiglu_into};
+use ops::reference::elementwise as reference;
+use ops::{DType, DeviceTensor};
+
+fn add_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(21);
+    for dtype in float_dtypes(client) {
+        for &n in &AWKWARD {
+            for rows in [1usize, 3] {
+                let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+                let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+                let (r, rh) = upload(client, &random(&mut rng, n, 2.0), &[n], dtype);
+                let out = poisoned(client, &[rows, n], dtype);
+                add_into(client, &a, &b, &out).unwrap();
+                let what = format!("add {dtype} {rows}x{n}");
+                assert_close(
+                    &what,
+                    &out.to_f64_vec(client).unwrap(),
+                    &reference::add(&ah, &bh),
+                    tolerance(dtype),
+                );
+                let out = poisoned(client, &[rows, n], dtype);
+                add_into(client, &a, &r, &out).unwrap();
+                assert_close(
+                    &format!("{what} row"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &reference::add(&ah, &rh),
+                    tolerance(dtype),
+                );
+            }
+        }
+    }
+}
+
+fn swiglu_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(22);
+    for dtype in float_dtypes(client) {
+        for &n in &AWKWARD {
+            let (g, gh) = upload(client, &random(&mut rng, 3 * n, 4.0), &[3, n], dtype);
+            let (u, uh) = upload(client, &random(&mut rng, 3 * n, 2.0), &[3, n], dtype);
+            let out = poisoned(client, &[3, n], dtype);
+            swiglu_into(client, &g, &u, &out).unwrap();
+            assert_close(
+                &format!("swiglu {dtype} {n}"),
+                &out.to_f64_vec(client).unwrap(),
+                &reference::swiglu(&gh, &uh),
+                tolerance(dtype),
+            );
+        }
+    }
+}
+
+fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let a = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::F32).unwrap();
+    let b3 = DeviceTensor::from_f32(client, &[1.0; 3], &[3], DType::F32).unwrap();
+    let bh = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::F16).unwrap();
+    let ids = DeviceTensor::from_slice(client, &[1i32; 12], &[3, 4]).unwrap();
+    assert_err("add broadcast shape", add(client, &a, &b3), "shape");
+    assert_err("add dtype", add(client, &a, &bh), "dtype");
+    assert_err("add int", add(client, &ids, &ids), "dtype");
+    assert_err("swiglu shape", swiglu(client, &a, &b3), "shape");
+    assert_err("swiglu dtype", swiglu(client, &a, &bh), "dtype");
+    assert_err("add out", add_into(client, &a, &a, &b3), "shape");
+    if !ops::caps::supports_dtype(client, DType::BF16) {
+        let x = DeviceTensor::from_f32(client, &[1.0; 4], &[4], DType::BF16).unwrap();
+        assert_err("bf16 unsupported", add(client, &x, &x), "dtype");
+    }
+}
+
+#[test]
+fn add_matches_reference() {
+    on_each_runtime!(add_case);
+}
+
+#[test]
+fn swiglu_matches_reference() {
+    on_each_runtime!(swiglu_case);
+}
+
+#[test]
+fn elementwise_rejects_bad_inputs() {
+    on_each_runtime!(errors_case);
+}
