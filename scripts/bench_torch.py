@@ -53,7 +53,48 @@ def norm_cases():
                    lambda x=x, r=r, w=w, n=n: F.rms_norm(x + r, (n,), w, 1e-6))
 
 
-FAMILIES = {"norm": norm_cases}
+def rotate_half(x):
+    d = x.shape[-1] // 2
+    return torch.cat((-x[..., d:], x[..., :d]), dim=-1)
+
+
+def core_cases():
+    for dname in ["f16", "bf16", "f32"]:
+        dt = DTYPES[dname]
+        e = torch.empty((), dtype=dt).element_size()
+        for rows, n in [(4096, 4096), (1, 8960)]:
+            a = torch.randn(rows, n, device="cuda", dtype=dt)
+            b = torch.randn(rows, n, device="cuda", dtype=dt)
+            yield (f"add {rows}x{n}", dname, e * 3 * rows * n, lambda a=a, b=b: a + b)
+            yield (f"swiglu {rows}x{n}", dname, e * 3 * rows * n, lambda a=a, b=b: F.silu(a) * b)
+            yield (f"softmax {rows}x{n}", dname, e * 2 * rows * n, lambda a=a: torch.softmax(a, -1))
+        inv = 1.0 / (10000.0 ** (torch.arange(0, 128, 2, device="cuda").float() / 128))
+        for t, h in [(4096, 32), (512, 12), (1, 12)]:
+            x = torch.randn(t, h, 128, device="cuda", dtype=dt)
+            f = torch.arange(t, device="cuda").float()[:, None] * inv[None]
+            emb = torch.cat((f, f), -1)
+            cos, sin = emb.cos().to(dt)[:, None], emb.sin().to(dt)[:, None]
+            yield (f"rope {t}x{h}x128", dname, e * 2 * t * h * 128 + 4 * t * 128,
+                   lambda x=x, cos=cos, sin=sin: x * cos + rotate_half(x) * sin)
+        for s, heads in [(4096, 32), (512, 12)]:
+            hid = heads * 128
+            x = torch.randn(1, s, hid, device="cuda", dtype=dt)
+            w = torch.randn(hid, device="cuda", dtype=dt)
+            cs = torch.randn(s, 128, device="cuda", dtype=dt)[None, :, None]
+
+            def fused(x=x, w=w, cs=cs, s=s, heads=heads, hid=hid):
+                y = F.rms_norm(x, (hid,), w, 1e-6).view(1, s, heads, 128)
+                return y * cs + rotate_half(y) * cs
+            yield (f"fused_rmsnorm_rope {s}x{hid}", dname, e * (2 * s * hid + 2 * s * 128 + hid), fused)
+        table = torch.randn(151936, 1536, device="cuda", dtype=dt)
+        for t in [512, 1]:
+            ids = (torch.arange(t, device="cuda") * 97) % 151936
+            yield (f"embedding {t}x1536", dname, e * 2 * t * 1536, lambda ids=ids, table=table: F.embedding(ids, table))
+        logits = torch.randn(1, 151936, device="cuda", dtype=dt)
+        yield ("argmax 1x151936", dname, e * 151936, lambda l=logits: torch.argmax(l, -1))
+
+
+FAMILIES = {"norm": norm_cases, "core": core_cases}
 
 
 def main():

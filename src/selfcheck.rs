@@ -2,7 +2,7 @@
 //! compared with its CPU f64 reference, as a table a user can read at a glance.
 
 use cubecl::prelude::*;
-use ops::{caps, DType, DeviceTensor, OpsError};
+use ops::{caps, reference, DType, DeviceTensor, OpsError};
 
 /// One row of the table.
 #[derive(Debug, Clone)]
@@ -97,6 +97,117 @@ pub fn run<R: Runtime>(client: &ComputeClient<R>) -> Result<Vec<CheckRow>, OpsEr
                 .max(relative_error(&sum_h, &want_sum)),
             tolerance: tolerance(dtype),
         });
+
+        let mut push =
+            |op: &'static str, shape: String, got: Vec<f64>, want: Vec<f64>, tol: f64| {
+                rows.push(CheckRow {
+                    op,
+                    dtype,
+                    shape,
+                    error: relative_error(&got, &want),
+                    tolerance: tol,
+                })
+            };
+        let shape = format!("{m}x{n}");
+        let got = host(client, &ops::elementwise::add(client, &x, &w)?)?;
+        push(
+            "add (row broadcast)",
+            shape.clone(),
+            got,
+            reference::elementwise::add(&xh, &wh),
+            tolerance(dtype),
+        );
+        let got = host(client, &ops::elementwise::swiglu(client, &x, &r)?)?;
+        push(
+            "swiglu",
+            shape.clone(),
+            got,
+            reference::elementwise::swiglu(&xh, &rh),
+            tolerance(dtype),
+        );
+        let got = host(client, &ops::softmax::softmax(client, &x)?)?;
+        push(
+            "softmax",
+            shape.clone(),
+            got,
+            reference::elementwise::softmax(&xh, n),
+            tolerance(dtype),
+        );
+        let got = host(client, &ops::argmax::argmax(client, &x)?)?;
+        let want: Vec<f64> = reference::elementwise::argmax(&xh, n)
+            .into_iter()
+            .map(f64::from)
+            .collect();
+        push("argmax", shape.clone(), got, want, 0.0);
+        let ids = DeviceTensor::from_slice(client, &[3u32, 0, 6], &[3])?;
+        let got = host(client, &ops::embedding::embedding(client, &x, &ids)?)?;
+        push(
+            "embedding",
+            format!("3 of {m}x{n}"),
+            got,
+            reference::elementwise::embedding(&xh, n, &[3, 0, 6]),
+            0.0,
+        );
+
+        let (t, heads, d) = (5usize, 4usize, 64usize);
+        let q = DeviceTensor::from_f32(
+            client,
+            &pseudo_random(t * heads * d, 4),
+            &[t, heads, d],
+            dtype,
+        )?;
+        let qh = host(client, &q)?;
+        let cache = ops::rope::RopeCache::new(client, 64, d, 10000.0)?;
+        let positions = [0u32, 7, 8, 30, 63];
+        let got = host(
+            client,
+            &ops::rope::rope_host_positions(client, &q, &positions, &cache)?,
+        )?;
+        let (ch, sh) = (host(client, &cache.cos)?, host(client, &cache.sin)?);
+        let pos: Vec<usize> = positions.iter().map(|&p| p as usize).collect();
+        push(
+            "rope",
+            format!("{t}x{heads}x{d}"),
+            got,
+            reference::rope::rope(&qh, &pos, heads, &ch, &sh),
+            tolerance(dtype),
+        );
+
+        let hidden = heads * d;
+        let xs = DeviceTensor::from_f32(
+            client,
+            &pseudo_random(t * hidden, 5),
+            &[1, t, hidden],
+            dtype,
+        )?;
+        let ws = DeviceTensor::from_f32(client, &pseudo_random(hidden, 6), &[hidden], dtype)?;
+        let full = |tbl: &[f64]| -> Vec<f32> {
+            (0..t)
+                .flat_map(|p| (0..d).map(move |i| tbl[p * d / 2 + i % (d / 2)] as f32))
+                .collect()
+        };
+        let cos = DeviceTensor::from_f32(client, &full(&ch), &[t, d], dtype)?;
+        let sin = DeviceTensor::from_f32(client, &full(&sh), &[t, d], dtype)?;
+        let got = host(
+            client,
+            &ops::rope::fused_rmsnorm_rope(client, &xs, &ws, &cos, &sin, 1e-6, None)?,
+        )?;
+        let want = reference::rope::fused_rmsnorm_rope(
+            &host(client, &xs)?,
+            &host(client, &ws)?,
+            &host(client, &cos)?,
+            &host(client, &sin)?,
+            t,
+            d,
+            1e-6,
+        );
+        push(
+            "fused_rmsnorm_rope",
+            format!("1x{t}x{hidden}"),
+            got,
+            want,
+            2.0 * tolerance(dtype),
+        );
     }
     Ok(rows)
 }

@@ -12,7 +12,7 @@ type B = CubeBackend<WgpuRuntime>;
 
 fn to_vec(t: <B as burn_backend::BackendTypes>::FloatTensorPrimitive) -> Vec<f64> {
     let data = cubecl::future::block_on(B::float_into_data(t)).expect("read");
-    data.to_vec::<f32>()
+    data.try_to_vec::<f32>()
         .unwrap()
         .into_iter()
         .map(|v| v as f64)

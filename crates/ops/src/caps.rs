@@ -73,7 +73,7 @@ pub fn check_dtype_supported<R: Runtime>(
 pub fn vector_size_for<R: Runtime>(client: &ComputeClient<R>, dtype: DType, len: usize) -> usize {
     client
         .io_optimized_vector_sizes(dtype.size())
-        .find(|&v| len % v == 0)
+        .find(|&v| len.is_multiple_of(v))
         .unwrap_or(1)
 }
 

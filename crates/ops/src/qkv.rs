@@ -99,7 +99,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
         kv_heads,
         head_dim,
     } = heads;
-    if head_dim == 0 || head_dim % 2 != 0 || q_heads == 0 || kv_heads == 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) || q_heads == 0 || kv_heads == 0 {
         return Err(OpsError::invalid(
             OP,
             format!("heads {q_heads}/{kv_heads} of dim {head_dim}: need non-zero heads and an even head_dim"),

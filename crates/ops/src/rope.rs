@@ -42,7 +42,7 @@ impl<R: Runtime> RopeCache<R> {
         theta: f64,
     ) -> Result<Self> {
         const OP: &str = "RopeCache::new";
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(OpsError::invalid(
                 OP,
                 format!("head_dim must be even and > 0, got {head_dim}"),
@@ -317,13 +317,13 @@ pub fn fused_rmsnorm_rope_into<R: Runtime>(
             format!("sin {:?} differs from cos {:?}", sin.shape(), cos.shape()),
         ));
     }
-    if head_dim == 0 || head_dim % 2 != 0 {
+    if head_dim == 0 || !head_dim.is_multiple_of(2) {
         return Err(OpsError::invalid(
             OP,
             format!("head_dim must be even and > 0, got {head_dim}"),
         ));
     }
-    if hidden % head_dim != 0 {
+    if !hidden.is_multiple_of(head_dim) {
         return Err(OpsError::shape(
             OP,
             format!("hidden {hidden} is not a multiple of head_dim {head_dim}"),
