@@ -4,14 +4,14 @@
 use cubecl::prelude::*;
 
 use crate::launch::{cube_count_1d, validate_rows};
-use crate::{DType, DeviceTensor, OpsError, Result};
+use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// Units per cube: one cube per row, a shared-memory tree over the units' candidates.
-const CUBE: u32 = 256;
+const CUBE: u32 = 512;
 
 #[cube(launch_unchecked)]
-fn argmax_kernel<F: Float>(
-    x: &[F],
+fn argmax_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
     out: &mut [u32],
     rows: usize,
     n: usize,
@@ -21,16 +21,22 @@ fn argmax_kernel<F: Float>(
     if row >= rows {
         terminate!();
     }
-    let base = row * n;
+    let row_vectors = n / x[0].vector_size();
+    let base = row * row_vectors;
     let mut best = f32::new(f32::MIN);
     let mut best_i = n;
     // Each unit scans increasing indices, so a strict `>` keeps the first of equal values;
-    // NaN compares false and is never chosen.
-    for i in range_stepped(UNIT_POS as usize, n, CUBE_DIM as usize) {
-        let v = f32::cast_from(x[base + i]);
-        if v > best || (best_i == n && v == best) {
-            best = v;
-            best_i = i;
+    // NaN compares false and is never chosen. Wide loads keep the loop short: it is
+    // latency-bound on one SM for a vocabulary-sized row.
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        let v = x[base + i];
+        #[unroll]
+        for k in 0..v.vector_size() {
+            let e = f32::cast_from(v.extract(k));
+            if e > best || (best_i == n && e == best) {
+                best = e;
+                best_i = i * v.vector_size() + k;
+            }
         }
     }
     let mut vals = Shared::<[f32]>::new_slice(comptime![CUBE as usize]);
@@ -95,11 +101,13 @@ pub fn argmax_into<R: Runtime>(
             ),
         ));
     }
+    let vector = caps::vector_size_for(client, x.dtype(), x.last_dim());
     unsafe {
         argmax_kernel::launch_unchecked::<R>(
             client,
             cube_count_1d(client, x.rows() as u32),
             CubeDim::new_1d(CUBE),
+            vector,
             x.as_buffer_arg(),
             out.as_buffer_arg(),
             x.rows(),

@@ -15,11 +15,18 @@ fn add_kernel<F: Float, N: Size>(
     out: &mut [Vector<F, N>],
     len: usize,
     b_len: usize,
+    #[comptime] broadcast: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     if ABSOLUTE_POS < len {
-        // b_len == len for a same-shape add, the row length for a broadcast row vector.
-        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[ABSOLUTE_POS % b_len];
+        // The modulo (a row vector repeated over the rows) costs a division per element: only the
+        // broadcasting variant pays it.
+        let bi = if comptime![broadcast] {
+            ABSOLUTE_POS % b_len
+        } else {
+            ABSOLUTE_POS
+        };
+        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[bi];
     }
 }
 
@@ -102,6 +109,7 @@ pub fn add_into<R: Runtime>(
             out.as_buffer_arg(),
             len,
             b_len / vector,
+            broadcast,
             a.dtype().elem_type(),
         );
     }

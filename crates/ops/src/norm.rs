@@ -11,7 +11,7 @@ use crate::reduce::{cube_sum, ReducePlan};
 use crate::{DeviceTensor, OpsError, Result};
 
 #[cube]
-fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
+pub(crate) fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
     let mut s = 0f32;
     #[unroll]
     for i in 0..v.vector_size() {
@@ -21,16 +21,15 @@ fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
     s
 }
 
+/// `F(x * inv) * w`, rounding to the activation dtype before the weight as Hugging Face does.
 #[cube]
-fn scale_by_weight<F: Float, N: Size>(v: Vector<F, N>, w: Vector<F, N>, inv: f32) -> Vector<F, N> {
+pub(crate) fn scale_by_weight<F: Float, N: Size>(
+    v: Vector<F, N>,
+    w: Vector<F, N>,
+    inv: f32,
+) -> Vector<F, N> {
     let normed = Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(v) * Vector::new(inv));
     normed * w
-}
-
-/// One element of [`scale_by_weight`]: `F(x * inv) * w`.
-#[cube]
-pub(crate) fn scale_by_weight_scalar<F: Float>(x: F, w: F, inv: f32) -> F {
-    F::cast_from(f32::cast_from(x) * inv) * w
 }
 
 #[cube(launch_unchecked)]

@@ -7,9 +7,9 @@
 use cubecl::prelude::*;
 
 use crate::launch::{check_same_dtype, cube_count_1d, validate_rows};
-use crate::norm::scale_by_weight_scalar;
+use crate::norm::{scale_by_weight, sum_squares};
 use crate::reduce::{cube_sum, ReducePlan};
-use crate::{DType, DeviceTensor, OpsError, Result};
+use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// cos/sin tables for every position below `max_positions`, computed once per model.
 pub struct RopeCache<R: Runtime> {
@@ -73,34 +73,48 @@ impl<R: Runtime> RopeCache<R> {
     }
 }
 
+/// Loads `N` consecutive f32 entries of a table into a vector.
+#[cube]
+fn table_vector<N: Size>(table: &[f32], start: usize) -> Vector<f32, N> {
+    let mut v = Vector::<f32, N>::empty();
+    #[unroll]
+    for k in 0..v.vector_size() {
+        v.insert(k, table[start + k]);
+    }
+    v
+}
+
+/// One unit per vector of `N` pairs `(x[i], x[i + D/2])`: 16-byte loads of x, and cos/sin rows
+/// shared by the token's heads (so they stay in cache).
 #[cube(launch_unchecked)]
-fn rope_kernel<F: Float>(
-    x: &[F],
+fn rope_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
     positions: &[u32],
     cos: &[f32],
     sin: &[f32],
-    out: &mut [F],
-    tokens: usize,
+    out: &mut [Vector<F, N>],
+    items: usize,
     heads: usize,
-    head_dim: usize,
+    half_vectors: usize,
     table_rows: u32,
     #[define(F)] _dtype: ElemType,
 ) {
-    let t = CUBE_POS / heads;
-    let half = head_dim / 2;
-    let i = UNIT_POS as usize;
-    if t >= tokens || i >= half {
+    let item = ABSOLUTE_POS;
+    if item >= items {
         terminate!();
     }
+    let j = item % half_vectors;
+    let row = item / half_vectors;
     // Positions live on the device: past the table, the last row is used (documented).
-    let p = min(positions[t], table_rows - 1) as usize;
-    let base = CUBE_POS * head_dim;
-    let a = f32::cast_from(x[base + i]);
-    let b = f32::cast_from(x[base + i + half]);
-    let c = cos[p * half + i];
-    let s = sin[p * half + i];
-    out[base + i] = F::cast_from(a * c - b * s);
-    out[base + i + half] = F::cast_from(b * c + a * s);
+    let p = min(positions[row / heads], table_rows - 1) as usize;
+    let base = row * 2 * half_vectors;
+    let a = Vector::<f32, N>::cast_from(x[base + j]);
+    let b = Vector::<f32, N>::cast_from(x[base + half_vectors + j]);
+    let t0 = (p * half_vectors + j) * a.vector_size();
+    let c = table_vector::<N>(cos, t0);
+    let s = table_vector::<N>(sin, t0);
+    out[base + j] = Vector::<F, N>::cast_from(a * c - b * s);
+    out[base + half_vectors + j] = Vector::<F, N>::cast_from(b * c + a * s);
 }
 
 /// RoPE of `x[T, H, D]` at `positions[T]` (u32, on the device).
@@ -149,19 +163,23 @@ pub fn rope_into<R: Runtime>(
         ));
     }
     let half = head_dim / 2;
+    let vector = caps::vector_size_for(client, x.dtype(), half);
+    let half_vectors = half / vector;
+    let items = tokens * heads * half_vectors;
     unsafe {
         rope_kernel::launch_unchecked::<R>(
             client,
-            cube_count_1d(client, (tokens * heads) as u32),
-            CubeDim::new_1d((half as u32).next_power_of_two()),
+            cube_count_1d(client, items.div_ceil(256) as u32),
+            CubeDim::new_1d(256),
+            vector,
             x.as_buffer_arg(),
             positions.as_buffer_arg(),
             cache.cos.as_buffer_arg(),
             cache.sin.as_buffer_arg(),
             out.as_buffer_arg(),
-            tokens,
+            items,
             heads,
-            head_dim,
+            half_vectors,
             cache.max_positions() as u32,
             x.dtype().elem_type(),
         );
@@ -193,16 +211,16 @@ pub fn rope_host_positions<R: Runtime>(
 }
 
 #[cube(launch_unchecked)]
-fn fused_rmsnorm_rope_kernel<F: Float>(
-    x: &[F],
-    weight: &[F],
-    cos: &[F],
-    sin: &[F],
-    out: &mut [F],
+fn fused_rmsnorm_rope_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    weight: &[Vector<F, N>],
+    cos: &[Vector<F, N>],
+    sin: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
     rows: usize,
     seq: usize,
-    hidden: usize,
-    head_dim: usize,
+    row_vectors: usize,
+    half_vectors: usize,
     inv_len: f32,
     eps: f32,
     #[comptime] plan: ReducePlan,
@@ -212,31 +230,28 @@ fn fused_rmsnorm_rope_kernel<F: Float>(
     if row >= rows {
         terminate!();
     }
-    let base = row * hidden;
+    let base = row * row_vectors;
     let mut acc = 0f32;
-    for i in range_stepped(UNIT_POS as usize, hidden, CUBE_DIM as usize) {
-        let v = f32::cast_from(x[base + i]);
-        acc += v * v;
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        acc += sum_squares(x[base + i]);
     }
     let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
-    // Row r of the [b, s] grid sits at sequence position r % s.
-    let tbl = (row % seq) * head_dim;
-    let half = head_dim / 2;
-    let pairs = hidden / 2;
-    for k in range_stepped(UNIT_POS as usize, pairs, CUBE_DIM as usize) {
-        let head = k / half;
-        let i = k % half;
-        let ia = head * head_dim + i;
-        let ib = ia + half;
-        let a = f32::cast_from(scale_by_weight_scalar::<F>(x[base + ia], weight[ia], inv));
-        let b = f32::cast_from(scale_by_weight_scalar::<F>(x[base + ib], weight[ib], inv));
+    // Row r of the [b, s] grid sits at sequence position r % s; tables are [s, head_dim].
+    let tbl = (row % seq) * 2 * half_vectors;
+    for k in range_stepped(UNIT_POS as usize, row_vectors / 2, CUBE_DIM as usize) {
+        let head = k / half_vectors;
+        let j = k % half_vectors;
+        let ia = head * 2 * half_vectors + j;
+        let ib = ia + half_vectors;
+        let a = Vector::<f32, N>::cast_from(scale_by_weight(x[base + ia], weight[ia], inv));
+        let b = Vector::<f32, N>::cast_from(scale_by_weight(x[base + ib], weight[ib], inv));
         // Hugging Face's full-width tables: out = x * cos + rotate_half(x) * sin.
-        let ca = f32::cast_from(cos[tbl + i]);
-        let sa = f32::cast_from(sin[tbl + i]);
-        let cb = f32::cast_from(cos[tbl + i + half]);
-        let sb = f32::cast_from(sin[tbl + i + half]);
-        out[base + ia] = F::cast_from(a * ca - b * sa);
-        out[base + ib] = F::cast_from(b * cb + a * sb);
+        let ca = Vector::<f32, N>::cast_from(cos[tbl + j]);
+        let sa = Vector::<f32, N>::cast_from(sin[tbl + j]);
+        let cb = Vector::<f32, N>::cast_from(cos[tbl + half_vectors + j]);
+        let sb = Vector::<f32, N>::cast_from(sin[tbl + half_vectors + j]);
+        out[base + ia] = Vector::<F, N>::cast_from(a * ca - b * sa);
+        out[base + ib] = Vector::<F, N>::cast_from(b * cb + a * sb);
     }
 }
 
@@ -337,13 +352,18 @@ pub fn fused_rmsnorm_rope_into<R: Runtime>(
             ));
         }
     }
-    let cube_dim = ((hidden / 2) as u32).next_power_of_two().clamp(32, 256);
+    let vector = caps::vector_size_for(client, x.dtype(), head_dim / 2);
+    let row_vectors = hidden / vector;
+    let cube_dim = ((row_vectors / 2) as u32)
+        .next_power_of_two()
+        .clamp(32, 256);
     let plan = ReducePlan::new(client, cube_dim);
     unsafe {
         fused_rmsnorm_rope_kernel::launch_unchecked::<R>(
             client,
             cube_count_1d(client, x.rows() as u32),
             CubeDim::new_1d(cube_dim),
+            vector,
             x.as_buffer_arg(),
             weight.as_buffer_arg(),
             cos.as_buffer_arg(),
@@ -351,8 +371,8 @@ pub fn fused_rmsnorm_rope_into<R: Runtime>(
             out.as_buffer_arg(),
             x.rows(),
             seq,
-            hidden,
-            head_dim,
+            row_vectors,
+            head_dim / 2 / vector,
             1.0 / hidden as f32,
             eps,
             plan,

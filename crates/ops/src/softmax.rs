@@ -3,17 +3,17 @@
 
 use cubecl::prelude::*;
 
-use crate::launch::{cube_count_1d, validate_rows};
+use crate::launch::{row_launch, validate_rows};
 use crate::online_softmax::{exp_shifted, rescale_factor};
 use crate::reduce::{cube_max, cube_sum, ReducePlan};
 use crate::{DeviceTensor, Result};
 
 #[cube(launch_unchecked)]
-fn softmax_kernel<F: Float>(
-    x: &[F],
-    out: &mut [F],
+fn softmax_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
     rows: usize,
-    n: usize,
+    row_vectors: usize,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -21,21 +21,33 @@ fn softmax_kernel<F: Float>(
     if row >= rows {
         terminate!();
     }
-    let base = row * n;
+    let base = row * row_vectors;
     let mut m_unit = f32::new(f32::MIN);
     let mut s_unit = 0f32;
-    for i in range_stepped(UNIT_POS as usize, n, CUBE_DIM as usize) {
-        let v = f32::cast_from(x[base + i]);
-        let new_max = max(m_unit, v);
-        s_unit = s_unit * rescale_factor(m_unit, new_max) + exp_shifted(v, new_max);
-        m_unit = new_max;
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        let v = Vector::<f32, N>::cast_from(x[base + i]);
+        // One rescale per vector: the vector's own max first, then its lanes.
+        let mut vmax = m_unit;
+        #[unroll]
+        for k in 0..v.vector_size() {
+            vmax = max(vmax, v.extract(k));
+        }
+        let mut add = 0f32;
+        #[unroll]
+        for k in 0..v.vector_size() {
+            add += exp_shifted(v.extract(k), vmax);
+        }
+        s_unit = s_unit * rescale_factor(m_unit, vmax) + add;
+        m_unit = vmax;
     }
     // Merge the units' statistics: the global max, then each sum rescaled to it.
     let m = cube_max(m_unit, plan);
     let total = cube_sum(s_unit * rescale_factor(m_unit, m), plan);
-    let inv = 1f32 / total;
-    for i in range_stepped(UNIT_POS as usize, n, CUBE_DIM as usize) {
-        out[base + i] = F::cast_from(f32::exp(f32::cast_from(x[base + i]) - m) * inv);
+    let inv = Vector::<f32, N>::new(1f32 / total);
+    let shift = Vector::<f32, N>::new(m);
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        let v = Vector::<f32, N>::cast_from(x[base + i]);
+        out[base + i] = Vector::<F, N>::cast_from(Vector::exp(v - shift) * inv);
     }
 }
 
@@ -56,17 +68,18 @@ pub fn softmax_into<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     validate_rows(client, "softmax", x, &[out])?;
-    let cube_dim = (x.last_dim() as u32).next_power_of_two().clamp(32, 256);
-    let plan = ReducePlan::new(client, cube_dim);
+    let l = row_launch(client, x);
+    let plan = ReducePlan::new(client, l.cube_dim);
     unsafe {
         softmax_kernel::launch_unchecked::<R>(
             client,
-            cube_count_1d(client, x.rows() as u32),
-            CubeDim::new_1d(cube_dim),
+            l.cube_count,
+            CubeDim::new_1d(l.cube_dim),
+            l.vector,
             x.as_buffer_arg(),
             out.as_buffer_arg(),
             x.rows(),
-            x.last_dim(),
+            l.row_vectors,
             plan,
             x.dtype().elem_type(),
         );
