@@ -1,7 +1,7 @@
 //! Element-wise ops: `add` (with row-vector broadcasting) and `swiglu`.
 //!
-//! Memory-bound: one vector of up to 16 bytes per unit, enough cubes to cover the tensor, so
-//! that the loads coalesce and every SM streams.
+//! Memory-bound: 16-byte vectors, a few per unit strided by the grid size (coalesced, several
+//! loads in flight per unit), enough cubes to cover the tensor.
 
 use cubecl::prelude::*;
 
@@ -18,15 +18,19 @@ fn add_kernel<F: Float, N: Size>(
     #[comptime] broadcast: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    if ABSOLUTE_POS < len {
-        // The modulo (a row vector repeated over the rows) costs a division per element: only the
-        // broadcasting variant pays it.
-        let bi = if comptime![broadcast] {
-            ABSOLUTE_POS % b_len
-        } else {
-            ABSOLUTE_POS
-        };
-        out[ABSOLUTE_POS] = a[ABSOLUTE_POS] + b[bi];
+    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    // The modulo (a row vector repeated over the rows) costs a division per element: only the
+    // broadcasting variant pays it.
+    #[unroll]
+    for k in 0..PER_UNIT {
+        let i = ABSOLUTE_POS + k * stride;
+        if i < len {
+            if comptime![broadcast] {
+                out[i] = a[i] + b[i % b_len];
+            } else {
+                out[i] = a[i] + b[i];
+            }
+        }
     }
 }
 
@@ -38,19 +42,27 @@ fn swiglu_kernel<F: Float, N: Size>(
     len: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    if ABSOLUTE_POS < len {
-        let g = Vector::<f32, N>::cast_from(gate[ABSOLUTE_POS]);
-        let u = Vector::<f32, N>::cast_from(up[ABSOLUTE_POS]);
-        let silu = g / (Vector::new(1f32) + Vector::exp(-g));
-        out[ABSOLUTE_POS] = Vector::<F, N>::cast_from(silu * u);
+    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    #[unroll]
+    for k in 0..PER_UNIT {
+        let i = ABSOLUTE_POS + k * stride;
+        if i < len {
+            let g = Vector::<f32, N>::cast_from(gate[i]);
+            let u = Vector::<f32, N>::cast_from(up[i]);
+            let silu = g / (Vector::new(1f32) + Vector::exp(-g));
+            out[i] = Vector::<F, N>::cast_from(silu * u);
+        }
     }
 }
 
 /// Units per cube for the element-wise kernels.
 const CUBE: u32 = 256;
+/// Vectors per unit (strided by the grid size, so each load instruction stays coalesced): more
+/// bytes in flight per unit than one 16-byte load, which is what the copy bandwidth needs.
+const PER_UNIT: usize = 4;
 
 fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> (CubeCount, CubeDim) {
-    let cubes = vectors.div_ceil(CUBE as usize) as u32;
+    let cubes = vectors.div_ceil(CUBE as usize * PER_UNIT) as u32;
     (
         crate::launch::cube_count_1d(client, cubes),
         CubeDim::new_1d(CUBE),
