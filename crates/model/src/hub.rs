@@ -145,6 +145,11 @@ pub fn find_complete_in_hf_cache(repo: &str) -> Option<PathBuf> {
 /// files are missing, downloaded (unless `HF_HUB_OFFLINE` is set or the `download` feature is
 /// off). Anything else is an error naming what was tried.
 pub fn resolve_model(spec: &str) -> Result<ModelSource> {
+    resolve_model_with(spec, hf_cache_dir().as_deref(), hf_offline())
+}
+
+/// [`resolve_model`] with the cache directory and the offline switch given explicitly.
+pub fn resolve_model_with(spec: &str, cache: Option<&Path>, offline: bool) -> Result<ModelSource> {
     let path = Path::new(spec);
     if path.is_dir() {
         return Ok(ModelSource::Local(path.to_path_buf()));
@@ -159,10 +164,10 @@ pub fn resolve_model(spec: &str) -> Result<ModelSource> {
     if !looks_like_repo_id(spec) {
         return Err(not_found("no such directory".into()));
     }
-    let cache = hf_cache_dir().ok_or_else(|| {
+    let cache = cache.ok_or_else(|| {
         not_found("no such directory, and no HF cache location (set HF_HOME or HOME)".into())
     })?;
-    let cached = find_in_hf_cache(spec, &cache);
+    let cached = find_in_hf_cache(spec, cache);
     let missing = match &cached {
         Some(dir) => missing_files(dir),
         None => vec!["config.json".into()],
@@ -177,10 +182,10 @@ pub fn resolve_model(spec: &str) -> Result<ModelSource> {
         Some(dir) => format!("the cached snapshot {} lacks {}", dir.display(), missing.join(", ")),
         None => format!("no such directory and not in the HF cache {}", cache.display()),
     };
-    if hf_offline() {
+    if offline {
         return Err(not_found(format!("{where_} (HF_HUB_OFFLINE is set, so nothing was downloaded)")));
     }
-    download(spec, &cache).map_err(|e| not_found(format!("{where_}, and the download failed: {e}")))
+    download(spec, cache).map_err(|e| not_found(format!("{where_}, and the download failed: {e}")))
 }
 
 #[cfg(feature = "download")]
