@@ -130,6 +130,10 @@ fn source_dtype(name: &str, dtype: StDtype) -> Result<DType> {
         StDtype::F32 => Ok(DType::F32),
         StDtype::F16 => Ok(DType::F16),
         StDtype::BF16 => Ok(DType::BF16),
+        StDtype::I32 => Ok(DType::I32),
+        StDtype::U32 => Ok(DType::U32),
+        StDtype::I8 => Ok(DType::I8),
+        StDtype::U8 => Ok(DType::U8),
         other => Err(ModelError::TensorDType {
             name: name.to_string(),
             found: format!("{other:?}"),
@@ -231,24 +235,29 @@ impl WeightStore {
         }
         let single = dir.join(SINGLE_FILE);
         if single.is_file() {
-            let file = SafetensorsFile::open(&single)?;
-            let by_name = file
-                .metadata
-                .tensors()
-                .into_keys()
-                .map(|name| (name, 0))
-                .collect();
-            return Ok(Self {
-                dir: dir.to_path_buf(),
-                source: single,
-                files: vec![file],
-                by_name,
-            });
+            return Self::open_file(&single);
         }
         Err(ModelError::io(
             dir,
             format!("neither {SINGLE_FILE} nor {INDEX_FILE} found (only safetensors checkpoints are supported)"),
         ))
+    }
+
+    /// Opens one safetensors file by path (any name), e.g. a reference-data file.
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let file = SafetensorsFile::open(path)?;
+        let by_name = file
+            .metadata
+            .tensors()
+            .into_keys()
+            .map(|name| (name, 0))
+            .collect();
+        Ok(Self {
+            dir: path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            source: path.to_path_buf(),
+            files: vec![file],
+            by_name,
+        })
     }
 
     fn open_sharded(dir: &Path, index: &Path) -> Result<Self> {
@@ -354,10 +363,31 @@ impl WeightStore {
         })
     }
 
-    /// Looks a tensor up and checks its shape.
+    /// Looks a float weight up and checks its shape (integer tensors are refused by name).
     pub fn expect(&self, name: &str, shape: &[usize]) -> Result<TensorRef<'_>> {
         let t = self.get(name)?;
+        if !t.dtype.is_float() {
+            return Err(ModelError::TensorDType {
+                name: name.to_string(),
+                found: t.dtype.name().to_uppercase(),
+            });
+        }
         t.expect_shape(shape)?;
         Ok(t)
+    }
+
+    /// An i32 tensor's values (reference data such as token ids).
+    pub fn i32s(&self, name: &str) -> Result<Vec<i32>> {
+        let t = self.get(name)?;
+        if t.dtype != DType::I32 {
+            return Err(ModelError::TensorDType {
+                name: name.to_string(),
+                found: t.dtype.name().to_uppercase(),
+            });
+        }
+        Ok(t.data
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 }
