@@ -72,7 +72,11 @@ pub struct MakeDemoArgs {
 
 pub fn make_demo_model(args: &MakeDemoArgs) -> anyhow::Result<()> {
     demo::write_demo_model(&args.out)?;
-    eprintln!("wrote the demo model ({}) to {}", demo::DEMO_VERSION, args.out.display());
+    eprintln!(
+        "wrote the demo model ({}) to {}",
+        demo::DEMO_VERSION,
+        args.out.display()
+    );
     Ok(())
 }
 
@@ -80,7 +84,9 @@ pub fn make_demo_model(args: &MakeDemoArgs) -> anyhow::Result<()> {
 fn locate_model(spec: Option<&str>) -> anyhow::Result<PathBuf> {
     if let Some(spec) = spec {
         let source = hub::resolve_model(spec)?;
-        if let hub::ModelSource::HfCache { repo, dir } | hub::ModelSource::Downloaded { repo, dir } = &source {
+        if let hub::ModelSource::HfCache { repo, dir }
+        | hub::ModelSource::Downloaded { repo, dir } = &source
+        {
             eprintln!("model: {repo} ({})", dir.display());
         }
         return Ok(source.dir().to_path_buf());
@@ -109,10 +115,17 @@ fn sampling(args: &GenerateArgs, gc: &GenerationConfig) -> SamplingParams {
     });
     SamplingParams {
         temperature,
-        top_k: args.top_k.or(if from_config { gc.top_k } else { None }).unwrap_or(0),
+        top_k: args
+            .top_k
+            .or(if from_config { gc.top_k } else { None })
+            .unwrap_or(0),
         top_p: args
             .top_p
-            .or(if from_config { gc.top_p.map(|p| p as f32) } else { None })
+            .or(if from_config {
+                gc.top_p.map(|p| p as f32)
+            } else {
+                None
+            })
             .unwrap_or(1.0),
         repetition_penalty: args
             .repeat_penalty
@@ -199,7 +212,11 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         } else {
             format!(
                 "temperature {}, top-k {}, top-p {}, repeat-penalty {}, seed {}",
-                params.temperature, params.top_k, params.top_p, params.repetition_penalty, params.seed
+                params.temperature,
+                params.top_k,
+                params.top_p,
+                params.repetition_penalty,
+                params.seed
             )
         }
     );
@@ -217,7 +234,11 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
     let mut ends_with_newline = true;
     let result = generator.generate(&prompt, &options, |piece| {
         ends_with_newline = piece.ends_with('\n');
-        if out.write_all(piece.as_bytes()).and_then(|_| out.flush()).is_err() {
+        if out
+            .write_all(piece.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
             // stdout closed (e.g. piped into `head`): stop generating.
             return ControlFlow::Break(());
         }

@@ -85,10 +85,9 @@ impl<'a> Fields<'a> {
     fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
+                self.err(field, format!("expected a non-negative integer, found {v}"))
+            }),
         }
     }
 
@@ -181,10 +180,7 @@ impl Qwen2Config {
         let architecture = match f.get("architectures") {
             Some(Value::Array(list)) if !list.is_empty() => {
                 let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
-                match names
-                    .iter()
-                    .find(|n| SUPPORTED_ARCHITECTURES.contains(n))
-                {
+                match names.iter().find(|n| SUPPORTED_ARCHITECTURES.contains(n)) {
                     Some(n) => n.to_string(),
                     None => {
                         return Err(ModelError::UnsupportedArchitecture {
@@ -246,13 +242,19 @@ impl Qwen2Config {
             }
         };
         if head_dim % 2 != 0 {
-            return Err(f.err("head_dim", format!("{head_dim} is odd; RoPE needs an even head_dim")));
+            return Err(f.err(
+                "head_dim",
+                format!("{head_dim} is odd; RoPE needs an even head_dim"),
+            ));
         }
         let max_position_embeddings = f.positive_or("max_position_embeddings", 32768)?;
 
         if let Some(act) = f.str_opt("hidden_act")? {
             if act != "silu" {
-                return Err(f.err("hidden_act", format!("'{act}' is not supported (only silu)")));
+                return Err(f.err(
+                    "hidden_act",
+                    format!("'{act}' is not supported (only silu)"),
+                ));
             }
         }
 
@@ -277,25 +279,41 @@ impl Qwen2Config {
                 }
                 if let Some(t) = obj.get("rope_theta").filter(|t| !t.is_null()) {
                     rope_theta = t.as_f64().ok_or_else(|| {
-                        f.err(&format!("{field}.rope_theta"), format!("expected a number, found {t}"))
+                        f.err(
+                            &format!("{field}.rope_theta"),
+                            format!("expected a number, found {t}"),
+                        )
                     })?;
                 }
             }
         }
         if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(f.err("rope_theta", format!("{rope_theta} must be positive and finite")));
+            return Err(f.err(
+                "rope_theta",
+                format!("{rope_theta} must be positive and finite"),
+            ));
         }
         let rms_norm_eps = f.f64_or("rms_norm_eps", 1e-6)?;
         if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
-            return Err(f.err("rms_norm_eps", format!("{rms_norm_eps} must be positive and finite")));
+            return Err(f.err(
+                "rms_norm_eps",
+                format!("{rms_norm_eps} must be positive and finite"),
+            ));
         }
         let tie_word_embeddings = f.bool_or("tie_word_embeddings", false)?;
 
-        let dtype_field = if f.get("torch_dtype").is_some() { "torch_dtype" } else { "dtype" };
+        let dtype_field = if f.get("torch_dtype").is_some() {
+            "torch_dtype"
+        } else {
+            "dtype"
+        };
         let dtype = match f.str_opt(dtype_field)? {
             None => DType::F32,
             Some(s) => parse_torch_dtype(s).ok_or_else(|| {
-                f.err(dtype_field, format!("'{s}' is not one of bfloat16, float16, float32"))
+                f.err(
+                    dtype_field,
+                    format!("'{s}' is not one of bfloat16, float16, float32"),
+                )
             })?,
         };
 
@@ -345,7 +363,9 @@ impl Qwen2Config {
                     _ => {
                         return Err(f.err(
                             "layer_types",
-                            format!("entry {i} is {t} (expected full_attention or sliding_attention)"),
+                            format!(
+                                "entry {i} is {t} (expected full_attention or sliding_attention)"
+                            ),
                         ))
                     }
                 }
@@ -385,7 +405,10 @@ impl Qwen2Config {
     /// Parameter count (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let attn = h * self.q_dim() + self.q_dim() + 2 * (h * self.kv_dim() + self.kv_dim()) + self.q_dim() * h;
+        let attn = h * self.q_dim()
+            + self.q_dim()
+            + 2 * (h * self.kv_dim() + self.kv_dim())
+            + self.q_dim() * h;
         let layer = attn + 3 * h * i + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers * layer + h + head

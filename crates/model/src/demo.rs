@@ -32,7 +32,10 @@ pub const DEMO_VERSION: &str = "demo-v1";
 /// The training text, compiled in so that the demo model can be built without the sources.
 pub const CORPUS: [(&str, &str); 3] = [
     ("notes.txt", include_str!("../assets/corpus/notes.txt")),
-    ("public_domain.txt", include_str!("../assets/corpus/public_domain.txt")),
+    (
+        "public_domain.txt",
+        include_str!("../assets/corpus/public_domain.txt"),
+    ),
     ("project.txt", include_str!("../assets/corpus/project.txt")),
 ];
 
@@ -95,7 +98,9 @@ pub fn train_tokenizer() -> Result<tokenizers::Tokenizer> {
         .with_post_processor(Some(PostProcessorWrapper::ByteLevel(ByteLevel::new(
             false, false, false,
         ))))
-        .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(false, false, false))))
+        .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::new(
+            false, false, false,
+        ))))
         .build()
         .map_err(tok_err)?;
     let mut trainer = tokenizers::models::TrainerWrapper::BpeTrainer(trainer.clone());
@@ -142,22 +147,59 @@ pub fn weights(vocab: usize) -> Vec<(String, Vec<usize>, Vec<f32>)> {
     let d = HIDDEN / HEADS;
     let (q, kv) = (HEADS * d, KV_HEADS * d);
     let mut out: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, values: Vec<f32>| out.push((name, shape, values));
-    push("model.embed_tokens.weight".into(), vec![vocab, h], random(&[vocab, h]));
+    let mut push =
+        |name: String, shape: Vec<usize>, values: Vec<f32>| out.push((name, shape, values));
+    push(
+        "model.embed_tokens.weight".into(),
+        vec![vocab, h],
+        random(&[vocab, h]),
+    );
     for l in 0..LAYERS {
         let p = format!("model.layers.{l}.");
         push(format!("{p}input_layernorm.weight"), vec![h], vec![1.0; h]);
-        push(format!("{p}self_attn.q_proj.weight"), vec![q, h], random(&[q, h]));
+        push(
+            format!("{p}self_attn.q_proj.weight"),
+            vec![q, h],
+            random(&[q, h]),
+        );
         push(format!("{p}self_attn.q_proj.bias"), vec![q], random(&[q]));
-        push(format!("{p}self_attn.k_proj.weight"), vec![kv, h], random(&[kv, h]));
+        push(
+            format!("{p}self_attn.k_proj.weight"),
+            vec![kv, h],
+            random(&[kv, h]),
+        );
         push(format!("{p}self_attn.k_proj.bias"), vec![kv], random(&[kv]));
-        push(format!("{p}self_attn.v_proj.weight"), vec![kv, h], random(&[kv, h]));
+        push(
+            format!("{p}self_attn.v_proj.weight"),
+            vec![kv, h],
+            random(&[kv, h]),
+        );
         push(format!("{p}self_attn.v_proj.bias"), vec![kv], random(&[kv]));
-        push(format!("{p}self_attn.o_proj.weight"), vec![h, q], random(&[h, q]));
-        push(format!("{p}post_attention_layernorm.weight"), vec![h], vec![1.0; h]);
-        push(format!("{p}mlp.gate_proj.weight"), vec![i, h], random(&[i, h]));
-        push(format!("{p}mlp.up_proj.weight"), vec![i, h], random(&[i, h]));
-        push(format!("{p}mlp.down_proj.weight"), vec![h, i], random(&[h, i]));
+        push(
+            format!("{p}self_attn.o_proj.weight"),
+            vec![h, q],
+            random(&[h, q]),
+        );
+        push(
+            format!("{p}post_attention_layernorm.weight"),
+            vec![h],
+            vec![1.0; h],
+        );
+        push(
+            format!("{p}mlp.gate_proj.weight"),
+            vec![i, h],
+            random(&[i, h]),
+        );
+        push(
+            format!("{p}mlp.up_proj.weight"),
+            vec![i, h],
+            random(&[i, h]),
+        );
+        push(
+            format!("{p}mlp.down_proj.weight"),
+            vec![h, i],
+            random(&[h, i]),
+        );
     }
     push("model.norm.weight".into(), vec![h], vec![1.0; h]);
     out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -169,7 +211,13 @@ pub fn weights(vocab: usize) -> Vec<(String, Vec<usize>, Vec<f32>)> {
 pub fn safetensors_bytes(tensors: &[(String, Vec<usize>, Vec<f32>)]) -> Result<Vec<u8>> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .iter()
-        .map(|(n, s, v)| (n.clone(), s.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .map(|(n, s, v)| {
+            (
+                n.clone(),
+                s.clone(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
+        })
         .collect();
     let views = bytes
         .iter()
@@ -260,7 +308,9 @@ pub fn demo_cache_dir() -> Option<PathBuf> {
 pub fn ensure_demo_model() -> Result<PathBuf> {
     let dir = demo_cache_dir().ok_or_else(|| ModelError::ModelNotFound {
         spec: "demo".into(),
-        detail: "no cache directory (set XDG_CACHE_HOME or HOME), use `cli make-demo-model --out DIR`".into(),
+        detail:
+            "no cache directory (set XDG_CACHE_HOME or HOME), use `cli make-demo-model --out DIR`"
+                .into(),
     })?;
     ensure_demo_model_in(&dir)?;
     Ok(dir)
@@ -269,19 +319,29 @@ pub fn ensure_demo_model() -> Result<PathBuf> {
 /// Like [`ensure_demo_model`], into a given directory.
 pub fn ensure_demo_model_in(dir: &Path) -> Result<()> {
     let complete = |d: &Path| {
-        ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "model.safetensors"]
-            .iter()
-            .all(|f| d.join(f).is_file())
+        [
+            "config.json",
+            "generation_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "model.safetensors",
+        ]
+        .iter()
+        .all(|f| d.join(f).is_file())
     };
     if complete(dir) {
         return Ok(());
     }
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).map_err(|e| ModelError::io(parent, e))?;
+    // Unique per process and per call, so that concurrent builds (threads or processes) never
+    // write into the same temporary directory.
+    static BUILDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let tmp = parent.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         dir.file_name().and_then(|n| n.to_str()).unwrap_or("demo"),
-        std::process::id()
+        std::process::id(),
+        BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     write_demo_model(&tmp)?;
     if dir.exists() && !complete(dir) {

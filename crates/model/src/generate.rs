@@ -260,7 +260,10 @@ impl<M: CausalLm> Generator<M> {
         let mut sampler = Sampler::new(options.sampling)?;
         let prompt_tokens = self.prompt_tokens(prompt)?;
         if prompt_tokens.is_empty() {
-            return Err(ModelError::param("prompt", "is empty (no tokens to start from)"));
+            return Err(ModelError::param(
+                "prompt",
+                "is empty (no tokens to start from)",
+            ));
         }
         let vocab = self.model.vocab_size();
         if let Some(&bad) = prompt_tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -355,7 +358,10 @@ impl<M: CausalLm> Generator<M> {
         // Flush what the detokenizer and the stop filter still hold (not after a stop string:
         // everything past it is dropped; not after a cancel: the caller wants no more).
         let mut final_reason = reason;
-        if !matches!(final_reason, StopReason::StopString(_) | StopReason::Cancelled) {
+        if !matches!(
+            final_reason,
+            StopReason::StopString(_) | StopReason::Cancelled
+        ) {
             let tail = detok.finish()?.unwrap_or_default();
             let (out, found) = stop.push(&tail, true);
             if !out.is_empty() {

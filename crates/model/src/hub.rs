@@ -55,7 +55,12 @@ pub fn hf_cache_dir() -> Option<PathBuf> {
 /// Whether downloads are disabled (`HF_HUB_OFFLINE` set to 1/true/yes/on).
 pub fn hf_offline() -> bool {
     std::env::var("HF_HUB_OFFLINE")
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
         .unwrap_or(false)
 }
 
@@ -65,7 +70,8 @@ pub fn looks_like_repo_id(spec: &str) -> bool {
         !s.is_empty()
             && !s.starts_with('.')
             && !s.starts_with('-')
-            && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
     };
     let parts: Vec<&str> = spec.split('/').collect();
     match parts.as_slice() {
@@ -91,7 +97,11 @@ pub fn missing_files(dir: &Path) -> Vec<String> {
                 let mut shards: Vec<String> = json
                     .get("weight_map")
                     .and_then(|m| m.as_object())
-                    .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                    .map(|m| {
+                        m.values()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
                     .unwrap_or_default();
                 shards.sort();
                 shards.dedup();
@@ -179,11 +189,20 @@ pub fn resolve_model_with(spec: &str, cache: Option<&Path>, offline: bool) -> Re
         });
     }
     let where_ = match &cached {
-        Some(dir) => format!("the cached snapshot {} lacks {}", dir.display(), missing.join(", ")),
-        None => format!("no such directory and not in the HF cache {}", cache.display()),
+        Some(dir) => format!(
+            "the cached snapshot {} lacks {}",
+            dir.display(),
+            missing.join(", ")
+        ),
+        None => format!(
+            "no such directory and not in the HF cache {}",
+            cache.display()
+        ),
     };
     if offline {
-        return Err(not_found(format!("{where_} (HF_HUB_OFFLINE is set, so nothing was downloaded)")));
+        return Err(not_found(format!(
+            "{where_} (HF_HUB_OFFLINE is set, so nothing was downloaded)"
+        )));
     }
     download(spec, cache).map_err(|e| not_found(format!("{where_}, and the download failed: {e}")))
 }
@@ -203,7 +222,11 @@ fn download(repo: &str, cache: &Path) -> std::result::Result<ModelSource, String
         .parent()
         .map(Path::to_path_buf)
         .ok_or_else(|| "download returned no directory".to_string())?;
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"] {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
         // tokenizer_config / generation_config are optional: their absence is not an error.
         if let Err(e) = repo_api.get(f) {
             if f == "tokenizer.json" {
@@ -217,7 +240,11 @@ fn download(repo: &str, cache: &Path) -> std::result::Result<ModelSource, String
             let mut shards: Vec<String> = json
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .map(|m| m.values().filter_map(|v| v.as_str().map(str::to_string)).collect())
+                .map(|m| {
+                    m.values()
+                        .filter_map(|v| v.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default();
             shards.sort();
             shards.dedup();
@@ -237,5 +264,8 @@ fn download(repo: &str, cache: &Path) -> std::result::Result<ModelSource, String
 
 #[cfg(not(feature = "download"))]
 fn download(_repo: &str, _cache: &Path) -> std::result::Result<ModelSource, String> {
-    Err("this build has no download support (the 'download' feature of cubellm-model is off)".into())
+    Err(
+        "this build has no download support (the 'download' feature of cubellm-model is off)"
+            .into(),
+    )
 }

@@ -65,7 +65,10 @@ impl<R: Runtime> KvCache<R> {
             ));
         }
         if max_len > u32::MAX as usize {
-            return Err(ModelError::param("max_len", format!("{max_len} does not fit in u32")));
+            return Err(ModelError::param(
+                "max_len",
+                format!("{max_len} does not fit in u32"),
+            ));
         }
         let shape = [max_len, num_kv_heads, head_dim];
         let layers = (0..num_layers)
@@ -87,7 +90,12 @@ impl<R: Runtime> KvCache<R> {
     }
 
     /// A cache shaped for `config`.
-    pub fn for_config(client: &ComputeClient<R>, config: &Qwen2Config, max_len: usize, dtype: DType) -> Result<Self> {
+    pub fn for_config(
+        client: &ComputeClient<R>,
+        config: &Qwen2Config,
+        max_len: usize,
+        dtype: DType,
+    ) -> Result<Self> {
         Self::new(
             client,
             config.num_hidden_layers,

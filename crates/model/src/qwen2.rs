@@ -61,10 +61,17 @@ pub fn choose_dtype(
 ) -> Result<(DType, Option<String>)> {
     if let Some(d) = requested {
         if !d.is_float() {
-            return Err(ModelError::param("dtype", format!("{d} (expected bf16, f16 or f32)")));
+            return Err(ModelError::param(
+                "dtype",
+                format!("{d} (expected bf16, f16 or f32)"),
+            ));
         }
         if !supports(d) {
-            let hint = if d == DType::BF16 { "; use --dtype f16 or f32" } else { "" };
+            let hint = if d == DType::BF16 {
+                "; use --dtype f16 or f32"
+            } else {
+                ""
+            };
             return Err(ModelError::UnsupportedDType {
                 dtype: d.to_string(),
                 runtime: runtime.to_string(),
@@ -195,7 +202,7 @@ pub fn plan_weights(config: &Qwen2Config, store: &WeightStore) -> Result<WeightP
         .names()
         .into_iter()
         .filter(|n| !specs.iter().any(|s| s.name == *n))
-        .filter(|n| !(tied && *n == "lm_head.weight") && !n.ends_with("rotary_emb.inv_freq"))
+        .filter(|n| !(n.ends_with("rotary_emb.inv_freq") || (tied && *n == "lm_head.weight")))
         .map(str::to_string)
         .collect();
     Ok(WeightPlan {
@@ -497,7 +504,10 @@ impl<R: Runtime> Qwen2Model<R> {
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
-            return Err(ModelError::param("tokens", "prefill needs at least one token"));
+            return Err(ModelError::param(
+                "tokens",
+                "prefill needs at least one token",
+            ));
         }
         let vocab = self.config.vocab_size;
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
@@ -512,13 +522,20 @@ impl<R: Runtime> Qwen2Model<R> {
     /// Runs `tokens` (positions `cache.len()..`) through the model in one pass, appends their
     /// keys and values to `cache`, and returns the logits in the compute dtype: `[1, vocab]`
     /// for [`Logits::Last`], `[T, vocab]` for [`Logits::All`]. Allocates its activations.
-    pub fn prefill(&self, tokens: &[u32], cache: &mut KvCache<R>, logits: Logits) -> Result<DeviceTensor<R>> {
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<R>,
+        logits: Logits,
+    ) -> Result<DeviceTensor<R>> {
         self.check_tokens(tokens)?;
         cache.check_room(tokens.len())?;
         let _ = logits;
         // The forward pass goes here (see the module docs); on success:
         // `cache.advance(tokens.len())?; cache.sync_len(&self.client)?;`
-        Err(ModelError::NotImplemented("forward pass: waiting for ops kernels"))
+        Err(ModelError::NotImplemented(
+            "forward pass: waiting for ops kernels",
+        ))
     }
 
     /// One decode step, allocation-free and graph-capturable: reads the token id, its position
@@ -542,7 +559,9 @@ impl<R: Runtime> Qwen2Model<R> {
         // The forward pass for one token goes here (see the module docs), using only `_into`
         // ops on `step`'s buffers and `cache`, with KvLen::Device(&step.position) as the cache
         // write position and KvLen::Device(&step.kv_len) as the attention length.
-        Err(ModelError::NotImplemented("forward pass: waiting for ops kernels"))
+        Err(ModelError::NotImplemented(
+            "forward pass: waiting for ops kernels",
+        ))
     }
 }
 
@@ -590,8 +609,16 @@ pub struct DecodeBuffers<R: Runtime> {
 
 impl<R: Runtime> DecodeBuffers<R> {
     pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Result<Self> {
-        let (h, i, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
-        let (hq, hkv, d) = (config.num_attention_heads, config.num_key_value_heads, config.head_dim);
+        let (h, i, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
+        let (hq, hkv, d) = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        );
         let scalar = || DeviceTensor::from_slice(client, &[0u32], &[1]);
         Ok(Self {
             dtype,
@@ -612,12 +639,19 @@ impl<R: Runtime> DecodeBuffers<R> {
     }
 
     /// Writes the step's scalars (host to device, outside any capture window).
-    pub fn write_inputs(&self, client: &ComputeClient<R>, token: u32, position: usize) -> Result<()> {
-        let position = u32::try_from(position)
-            .map_err(|_| ModelError::param("position", format!("{position} does not fit in u32")))?;
+    pub fn write_inputs(
+        &self,
+        client: &ComputeClient<R>,
+        token: u32,
+        position: usize,
+    ) -> Result<()> {
+        let position = u32::try_from(position).map_err(|_| {
+            ModelError::param("position", format!("{position} does not fit in u32"))
+        })?;
         self.token.write_bytes(client, &token.to_le_bytes())?;
         self.position.write_bytes(client, &position.to_le_bytes())?;
-        self.kv_len.write_bytes(client, &(position + 1).to_le_bytes())?;
+        self.kv_len
+            .write_bytes(client, &(position + 1).to_le_bytes())?;
         Ok(())
     }
 }
@@ -697,7 +731,10 @@ impl<R: Runtime> CausalLm for Qwen2Session<R> {
         if token as usize >= self.model.config.vocab_size {
             return Err(ModelError::param(
                 "token",
-                format!("{token} is outside the vocabulary of {}", self.model.config.vocab_size),
+                format!(
+                    "{token} is outside the vocabulary of {}",
+                    self.model.config.vocab_size
+                ),
             ));
         }
         self.cache.check_room(1)?;

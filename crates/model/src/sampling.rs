@@ -50,7 +50,10 @@ impl SamplingParams {
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(ModelError::param(
                 "temperature",
-                format!("{} (must be a finite number >= 0; 0 means greedy)", self.temperature),
+                format!(
+                    "{} (must be a finite number >= 0; 0 means greedy)",
+                    self.temperature
+                ),
             ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
@@ -62,7 +65,10 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return Err(ModelError::param(
                 "repetition_penalty",
-                format!("{} (must be a finite number > 0; 1 disables it)", self.repetition_penalty),
+                format!(
+                    "{} (must be a finite number > 0; 1 disables it)",
+                    self.repetition_penalty
+                ),
             ));
         }
         Ok(())
@@ -186,7 +192,10 @@ pub fn candidates(logits: &[f32], top_k: usize, top_p: f32) -> Vec<u32> {
         .iter()
         .map(|&i| logits[i as usize] as f64)
         .fold(f64::NEG_INFINITY, f64::max);
-    let z: f64 = ids.iter().map(|&i| (logits[i as usize] as f64 - max).exp()).sum();
+    let z: f64 = ids
+        .iter()
+        .map(|&i| (logits[i as usize] as f64 - max).exp())
+        .sum();
     let mut k = ids.len().min(64);
     loop {
         if k < ids.len() {

@@ -79,9 +79,12 @@ impl ChatTemplate {
         env.set_syntax(syntax);
         minijinja_contrib::add_to_environment(&mut env);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
-            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<Value, minijinja::Error> {
+                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+            },
+        );
         env.add_template_owned("chat_template", source.to_string())
             .map_err(template_error)?;
         Ok(Self {
@@ -142,7 +145,11 @@ impl Tokenizer {
     /// `generate` uses), then `config.json`, then `tokenizer_config.json`'s `eos_token`; every
     /// eos id found is kept, since models list several (Qwen2.5: `<|im_end|>` and
     /// `<|endoftext|>`) and stopping on any of them is what the model expects.
-    pub fn from_dir(dir: &Path, config: &Qwen2Config, generation: &GenerationConfig) -> Result<Self> {
+    pub fn from_dir(
+        dir: &Path,
+        config: &Qwen2Config,
+        generation: &GenerationConfig,
+    ) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
             return Err(ModelError::Tokenizer(format!(
@@ -281,7 +288,11 @@ impl Tokenizer {
     }
 
     /// Renders a conversation with the model's chat template.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         self.template
             .as_ref()
             .ok_or_else(|| {

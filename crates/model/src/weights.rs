@@ -34,16 +34,20 @@ struct SafetensorsFile {
 
 fn describe(err: &SafeTensorError) -> String {
     match err {
-        SafeTensorError::HeaderTooSmall => "shorter than the 8-byte header length (empty or truncated file)".into(),
+        SafeTensorError::HeaderTooSmall => {
+            "shorter than the 8-byte header length (empty or truncated file)".into()
+        }
         SafeTensorError::InvalidHeaderLength => {
             "the header length points past the end of the file (truncated file?)".into()
         }
         SafeTensorError::MetadataIncompleteBuffer => {
-            "the data section does not match the sizes in the header (truncated or corrupt file)".into()
+            "the data section does not match the sizes in the header (truncated or corrupt file)"
+                .into()
         }
-        SafeTensorError::HeaderTooLarge => "the header length is implausibly large (corrupt file)".into(),
-        SafeTensorError::InvalidHeader(_)
-        | SafeTensorError::InvalidHeaderDeserialization(_) => {
+        SafeTensorError::HeaderTooLarge => {
+            "the header length is implausibly large (corrupt file)".into()
+        }
+        SafeTensorError::InvalidHeader(_) | SafeTensorError::InvalidHeaderDeserialization(_) => {
             format!("the header is not valid JSON metadata ({err})")
         }
         other => other.to_string(),
@@ -119,7 +123,11 @@ impl TensorRef<'_> {
     }
 
     /// Uploads the tensor converted to `to` (conversion on the host, with `half`).
-    pub fn upload<R: Runtime>(&self, client: &ComputeClient<R>, to: DType) -> Result<DeviceTensor<R>> {
+    pub fn upload<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        to: DType,
+    ) -> Result<DeviceTensor<R>> {
         let bytes = self.bytes_as(to)?;
         Ok(DeviceTensor::from_bytes(client, &bytes, self.shape, to)?)
     }
@@ -142,7 +150,9 @@ fn source_dtype(name: &str, dtype: StDtype) -> Result<DType> {
 }
 
 fn read_u16s(bytes: &[u8]) -> impl Iterator<Item = u16> + '_ {
-    bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))
+    bytes
+        .chunks_exact(2)
+        .map(|c| u16::from_le_bytes([c[0], c[1]]))
 }
 
 /// Converts little-endian float bytes between f32, f16 and bf16, rounding to nearest even.
@@ -158,8 +168,12 @@ pub fn convert<'a>(name: &str, data: &'a [u8], from: DType, to: DType) -> Result
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
-        DType::F16 => read_u16s(data).map(|b| f16::from_bits(b).to_f32()).collect(),
-        DType::BF16 => read_u16s(data).map(|b| bf16::from_bits(b).to_f32()).collect(),
+        DType::F16 => read_u16s(data)
+            .map(|b| f16::from_bits(b).to_f32())
+            .collect(),
+        DType::BF16 => read_u16s(data)
+            .map(|b| bf16::from_bits(b).to_f32())
+            .collect(),
         other => {
             return Err(ModelError::TensorDType {
                 name: name.to_string(),
@@ -339,18 +353,21 @@ impl WeightStore {
 
     /// Looks a tensor up by its Hugging Face name.
     pub fn get(&self, name: &str) -> Result<TensorRef<'_>> {
-        let (key, &i) = self
-            .by_name
-            .get_key_value(name)
+        let (key, &i) =
+            self.by_name
+                .get_key_value(name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    name: name.to_string(),
+                    path: self.source.clone(),
+                })?;
+        let file = &self.files[i];
+        let info = file
+            .metadata
+            .info(name)
             .ok_or_else(|| ModelError::MissingTensor {
                 name: name.to_string(),
-                path: self.source.clone(),
+                path: file.path.clone(),
             })?;
-        let file = &self.files[i];
-        let info = file.metadata.info(name).ok_or_else(|| ModelError::MissingTensor {
-            name: name.to_string(),
-            path: file.path.clone(),
-        })?;
         let (s, e) = info.data_offsets;
         // read_metadata checked that the offsets are contiguous and end at the file's end.
         let data = &file.mmap[file.data_start + s..file.data_start + e];

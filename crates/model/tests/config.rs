@@ -57,8 +57,14 @@ fn r1_distill_1_5b() -> Value {
 fn parses_the_target_config() {
     let c = parse(&r1_distill_1_5b()).unwrap();
     assert_eq!(c.architecture, "Qwen2ForCausalLM");
-    assert_eq!((c.hidden_size, c.intermediate_size, c.num_hidden_layers), (1536, 8960, 28));
-    assert_eq!((c.num_attention_heads, c.num_key_value_heads, c.head_dim), (12, 2, 128));
+    assert_eq!(
+        (c.hidden_size, c.intermediate_size, c.num_hidden_layers),
+        (1536, 8960, 28)
+    );
+    assert_eq!(
+        (c.num_attention_heads, c.num_key_value_heads, c.head_dim),
+        (12, 2, 128)
+    );
     assert_eq!(c.kv_group(), 6);
     assert_eq!((c.q_dim(), c.kv_dim()), (1536, 256));
     assert_eq!(c.vocab_size, 151936);
@@ -115,7 +121,13 @@ fn parses_transformers_5_style_fields() {
 
 #[test]
 fn defaults_follow_transformers() {
-    let v = without(without(without(without(tiny_config(), "num_key_value_heads"), "rope_theta"), "rms_norm_eps"), "torch_dtype");
+    let v = without(
+        without(
+            without(without(tiny_config(), "num_key_value_heads"), "rope_theta"),
+            "rms_norm_eps",
+        ),
+        "torch_dtype",
+    );
     let v = without(without(v, "max_position_embeddings"), "tie_word_embeddings");
     let c = parse(&v).unwrap();
     assert_eq!(c.num_key_value_heads, c.num_attention_heads);
@@ -137,7 +149,9 @@ fn defaults_follow_transformers() {
 fn config_error(v: &Value) -> (String, String) {
     match parse(v) {
         Err(e @ ModelError::Config { .. }) => {
-            let ModelError::Config { ref field, .. } = e else { unreachable!() };
+            let ModelError::Config { ref field, .. } = e else {
+                unreachable!()
+            };
             (field.clone(), e.to_string())
         }
         other => panic!("expected a config error, got {other:?}"),
@@ -146,10 +160,19 @@ fn config_error(v: &Value) -> (String, String) {
 
 #[test]
 fn missing_required_fields_are_named() {
-    for field in ["hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size"] {
+    for field in [
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "vocab_size",
+    ] {
         let (f, msg) = config_error(&without(tiny_config(), field));
         assert_eq!(f, field);
-        assert!(msg.contains(field) && msg.contains("missing") && msg.contains("/m/config.json"), "{msg}");
+        assert!(
+            msg.contains(field) && msg.contains("missing") && msg.contains("/m/config.json"),
+            "{msg}"
+        );
         assert!(!msg.contains('\n'));
     }
 }
@@ -169,8 +192,16 @@ fn invalid_values_are_named() {
         ("torch_dtype", json!("int8"), "torch_dtype"),
         ("hidden_act", json!("gelu"), "hidden_act"),
         ("eos_token_id", json!("</s>"), "eos_token_id"),
-        ("rope_scaling", json!({"type": "yarn", "factor": 4.0}), "rope_scaling"),
-        ("rope_parameters", json!({"rope_type": "llama3", "rope_theta": 5e5}), "rope_parameters"),
+        (
+            "rope_scaling",
+            json!({"type": "yarn", "factor": 4.0}),
+            "rope_scaling",
+        ),
+        (
+            "rope_parameters",
+            json!({"rope_type": "llama3", "rope_theta": 5e5}),
+            "rope_parameters",
+        ),
         ("layer_types", json!(["full_attention"]), "layer_types"),
     ];
     for (key, value, field) in cases {
@@ -186,7 +217,11 @@ fn unknown_architectures_are_refused() {
         ("Qwen3ForCausalLM", "qwen3"),
         ("Qwen2MoeForCausalLM", "qwen2_moe"),
     ] {
-        let v = with(with(tiny_config(), "architectures", json!([arch])), "model_type", json!(model_type));
+        let v = with(
+            with(tiny_config(), "architectures", json!([arch])),
+            "model_type",
+            json!(model_type),
+        );
         match parse(&v) {
             Err(e @ ModelError::UnsupportedArchitecture { .. }) => {
                 assert!(e.to_string().contains(arch), "{e}");
@@ -197,21 +232,42 @@ fn unknown_architectures_are_refused() {
     }
     // A known class name with a foreign model_type is not trusted either.
     let v = with(tiny_config(), "model_type", json!("llama"));
-    assert!(matches!(parse(&v), Err(ModelError::UnsupportedArchitecture { .. })));
+    assert!(matches!(
+        parse(&v),
+        Err(ModelError::UnsupportedArchitecture { .. })
+    ));
     let v = without(without(tiny_config(), "architectures"), "model_type");
     assert_eq!(config_error(&v).0, "architectures");
 }
 
 #[test]
 fn sliding_window_in_force_limits_the_context() {
-    let v = with(with(with(tiny_config(), "use_sliding_window", json!(true)), "sliding_window", json!(32)), "max_window_layers", json!(1));
+    let v = with(
+        with(
+            with(tiny_config(), "use_sliding_window", json!(true)),
+            "sliding_window",
+            json!(32),
+        ),
+        "max_window_layers",
+        json!(1),
+    );
     let c = parse(&v).unwrap();
     assert_eq!(c.sliding_window, Some((32, 1)));
     c.check_context(32, Path::new("/m/config.json")).unwrap();
-    let err = c.check_context(33, Path::new("/m/config.json")).unwrap_err();
+    let err = c
+        .check_context(33, Path::new("/m/config.json"))
+        .unwrap_err();
     assert!(err.to_string().contains("sliding_window"), "{err}");
     // transformers 5 style
-    let v = with(with(tiny_config(), "layer_types", json!(["full_attention", "sliding_attention"])), "sliding_window", json!(16));
+    let v = with(
+        with(
+            tiny_config(),
+            "layer_types",
+            json!(["full_attention", "sliding_attention"]),
+        ),
+        "sliding_window",
+        json!(16),
+    );
     assert_eq!(parse(&v).unwrap().sliding_window, Some((16, 1)));
     // A window in config.json that is not in force is ignored.
     let v = with(tiny_config(), "sliding_window", json!(4));
@@ -229,13 +285,19 @@ fn file_errors_name_the_file() {
     assert_eq!(err.kind(), "json");
     assert!(err.to_string().contains("config.json"), "{err}");
     std::fs::write(dir.join("config.json"), "[1, 2]").unwrap();
-    assert_eq!(Qwen2Config::from_dir(dir.path()).unwrap_err().kind(), "json");
+    assert_eq!(
+        Qwen2Config::from_dir(dir.path()).unwrap_err().kind(),
+        "json"
+    );
 }
 
 #[test]
 fn generation_config_is_optional_and_eos_may_be_a_list() {
     let dir = common::TempDir::new("genconfig");
-    assert_eq!(GenerationConfig::from_dir(dir.path()).unwrap(), GenerationConfig::default());
+    assert_eq!(
+        GenerationConfig::from_dir(dir.path()).unwrap(),
+        GenerationConfig::default()
+    );
     std::fs::write(
         dir.join("generation_config.json"),
         r#"{"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20, "repetition_penalty": 1.05}"#,
@@ -250,8 +312,17 @@ fn generation_config_is_optional_and_eos_may_be_a_list() {
     assert_eq!(g.top_k, Some(20));
     assert_eq!(g.repetition_penalty, Some(1.05));
     std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": 2}"#).unwrap();
-    assert_eq!(GenerationConfig::from_dir(dir.path()).unwrap().eos_token_ids, vec![2]);
-    std::fs::write(dir.join("generation_config.json"), r#"{"temperature": "hot"}"#).unwrap();
+    assert_eq!(
+        GenerationConfig::from_dir(dir.path())
+            .unwrap()
+            .eos_token_ids,
+        vec![2]
+    );
+    std::fs::write(
+        dir.join("generation_config.json"),
+        r#"{"temperature": "hot"}"#,
+    )
+    .unwrap();
     let err = GenerationConfig::from_dir(dir.path()).unwrap_err();
     assert!(err.to_string().contains("temperature"), "{err}");
 }

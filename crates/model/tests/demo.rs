@@ -1,6 +1,8 @@
 //! The demo model: deterministic, loadable by our own config/tokenizer/weights code.
 
-use model::{demo, plan_weights, ChatMessage, GenerationConfig, Qwen2Config, Tokenizer, WeightStore};
+use model::{
+    demo, plan_weights, ChatMessage, GenerationConfig, Qwen2Config, Tokenizer, WeightStore,
+};
 
 fn tempdir(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("cubellm-test-{name}-{}", std::process::id()));
@@ -56,4 +58,33 @@ fn demo_model_loads_with_the_model_code() {
     assert_eq!(ids[0], tok.token_to_id("<|im_start|>").unwrap());
     assert_eq!(tok.decode(&ids, false).unwrap(), text);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn concurrent_first_use_builds_one_complete_model() {
+    let root = tempdir("demo-concurrent");
+    let dir = root.join("cache").join(demo::DEMO_VERSION);
+    let handles: Vec<_> = (0..3)
+        .map(|_| {
+            let dir = dir.clone();
+            std::thread::spawn(move || demo::ensure_demo_model_in(&dir))
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap().unwrap();
+    }
+    let files = demo::files().unwrap();
+    for (name, bytes) in &files {
+        assert_eq!(&std::fs::read(dir.join(name)).unwrap(), bytes, "{name}");
+    }
+    // No temporary directories are left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(root.join("cache"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        leftovers,
+        vec![std::ffi::OsString::from(demo::DEMO_VERSION)]
+    );
+    std::fs::remove_dir_all(&root).unwrap();
 }

@@ -60,7 +60,10 @@ impl CausalLm for Scripted {
         Ok(())
     }
     fn prefill(&mut self, tokens: &[u32]) -> model::Result<()> {
-        assert!(self.len + tokens.len() <= self.max_len, "prefill past the context");
+        assert!(
+            self.len + tokens.len() <= self.max_len,
+            "prefill past the context"
+        );
         self.prefills.push(tokens.to_vec());
         self.len += tokens.len();
         self.prompt_len = self.len;
@@ -99,11 +102,19 @@ fn setup() -> Setup {
     let config = Qwen2Config::from_dir(dir.path()).unwrap();
     let gen = GenerationConfig::from_dir(dir.path()).unwrap();
     let tokenizer = Tokenizer::from_dir(dir.path(), &config, &gen).unwrap();
-    Setup { _dir: dir, tokenizer }
+    Setup {
+        _dir: dir,
+        tokenizer,
+    }
 }
 
 fn clone_tokenizer(t: &Tokenizer) -> Tokenizer {
-    Tokenizer::from_parts(t.inner().clone(), None, t.bos_token_id(), t.eos_token_ids().to_vec())
+    Tokenizer::from_parts(
+        t.inner().clone(),
+        None,
+        t.bos_token_id(),
+        t.eos_token_ids().to_vec(),
+    )
 }
 
 /// Runs a generation, returning the output and the streamed pieces.
@@ -158,7 +169,10 @@ fn streams_text_and_stops_at_max_new_tokens() {
     assert_eq!((m.argmax_calls, m.logits_calls), (n, 0));
     assert!(out.stats.time_to_first_token >= out.stats.prefill_time);
     assert!(out.stats.decode_tokens_per_sec() > 0.0 && out.stats.prefill_tokens_per_sec() > 0.0);
-    assert!(out.stats.summary().contains(&format!("prompt {} tokens", prompt_ids.len())));
+    assert!(out
+        .stats
+        .summary()
+        .contains(&format!("prompt {} tokens", prompt_ids.len())));
     // A second generation starts from an empty cache.
     let (out2, _) = gen(&mut g, &prompt, &opts(3));
     assert_eq!(out2.unwrap().tokens, script[..3].to_vec());
@@ -174,37 +188,64 @@ fn stops_on_any_eos_id_without_printing_it() {
         let mut script = s.tokenizer.encode("Short answer.", false).unwrap();
         script.push(eos);
         script.extend(s.tokenizer.encode(" never shown", false).unwrap());
-        let mut g = Generator::new(Scripted::new(1024, 512, script.clone()), clone_tokenizer(&s.tokenizer));
-        let options = GenerateOptions { max_new_tokens: 100, ..Default::default() }; // tokenizer's eos ids
+        let mut g = Generator::new(
+            Scripted::new(1024, 512, script.clone()),
+            clone_tokenizer(&s.tokenizer),
+        );
+        let options = GenerateOptions {
+            max_new_tokens: 100,
+            ..Default::default()
+        }; // tokenizer's eos ids
         let (out, pieces) = gen(&mut g, &Prompt::Text("Q:".into()), &options);
         let out = out.unwrap();
         assert_eq!(out.text, "Short answer.");
         assert_eq!(pieces.concat(), "Short answer.");
         assert_eq!(out.stats.stop_reason, StopReason::Eos(eos));
         assert_eq!(*out.tokens.last().unwrap(), eos);
-        assert_eq!(out.tokens.len(), script.iter().position(|&t| t == eos).unwrap() + 1);
+        assert_eq!(
+            out.tokens.len(),
+            script.iter().position(|&t| t == eos).unwrap() + 1
+        );
     }
 }
 
 #[test]
 fn stop_strings_end_generation_and_are_never_streamed() {
     let s = setup();
-    let script = s.tokenizer.encode("The answer is 42.\nUser: and then more", false).unwrap();
+    let script = s
+        .tokenizer
+        .encode("The answer is 42.\nUser: and then more", false)
+        .unwrap();
     for stop in ["\nUser:", "User", "42.\nU", "r: and"] {
-        let mut g = Generator::new(Scripted::new(1024, 512, script.clone()), clone_tokenizer(&s.tokenizer));
-        let options = GenerateOptions { stop_strings: vec![stop.into(), "never".into()], ..opts(200) };
+        let mut g = Generator::new(
+            Scripted::new(1024, 512, script.clone()),
+            clone_tokenizer(&s.tokenizer),
+        );
+        let options = GenerateOptions {
+            stop_strings: vec![stop.into(), "never".into()],
+            ..opts(200)
+        };
         let (out, pieces) = gen(&mut g, &Prompt::Text("Q".into()), &options);
         let out = out.unwrap();
         let full = "The answer is 42.\nUser: and then more";
         let want = &full[..full.find(stop).unwrap()];
         assert_eq!(out.text, want, "stop {stop:?}");
         assert_eq!(pieces.concat(), want, "stop {stop:?}: streamed {pieces:?}");
-        assert_eq!(out.stats.stop_reason, StopReason::StopString(stop.to_string()));
+        assert_eq!(
+            out.stats.stop_reason,
+            StopReason::StopString(stop.to_string())
+        );
         assert!(out.tokens.len() < script.len());
     }
     // Held-back text that turns out not to be a stop string is still emitted, at the end too.
-    let mut g = Generator::new(Scripted::new(1024, 512, script.clone()), clone_tokenizer(&s.tokenizer));
-    let options = GenerateOptions { stop_strings: vec!["morel".into()], ..opts(script.len()) };
+    let mut g = Generator::new(
+        Scripted::new(1024, 512, script.clone()),
+        clone_tokenizer(&s.tokenizer),
+    );
+    let options = GenerateOptions {
+        stop_strings: vec!["morel".into()],
+        ..opts(script.len())
+    };
     let (out, pieces) = gen(&mut g, &Prompt::Text("Q".into()), &options);
     let out = out.unwrap();
     assert_eq!(out.text, "The answer is 42.\nUser: and then more");
@@ -215,9 +256,15 @@ fn stop_strings_end_generation_and_are_never_streamed() {
 #[test]
 fn a_full_context_stops_generation_and_a_too_long_prompt_is_an_error() {
     let s = setup();
-    let script = s.tokenizer.encode("abc def ghi jkl mno pqr stu", false).unwrap();
+    let script = s
+        .tokenizer
+        .encode("abc def ghi jkl mno pqr stu", false)
+        .unwrap();
     let prompt_ids: Vec<u32> = vec![5, 6, 7, 8];
-    let mut g = Generator::new(Scripted::new(1024, 6, script.clone()), clone_tokenizer(&s.tokenizer));
+    let mut g = Generator::new(
+        Scripted::new(1024, 6, script.clone()),
+        clone_tokenizer(&s.tokenizer),
+    );
     let (out, _) = gen(&mut g, &Prompt::Tokens(prompt_ids.clone()), &opts(100));
     let out = out.unwrap();
     assert_eq!(out.stats.stop_reason, StopReason::ContextFull);
@@ -226,27 +273,45 @@ fn a_full_context_stops_generation_and_a_too_long_prompt_is_an_error() {
     assert_eq!(g.model().len, 6);
 
     // A prompt that fills the context exactly still gives one token; one more is an error.
-    let mut g = Generator::new(Scripted::new(1024, 4, script.clone()), clone_tokenizer(&s.tokenizer));
+    let mut g = Generator::new(
+        Scripted::new(1024, 4, script.clone()),
+        clone_tokenizer(&s.tokenizer),
+    );
     let (out, _) = gen(&mut g, &Prompt::Tokens(prompt_ids.clone()), &opts(100));
     assert_eq!(out.unwrap().tokens.len(), 1);
-    let mut g = Generator::new(Scripted::new(1024, 3, script), clone_tokenizer(&s.tokenizer));
+    let mut g = Generator::new(
+        Scripted::new(1024, 3, script),
+        clone_tokenizer(&s.tokenizer),
+    );
     let (out, pieces) = gen(&mut g, &Prompt::Tokens(prompt_ids), &opts(100));
     match out {
         Err(e @ ModelError::ContextOverflow { .. }) => {
-            assert!(e.to_string().contains("4 tokens") && e.to_string().contains("--max-len"), "{e}");
+            assert!(
+                e.to_string().contains("4 tokens") && e.to_string().contains("--max-len"),
+                "{e}"
+            );
         }
         other => panic!("{other:?}"),
     }
     assert!(pieces.is_empty());
-    assert!(g.model().prefills.is_empty(), "the model ran despite the overflow");
+    assert!(
+        g.model().prefills.is_empty(),
+        "the model ran despite the overflow"
+    );
 }
 
 #[test]
 fn bad_inputs_fail_before_the_model_runs() {
     let s = setup();
-    let mut g = Generator::new(Scripted::new(1024, 64, vec![1]), clone_tokenizer(&s.tokenizer));
+    let mut g = Generator::new(
+        Scripted::new(1024, 64, vec![1]),
+        clone_tokenizer(&s.tokenizer),
+    );
     let bad_params = GenerateOptions {
-        sampling: SamplingParams { top_p: 0.0, ..Default::default() },
+        sampling: SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        },
         ..opts(4)
     };
     let (out, _) = gen(&mut g, &Prompt::Text("x".into()), &bad_params);
@@ -256,7 +321,11 @@ fn bad_inputs_fail_before_the_model_runs() {
     let (out, _) = gen(&mut g, &Prompt::Tokens(vec![3, 1024]), &opts(4));
     assert!(out.unwrap_err().to_string().contains("1024"));
     // No chat template on this tokenizer: chat prompts are refused.
-    let (out, _) = gen(&mut g, &Prompt::Chat(vec![model::ChatMessage::user("hi")]), &opts(4));
+    let (out, _) = gen(
+        &mut g,
+        &Prompt::Chat(vec![model::ChatMessage::user("hi")]),
+        &opts(4),
+    );
     assert_eq!(out.unwrap_err().kind(), "chat-template");
     assert!(g.model().prefills.is_empty());
     // max_new_tokens 0 generates nothing and does not run the model.
@@ -280,13 +349,23 @@ fn chat_prompts_use_the_template() {
 #[test]
 fn the_callback_can_cancel() {
     let s = setup();
-    let script = s.tokenizer.encode("one two three four five six", false).unwrap();
-    let mut g = Generator::new(Scripted::new(1024, 512, script), clone_tokenizer(&s.tokenizer));
+    let script = s
+        .tokenizer
+        .encode("one two three four five six", false)
+        .unwrap();
+    let mut g = Generator::new(
+        Scripted::new(1024, 512, script),
+        clone_tokenizer(&s.tokenizer),
+    );
     let mut seen = 0;
     let out = g
         .generate(&Prompt::Text("x".into()), &opts(100), |_| {
             seen += 1;
-            if seen == 2 { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+            if seen == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
         })
         .unwrap();
     assert_eq!(out.stats.stop_reason, StopReason::Cancelled);
@@ -301,7 +380,13 @@ fn sampling_through_the_generator_is_deterministic_for_a_seed() {
         m.noisy = true;
         let mut g = Generator::new(m, clone_tokenizer(&s.tokenizer));
         let options = GenerateOptions {
-            sampling: SamplingParams { temperature: 0.8, top_k: 50, top_p: 0.95, repetition_penalty: 1.1, seed },
+            sampling: SamplingParams {
+                temperature: 0.8,
+                top_k: 50,
+                top_p: 0.95,
+                repetition_penalty: 1.1,
+                seed,
+            },
             ..opts(40)
         };
         let (out, pieces) = gen(&mut g, &Prompt::Text("seeded".into()), &options);

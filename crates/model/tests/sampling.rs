@@ -52,7 +52,13 @@ fn greedy_is_argmax_with_first_index_on_ties() {
         let want = l
             .iter()
             .enumerate()
-            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| if v > bv { (i, v) } else { (bi, bv) })
+            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+                if v > bv {
+                    (i, v)
+                } else {
+                    (bi, bv)
+                }
+            })
             .0 as u32;
         let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
         assert_eq!(s.sample(&mut l.clone(), &[]).unwrap(), want);
@@ -62,7 +68,11 @@ fn greedy_is_argmax_with_first_index_on_ties() {
     assert_eq!(argmax(&[f32::NAN, -1.0, f32::NAN]), Some(1));
     assert_eq!(argmax(&[f32::NAN]), None);
     assert!(SamplingParams::greedy().is_plain_greedy());
-    assert!(!SamplingParams { repetition_penalty: 1.1, ..Default::default() }.is_plain_greedy());
+    assert!(!SamplingParams {
+        repetition_penalty: 1.1,
+        ..Default::default()
+    }
+    .is_plain_greedy());
 }
 
 #[test]
@@ -93,14 +103,17 @@ fn top_k_keeps_the_k_largest() {
 #[test]
 fn top_p_keeps_the_smallest_prefix_reaching_p() {
     // probabilities 0.5, 0.25, 0.125, 0.125 (logits as ln p)
-    let l: Vec<f32> = [0.125f32, 0.5, 0.125, 0.25].iter().map(|p| p.ln()).collect();
+    let l: Vec<f32> = [0.125f32, 0.5, 0.125, 0.25]
+        .iter()
+        .map(|p| p.ln())
+        .collect();
     assert_eq!(candidates(&l, 0, 0.5), vec![1]);
     assert_eq!(candidates(&l, 0, 0.6), vec![1, 3]);
     assert_eq!(candidates(&l, 0, 0.75), vec![1, 3]);
     assert_eq!(candidates(&l, 0, 0.8), vec![1, 3, 0]);
     assert_eq!(candidates(&l, 0, 1.0).len(), 4);
     assert_eq!(candidates(&l, 0, 1e-6), vec![1]); // always at least one
-    // top-p after top-k renormalises over the k kept.
+                                                  // top-p after top-k renormalises over the k kept.
     assert_eq!(candidates(&l, 2, 0.7), vec![1, 3]);
     assert_eq!(candidates(&l, 2, 0.6), vec![1]);
     // The partial selection agrees with a full sort on a large vocabulary.
@@ -111,7 +124,14 @@ fn top_p_keeps_the_smallest_prefix_reaching_p() {
         ids.sort_by(|&a, &b| big[b as usize].total_cmp(&big[a as usize]).then(a.cmp(&b)));
         let probs = softmax_of(&big, &ids);
         let mut cum = 0.0;
-        let n = probs.iter().position(|q| { cum += q; cum >= p as f64 }).unwrap() + 1;
+        let n = probs
+            .iter()
+            .position(|q| {
+                cum += q;
+                cum >= p as f64
+            })
+            .unwrap()
+            + 1;
         assert_eq!(got, ids[..n].to_vec(), "top_p {p}");
     }
 }
@@ -132,7 +152,9 @@ fn sampled_frequencies_follow_the_distribution() {
     }
     // A low temperature concentrates on the argmax.
     let mut s = Sampler::new(params(0.05, 0, 1.0, 77)).unwrap();
-    let top = (0..500).filter(|_| s.sample(&mut l.clone(), &[]).unwrap() == 0).count();
+    let top = (0..500)
+        .filter(|_| s.sample(&mut l.clone(), &[]).unwrap() == 0)
+        .count();
     assert!(top > 495, "{top}");
 }
 
@@ -145,24 +167,86 @@ fn repetition_penalty_follows_transformers() {
     apply_repetition_penalty(&mut l, &[0, 1], 1.0);
     assert_eq!(l, vec![2.0, -2.0]);
     // It changes the greedy choice when it should.
-    let mut s = Sampler::new(SamplingParams { repetition_penalty: 3.0, ..Default::default() }).unwrap();
-    assert_eq!(s.sample(&mut vec![3.0, 2.0], &[0]).unwrap(), 1);
-    let mut s = Sampler::new(SamplingParams { repetition_penalty: 1.2, ..Default::default() }).unwrap();
-    assert_eq!(s.sample(&mut vec![3.0, 2.0], &[0]).unwrap(), 0);
+    let mut s = Sampler::new(SamplingParams {
+        repetition_penalty: 3.0,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.sample(&mut [3.0, 2.0], &[0]).unwrap(), 1);
+    let mut s = Sampler::new(SamplingParams {
+        repetition_penalty: 1.2,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(s.sample(&mut [3.0, 2.0], &[0]).unwrap(), 0);
 }
 
 #[test]
 fn invalid_parameters_are_rejected_by_name() {
     let bad = [
-        (SamplingParams { temperature: -0.1, ..Default::default() }, "temperature"),
-        (SamplingParams { temperature: f32::NAN, ..Default::default() }, "temperature"),
-        (SamplingParams { temperature: f32::INFINITY, ..Default::default() }, "temperature"),
-        (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
-        (SamplingParams { top_p: 1.5, ..Default::default() }, "top_p"),
-        (SamplingParams { top_p: f32::NAN, ..Default::default() }, "top_p"),
-        (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
-        (SamplingParams { repetition_penalty: -1.0, ..Default::default() }, "repetition_penalty"),
-        (SamplingParams { repetition_penalty: f32::NAN, ..Default::default() }, "repetition_penalty"),
+        (
+            SamplingParams {
+                temperature: -0.1,
+                ..Default::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingParams {
+                temperature: f32::INFINITY,
+                ..Default::default()
+            },
+            "temperature",
+        ),
+        (
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingParams {
+                top_p: f32::NAN,
+                ..Default::default()
+            },
+            "top_p",
+        ),
+        (
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingParams {
+                repetition_penalty: -1.0,
+                ..Default::default()
+            },
+            "repetition_penalty",
+        ),
+        (
+            SamplingParams {
+                repetition_penalty: f32::NAN,
+                ..Default::default()
+            },
+            "repetition_penalty",
+        ),
     ];
     for (p, name) in bad {
         match Sampler::new(p) {

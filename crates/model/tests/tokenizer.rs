@@ -58,8 +58,13 @@ fn chat_template_of_the_demo_model() {
         text,
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
     );
-    let no_prompt = tok.apply_chat_template(&[ChatMessage::user("Hi")], false).unwrap();
-    assert!(no_prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n"), "{no_prompt:?}");
+    let no_prompt = tok
+        .apply_chat_template(&[ChatMessage::user("Hi")], false)
+        .unwrap();
+    assert!(
+        no_prompt.ends_with("<|im_start|>user\nHi<|im_end|>\n"),
+        "{no_prompt:?}"
+    );
 }
 
 /// Written in the style of DeepSeek-R1-Distill-Qwen's template: `namespace`, `is none`,
@@ -68,7 +73,8 @@ const R1_STYLE: &str = "{% if not add_generation_prompt is defined %}{% set add_
 
 #[test]
 fn r1_distill_style_template() {
-    let t = ChatTemplate::new(R1_STYLE, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>").unwrap();
+    let t =
+        ChatTemplate::new(R1_STYLE, "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>").unwrap();
     let out = t
         .render(
             &[
@@ -93,16 +99,27 @@ fn qwen_style_template_features() {
     let src = "{%- if messages[0]['role'] == 'system' %}\n    {{- '<|im_start|>system\\n' + messages[0]['content'].strip() + '<|im_end|>\\n' }}\n{%- else %}\n    {{- '<|im_start|>system\\nDefault.<|im_end|>\\n' }}\n{%- endif %}\n{%- for message in messages %}\n    {%- if message.role == 'tool' %}{{ raise_exception('tools are not supported') }}{% endif %}\n    {%- if message.role == 'system' %}{% continue %}{% endif %}\n    {{- '<|im_start|>' + message.role + '\\n' + message.content | trim + '<|im_end|>' + '\\n' }}\n    {%- if loop.last and message.role == 'user' and message.content.startswith('STOP') %}{% break %}{% endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n{{- {'k': 'v'} | tojson if false else '' }}";
     let t = ChatTemplate::new(src, "", "<|im_end|>").unwrap();
     let out = t
-        .render(&[ChatMessage::system("  Be nice. "), ChatMessage::user(" Hi ")], true)
+        .render(
+            &[
+                ChatMessage::system("  Be nice. "),
+                ChatMessage::user(" Hi "),
+            ],
+            true,
+        )
         .unwrap();
     assert_eq!(
         out,
         "<|im_start|>system\nBe nice.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
     let out = t.render(&[ChatMessage::user("Hello")], false).unwrap();
-    assert_eq!(out, "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n");
+    assert_eq!(
+        out,
+        "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+    );
     // raise_exception surfaces as a one-line chat-template error with the message.
-    let err = t.render(&[ChatMessage::new("tool", "x")], true).unwrap_err();
+    let err = t
+        .render(&[ChatMessage::new("tool", "x")], true)
+        .unwrap_err();
     assert_eq!(err.kind(), "chat-template");
     assert!(err.to_string().contains("tools are not supported"), "{err}");
     assert!(!err.to_string().contains('\n'), "{err}");
@@ -120,17 +137,28 @@ fn broken_or_missing_templates_are_errors() {
     // A tokenizer without a template refuses chat rendering.
     let dir = common::demo_model();
     let mut cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap())
+            .unwrap();
     cfg.as_object_mut().unwrap().remove("chat_template");
     std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
     let tok = demo_tokenizer(&dir);
     assert!(!tok.has_chat_template());
-    let err = tok.apply_chat_template(&[ChatMessage::user("x")], true).unwrap_err();
+    let err = tok
+        .apply_chat_template(&[ChatMessage::user("x")], true)
+        .unwrap_err();
     assert!(err.to_string().contains("no chat template"), "{err}");
     // transformers 5 keeps it in chat_template.jinja.
-    std::fs::write(dir.join("chat_template.jinja"), "{% for m in messages %}[{{ m.content }}]{% endfor %}").unwrap();
+    std::fs::write(
+        dir.join("chat_template.jinja"),
+        "{% for m in messages %}[{{ m.content }}]{% endfor %}",
+    )
+    .unwrap();
     let tok = demo_tokenizer(&dir);
-    assert_eq!(tok.apply_chat_template(&[ChatMessage::user("x")], true).unwrap(), "[x]");
+    assert_eq!(
+        tok.apply_chat_template(&[ChatMessage::user("x")], true)
+            .unwrap(),
+        "[x]"
+    );
     // A missing tokenizer.json is a clear error.
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
     let config = Qwen2Config::from_dir(dir.path()).unwrap();
@@ -183,8 +211,13 @@ fn streaming_never_splits_a_character() {
     let text = "水🙂";
     let ids = tok.encode(text, false).unwrap();
     assert!(ids.len() > 2, "expected byte-level pieces, got {ids:?}");
-    let split = ids.iter().any(|&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}'));
-    assert!(split, "no token of {ids:?} is a partial character: the test would not test anything");
+    let split = ids
+        .iter()
+        .any(|&id| tok.decode(&[id], false).unwrap().contains('\u{FFFD}'));
+    assert!(
+        split,
+        "no token of {ids:?} is a partial character: the test would not test anything"
+    );
     let pieces = stream(&tok, &ids);
     assert_eq!(pieces, vec!["水".to_string(), "🙂".to_string()]);
 }

@@ -28,7 +28,10 @@ fn a_complete_checkpoint_plans_every_tensor() {
     let names: Vec<&str> = plan.specs.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names.first(), Some(&"model.embed_tokens.weight"));
     assert_eq!(names.last(), Some(&"lm_head.weight"));
-    let expected_bytes: usize = tiny_tensors().iter().map(|(_, s)| s.iter().product::<usize>() * 2).sum();
+    let expected_bytes: usize = tiny_tensors()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() * 2)
+        .sum();
     assert_eq!(plan.bytes, expected_bytes as u64);
     assert!(plan.unused.is_empty());
 }
@@ -55,30 +58,50 @@ fn truncated_empty_and_corrupt_files_are_clear_errors() {
         let err = WeightStore::open(dir.path()).unwrap_err();
         assert_eq!(err.kind(), "safetensors", "{keep} bytes: {err}");
         let msg = err.to_string();
-        assert!(msg.contains("model.safetensors") && !msg.contains('\n'), "{msg}");
+        assert!(
+            msg.contains("model.safetensors") && !msg.contains('\n'),
+            "{msg}"
+        );
     }
     // A file that is too long is as wrong as one too short.
     let mut long = bytes.clone();
     long.extend_from_slice(&[0; 8]);
     std::fs::write(&path, &long).unwrap();
-    assert_eq!(WeightStore::open(dir.path()).unwrap_err().kind(), "safetensors");
+    assert_eq!(
+        WeightStore::open(dir.path()).unwrap_err().kind(),
+        "safetensors"
+    );
     // Garbage in the header.
     let mut bad = bytes.clone();
     bad[9] = b'#';
     std::fs::write(&path, &bad).unwrap();
-    assert_eq!(WeightStore::open(dir.path()).unwrap_err().kind(), "safetensors");
+    assert_eq!(
+        WeightStore::open(dir.path()).unwrap_err().kind(),
+        "safetensors"
+    );
     // A header length pointing past the end.
     let mut huge = bytes.clone();
     huge[..8].copy_from_slice(&(bytes.len() as u64 * 2).to_le_bytes());
     std::fs::write(&path, &huge).unwrap();
-    assert_eq!(WeightStore::open(dir.path()).unwrap_err().kind(), "safetensors");
+    assert_eq!(
+        WeightStore::open(dir.path()).unwrap_err().kind(),
+        "safetensors"
+    );
 }
 
 #[test]
 fn missing_tensors_are_named() {
-    for missing in ["model.layers.1.mlp.up_proj.weight", "model.layers.0.self_attn.k_proj.bias", "lm_head.weight", "model.norm.weight"] {
+    for missing in [
+        "model.layers.1.mlp.up_proj.weight",
+        "model.layers.0.self_attn.k_proj.bias",
+        "lm_head.weight",
+        "model.norm.weight",
+    ] {
         let dir = TempDir::new("missing");
-        let tensors: Vec<_> = tiny_tensors().into_iter().filter(|(n, _)| n != missing).collect();
+        let tensors: Vec<_> = tiny_tensors()
+            .into_iter()
+            .filter(|(n, _)| n != missing)
+            .collect();
         write_model(dir.path(), &tiny_config(), &tensors, Dtype::F32);
         match plan_dir(&dir) {
             Err(ModelError::MissingTensor { name, path }) => {
@@ -95,19 +118,37 @@ fn misnamed_tensors_are_missing_by_their_expected_name_and_listed_as_unused() {
     let dir = TempDir::new("misnamed");
     let tensors: Vec<_> = tiny_tensors()
         .into_iter()
-        .map(|(n, s)| (n.replace("layers.0.self_attn.q_proj.weight", "layers.0.self_attn.query.weight"), s))
+        .map(|(n, s)| {
+            (
+                n.replace(
+                    "layers.0.self_attn.q_proj.weight",
+                    "layers.0.self_attn.query.weight",
+                ),
+                s,
+            )
+        })
         .collect();
     write_model(dir.path(), &tiny_config(), &tensors, Dtype::F32);
     let err = plan_dir(&dir).unwrap_err();
-    assert!(err.to_string().contains("model.layers.0.self_attn.q_proj.weight"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("model.layers.0.self_attn.q_proj.weight"),
+        "{err}"
+    );
 
     // An extra tensor is not an error, but is reported.
     let dir = TempDir::new("extra");
     let mut tensors = tiny_tensors();
-    tensors.push(("model.layers.0.self_attn.rotary_emb.inv_freq".into(), vec![2]));
+    tensors.push((
+        "model.layers.0.self_attn.rotary_emb.inv_freq".into(),
+        vec![2],
+    ));
     tensors.push(("model.extra.weight".into(), vec![3]));
     write_model(dir.path(), &tiny_config(), &tensors, Dtype::F32);
-    assert_eq!(plan_dir(&dir).unwrap().unused, vec!["model.extra.weight".to_string()]);
+    assert_eq!(
+        plan_dir(&dir).unwrap().unused,
+        vec!["model.extra.weight".to_string()]
+    );
 }
 
 #[test]
@@ -115,13 +156,24 @@ fn wrong_shapes_are_named_with_both_shapes() {
     let dir = TempDir::new("shape");
     let tensors: Vec<_> = tiny_tensors()
         .into_iter()
-        .map(|(n, s)| if n == "model.layers.1.self_attn.v_proj.weight" { (n, vec![8, 8]) } else { (n, s) })
+        .map(|(n, s)| {
+            if n == "model.layers.1.self_attn.v_proj.weight" {
+                (n, vec![8, 8])
+            } else {
+                (n, s)
+            }
+        })
         .collect();
     write_model(dir.path(), &tiny_config(), &tensors, Dtype::F32);
     match plan_dir(&dir) {
         Err(e @ ModelError::TensorShape { .. }) => {
             let msg = e.to_string();
-            assert!(msg.contains("model.layers.1.self_attn.v_proj.weight") && msg.contains("[8, 8]") && msg.contains("[4, 8]"), "{msg}");
+            assert!(
+                msg.contains("model.layers.1.self_attn.v_proj.weight")
+                    && msg.contains("[8, 8]")
+                    && msg.contains("[4, 8]"),
+                "{msg}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -131,7 +183,11 @@ fn wrong_shapes_are_named_with_both_shapes() {
     config["vocab_size"] = json!(17);
     write_model(dir.path(), &config, &tiny_tensors(), Dtype::F32);
     let err = plan_dir(&dir).unwrap_err();
-    assert!(err.to_string().contains("model.embed_tokens.weight") && err.to_string().contains("[17, 8]"), "{err}");
+    assert!(
+        err.to_string().contains("model.embed_tokens.weight")
+            && err.to_string().contains("[17, 8]"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -140,7 +196,11 @@ fn unsupported_tensor_dtypes_are_named() {
     write_model(dir.path(), &tiny_config(), &tiny_tensors(), Dtype::I32);
     match plan_dir(&dir) {
         Err(e @ ModelError::TensorDType { .. }) => {
-            assert!(e.to_string().contains("model.embed_tokens.weight") && e.to_string().contains("I32"), "{e}");
+            assert!(
+                e.to_string().contains("model.embed_tokens.weight")
+                    && e.to_string().contains("I32"),
+                "{e}"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -165,7 +225,10 @@ fn tied_and_headless_checkpoints() {
     config["tie_word_embeddings"] = json!(true);
     for with_head in [false, true] {
         let dir = TempDir::new("tied");
-        let tensors: Vec<_> = tiny_tensors().into_iter().filter(|(n, _)| with_head || n != "lm_head.weight").collect();
+        let tensors: Vec<_> = tiny_tensors()
+            .into_iter()
+            .filter(|(n, _)| with_head || n != "lm_head.weight")
+            .collect();
         write_model(dir.path(), &config, &tensors, Dtype::F32);
         let plan = plan_dir(&dir).unwrap();
         assert!(plan.tied);
@@ -197,8 +260,16 @@ fn sharded_checkpoints_load_through_the_index() {
     std::fs::write(dir.join("config.json"), tiny_config().to_string()).unwrap();
     let all = tiny_tensors();
     let (a, b) = all.split_at(all.len() / 2);
-    std::fs::write(dir.join("model-00001-of-00002.safetensors"), safetensors_of(a, Dtype::BF16)).unwrap();
-    std::fs::write(dir.join("model-00002-of-00002.safetensors"), safetensors_of(b, Dtype::BF16)).unwrap();
+    std::fs::write(
+        dir.join("model-00001-of-00002.safetensors"),
+        safetensors_of(a, Dtype::BF16),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("model-00002-of-00002.safetensors"),
+        safetensors_of(b, Dtype::BF16),
+    )
+    .unwrap();
     let mut map = serde_json::Map::new();
     for (n, _) in a {
         map.insert(n.clone(), json!("model-00001-of-00002.safetensors"));
@@ -216,8 +287,15 @@ fn sharded_checkpoints_load_through_the_index() {
     assert_eq!(t.shape, &[16, 8]);
 
     // The index naming a tensor its shard lacks, or a shard that is missing.
-    map.insert("model.ghost.weight".into(), json!("model-00001-of-00002.safetensors"));
-    std::fs::write(dir.join("model.safetensors.index.json"), json!({"weight_map": map}).to_string()).unwrap();
+    map.insert(
+        "model.ghost.weight".into(),
+        json!("model-00001-of-00002.safetensors"),
+    );
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        json!({"weight_map": map}).to_string(),
+    )
+    .unwrap();
     match WeightStore::open(dir.path()) {
         Err(ModelError::MissingTensor { name, path }) => {
             assert_eq!(name, "model.ghost.weight");
@@ -226,22 +304,39 @@ fn sharded_checkpoints_load_through_the_index() {
         other => panic!("{other:?}"),
     }
     map.remove("model.ghost.weight");
-    std::fs::write(dir.join("model.safetensors.index.json"), json!({"weight_map": map}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        json!({"weight_map": map}).to_string(),
+    )
+    .unwrap();
     std::fs::remove_file(dir.join("model-00002-of-00002.safetensors")).unwrap();
     let err = WeightStore::open(dir.path()).unwrap_err();
-    assert!(err.to_string().contains("model-00002-of-00002.safetensors"), "{err}");
+    assert!(
+        err.to_string().contains("model-00002-of-00002.safetensors"),
+        "{err}"
+    );
     // A shard path that escapes the directory is refused.
-    std::fs::write(dir.join("model.safetensors.index.json"), json!({"weight_map": {"x": "../x.safetensors"}}).to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        json!({"weight_map": {"x": "../x.safetensors"}}).to_string(),
+    )
+    .unwrap();
     assert_eq!(WeightStore::open(dir.path()).unwrap_err().kind(), "config");
 }
 
 #[test]
 fn dtype_conversion_on_the_host() {
     let values = [0.0f32, 1.0, -2.5, 3.140625, 60000.0, -1e-8, 1.0e-3];
-    let bf: Vec<u8> = values.iter().flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
+    let bf: Vec<u8> = values
+        .iter()
+        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+        .collect();
     // bf16 -> f32 is exact.
     let f = convert("t", &bf, DType::BF16, DType::F32).unwrap();
-    let back: Vec<f32> = f.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let back: Vec<f32> = f
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     for (v, b) in values.iter().zip(&back) {
         assert_eq!(half::bf16::from_f32(*v).to_f32(), *b);
     }
@@ -252,11 +347,25 @@ fn dtype_conversion_on_the_host() {
         assert_eq!(got, half::f16::from_f32(back[i]), "element {i}");
     }
     // Same dtype: borrowed, not copied.
-    assert!(matches!(convert("t", &bf, DType::BF16, DType::BF16).unwrap(), std::borrow::Cow::Borrowed(_)));
+    assert!(matches!(
+        convert("t", &bf, DType::BF16, DType::BF16).unwrap(),
+        std::borrow::Cow::Borrowed(_)
+    ));
     // A finite value beyond f16's range is an error naming the tensor, not a silent inf.
     let big = half::bf16::from_f32(1.0e6).to_bits().to_le_bytes();
-    let err = convert("model.layers.3.mlp.down_proj.weight", &big, DType::BF16, DType::F16).unwrap_err();
-    assert!(err.to_string().contains("model.layers.3.mlp.down_proj.weight") && err.to_string().contains("f32"), "{err}");
+    let err = convert(
+        "model.layers.3.mlp.down_proj.weight",
+        &big,
+        DType::BF16,
+        DType::F16,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("model.layers.3.mlp.down_proj.weight")
+            && err.to_string().contains("f32"),
+        "{err}"
+    );
     // Infinity stays infinity (it was one already).
     let inf = half::bf16::INFINITY.to_bits().to_le_bytes();
     assert!(convert("t", &inf, DType::BF16, DType::F16).is_ok());

@@ -117,9 +117,22 @@ pub fn safetensors_of(tensors: &[(String, Vec<usize>)], dtype: safetensors::Dtyp
 }
 
 /// A model directory with `config` and a single `model.safetensors` of `tensors`.
-pub fn write_model(dir: &Path, config: &Value, tensors: &[(String, Vec<usize>)], dtype: safetensors::Dtype) {
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(config).unwrap()).unwrap();
-    std::fs::write(dir.join("model.safetensors"), safetensors_of(tensors, dtype)).unwrap();
+pub fn write_model(
+    dir: &Path,
+    config: &Value,
+    tensors: &[(String, Vec<usize>)],
+    dtype: safetensors::Dtype,
+) {
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string_pretty(config).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        safetensors_of(tensors, dtype),
+    )
+    .unwrap();
 }
 
 /// The demo model written into a fresh temporary directory.
