@@ -38,16 +38,16 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 256)]
     pub max_new_tokens: usize,
     /// Sampling temperature; 0 means greedy. Default: the model's generation_config.json, else 0.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// Keep only the k most likely tokens; 0 disables. Default: generation_config.json, else 0.
     #[arg(long)]
     pub top_k: Option<usize>,
     /// Keep the smallest set of tokens whose probability reaches p, in (0, 1]; 1 disables.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// Repetition penalty (> 0; 1 disables).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub repeat_penalty: Option<f32>,
     /// Seed of the sampler: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]

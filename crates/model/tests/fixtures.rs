@@ -26,9 +26,14 @@ fn f32s(store: &WeightStore, name: &str) -> (Vec<usize>, Vec<f32>) {
 #[test]
 fn fixtures_use_the_current_demo_tokenizer() {
     let files = model::demo::files().unwrap();
-    let demo_tok = &files.iter().find(|(n, _)| *n == "tokenizer.json").unwrap().1;
+    let demo_tok = &files
+        .iter()
+        .find(|(n, _)| *n == "tokenizer.json")
+        .unwrap()
+        .1;
     for name in FIXTURES {
-        let fixture_tok = std::fs::read(common::fixtures_dir().join(name).join("tokenizer.json")).unwrap();
+        let fixture_tok =
+            std::fs::read(common::fixtures_dir().join(name).join("tokenizer.json")).unwrap();
         assert!(
             fixture_tok == *demo_tok,
             "{name}: tokenizer.json differs from the demo tokenizer; rerun scripts/make_hf_fixtures.py"
