@@ -3,9 +3,13 @@
 //! ```text
 //! cli --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
 //! cli --runtime cuda bench [--family norm]    # device timings as JSON lines
+//! cli generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
+//! cli make-demo-model --out DIR                # the built-in demo model, as files
 //! ```
 
 use std::process::ExitCode;
+
+mod generate;
 
 use clap::{Parser, Subcommand};
 use cubecl::prelude::*;
@@ -38,6 +42,10 @@ enum Command {
         #[arg(long, default_value = "")]
         filter: String,
     },
+    /// Generate text with a Qwen2 model, streaming it to stdout (stats go to stderr).
+    Generate(generate::GenerateArgs),
+    /// Write the built-in demo model (tiny Qwen2, random weights, trained tokenizer) to a directory.
+    MakeDemoModel(generate::MakeDemoArgs),
 }
 
 fn selfcheck<R: Runtime>(client: &ComputeClient<R>) -> anyhow::Result<bool> {
@@ -85,12 +93,18 @@ fn bench<R: Runtime>(
 }
 
 fn run(cli: Cli) -> anyhow::Result<bool> {
+    if let Command::MakeDemoModel(args) = &cli.command {
+        generate::make_demo_model(args)?;
+        return Ok(true);
+    }
     let backend = runtime::resolve(cli.runtime)?;
     eprintln!("runtime: {backend}");
     cubellm::with_runtime!(backend, |client: R| match &cli.command {
         Command::Selfcheck => selfcheck::<R>(&client),
         Command::Bench { family, filter } =>
             bench::<R>(&client, family.as_deref(), filter).map(|_| true),
+        Command::Generate(args) => generate::generate::<R>(&client, args).map(|_| true),
+        Command::MakeDemoModel(_) => unreachable!("handled before the runtime is created"),
     })
 }
 
@@ -100,7 +114,8 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // One line: anyhow's chain joined with ": ", newlines of inner messages folded.
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
             ExitCode::FAILURE
         }
     }

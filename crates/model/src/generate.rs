@@ -1,0 +1,380 @@
+//! The generation loop, independent of the CLI: prompt or chat in, text streamed out through
+//! a callback, statistics out.
+//!
+//! The loop talks to the model through [`CausalLm`], so it is tested on the host with a small
+//! scripted model and runs unchanged on [`crate::Qwen2Session`].
+
+use std::ops::ControlFlow;
+use std::time::{Duration, Instant};
+
+use crate::error::{ModelError, Result};
+use crate::sampling::{argmax, Sampler, SamplingParams};
+use crate::tokenizer::{ChatMessage, Tokenizer};
+
+/// A causal language model with a KV cache: what the generation loop needs.
+pub trait CausalLm {
+    /// Width of the logits.
+    fn vocab_size(&self) -> usize;
+    /// Positions the cache holds.
+    fn max_len(&self) -> usize;
+    /// Positions filled so far.
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Empties the cache.
+    fn reset(&mut self) -> Result<()>;
+    /// Runs `tokens` through the model in one pass after what the cache holds; the logits of
+    /// the last position become current.
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
+    /// Runs one token; its logits become current.
+    fn decode(&mut self, token: u32) -> Result<()>;
+    /// Copies the current logits (f32, `vocab_size` values) into `out`.
+    fn logits(&mut self, out: &mut Vec<f32>) -> Result<()>;
+    /// The argmax of the current logits (first on ties). Models override this to compute it on
+    /// the device and read back one id instead of the whole vocabulary.
+    fn argmax(&mut self) -> Result<u32> {
+        let mut buf = Vec::new();
+        self.logits(&mut buf)?;
+        argmax(&buf).ok_or(ModelError::BadLogits {
+            step: self.len(),
+            detail: "no finite value".into(),
+        })
+    }
+}
+
+/// What to generate from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Plain text, tokenized as it is (the tokenizer's post-processor may add a BOS).
+    Text(String),
+    /// A conversation rendered with the model's chat template (with the assistant header).
+    Chat(Vec<ChatMessage>),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+/// Options of one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation stops when the text contains one of these; the text up to it is kept and the
+    /// stop string itself is not emitted.
+    pub stop_strings: Vec<String>,
+    /// Ids that end generation (not emitted as text). `None`: the tokenizer's eos ids.
+    pub eos_token_ids: Option<Vec<u32>>,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop_strings: Vec::new(),
+            eos_token_ids: None,
+        }
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// The model produced an end-of-sequence id.
+    Eos(u32),
+    /// The text reached a stop string.
+    StopString(String),
+    /// `max_new_tokens` were generated.
+    MaxNewTokens,
+    /// The KV cache is full (the context holds `max_len` positions).
+    ContextFull,
+    /// The callback asked to stop.
+    Cancelled,
+}
+
+/// Timings and counts of one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationStats {
+    pub prompt_tokens: usize,
+    /// Tokens chosen (an eos that ended generation included).
+    pub generated_tokens: usize,
+    /// The prompt's forward pass up to the first token's logits.
+    pub prefill_time: Duration,
+    /// From the start of prefill until the first token was chosen.
+    pub time_to_first_token: Duration,
+    /// From the first token to the last (the decode steps and their sampling).
+    pub decode_time: Duration,
+    pub stop_reason: StopReason,
+}
+
+impl GenerationStats {
+    pub fn prefill_tokens_per_sec(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-12)
+    }
+
+    /// Decode steps per second (the first token comes from prefill and is not counted).
+    pub fn decode_tokens_per_sec(&self) -> f64 {
+        let steps = self.generated_tokens.saturating_sub(1);
+        if steps == 0 {
+            return 0.0;
+        }
+        steps as f64 / self.decode_time.as_secs_f64().max(1e-12)
+    }
+
+    /// One line for humans (the CLI prints it to stderr).
+    pub fn summary(&self) -> String {
+        format!(
+            "prompt {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens), time to first token {:.1} ms, stop: {}",
+            self.prompt_tokens,
+            self.prefill_tokens_per_sec(),
+            self.decode_tokens_per_sec(),
+            self.generated_tokens,
+            self.time_to_first_token.as_secs_f64() * 1e3,
+            match &self.stop_reason {
+                StopReason::Eos(id) => format!("eos ({id})"),
+                StopReason::StopString(s) => format!("stop string {s:?}"),
+                StopReason::MaxNewTokens => "max new tokens".into(),
+                StopReason::ContextFull => "context full".into(),
+                StopReason::Cancelled => "cancelled".into(),
+            }
+        )
+    }
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateOutput {
+    /// The generated text (stop string and eos excluded), exactly what was streamed.
+    pub text: String,
+    /// The generated ids (an eos that ended generation included, as transformers does).
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: Vec<u32>,
+    pub stats: GenerationStats,
+}
+
+/// Holds back streamed text that might be the beginning of a stop string.
+struct StopFilter<'a> {
+    stops: &'a [String],
+    /// All text so far (emitted and pending).
+    text: String,
+    emitted: usize,
+}
+
+impl<'a> StopFilter<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops,
+            text: String::new(),
+            emitted: 0,
+        }
+    }
+
+    /// Appends text; returns what can be emitted and the stop string found, if any.
+    fn push(&mut self, chunk: &str, at_end: bool) -> (String, Option<String>) {
+        self.text.push_str(chunk);
+        let pending = &self.text[self.emitted..];
+        // Earliest stop string in the not-yet-emitted text (a match cannot start inside
+        // emitted text: a suffix that could begin one was always held back).
+        let found = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| pending.find(s.as_str()).map(|p| (p, s)))
+            .min_by_key(|(p, _)| *p);
+        if let Some((p, s)) = found {
+            let end = self.emitted + p;
+            let out = self.text[self.emitted..end].to_string();
+            self.text.truncate(end);
+            self.emitted = end;
+            return (out, Some(s.clone()));
+        }
+        let hold = if at_end {
+            0
+        } else {
+            // Longest suffix of the pending text that is a proper prefix of a stop string.
+            let mut hold = 0;
+            for s in self.stops {
+                for (i, _) in s.char_indices().skip(1) {
+                    if i > hold && pending.ends_with(&s[..i]) {
+                        hold = i;
+                    }
+                }
+            }
+            hold
+        };
+        let end = self.text.len() - hold;
+        let out = self.text[self.emitted..end].to_string();
+        self.emitted = end;
+        (out, None)
+    }
+}
+
+/// Generation over a model and its tokenizer.
+pub struct Generator<M: CausalLm> {
+    model: M,
+    tokenizer: Tokenizer,
+}
+
+impl<M: CausalLm> Generator<M> {
+    pub fn new(model: M, tokenizer: Tokenizer) -> Self {
+        Self { model, tokenizer }
+    }
+
+    pub fn model(&self) -> &M {
+        &self.model
+    }
+
+    pub fn model_mut(&mut self) -> &mut M {
+        &mut self.model
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn into_parts(self) -> (M, Tokenizer) {
+        (self.model, self.tokenizer)
+    }
+
+    /// The prompt's token ids.
+    pub fn prompt_tokens(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Text(text) => self.tokenizer.encode(text, true),
+            Prompt::Chat(messages) => {
+                let rendered = self.tokenizer.apply_chat_template(messages, true)?;
+                self.tokenizer.encode(&rendered, false)
+            }
+            Prompt::Tokens(ids) => Ok(ids.clone()),
+        }
+    }
+
+    /// Generates a continuation, calling `on_text` with each piece of text as soon as it is
+    /// complete (whole characters, never part of a stop string). Returning
+    /// `ControlFlow::Break(())` from the callback stops generation.
+    pub fn generate(
+        &mut self,
+        prompt: &Prompt,
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        let mut sampler = Sampler::new(options.sampling)?;
+        let prompt_tokens = self.prompt_tokens(prompt)?;
+        if prompt_tokens.is_empty() {
+            return Err(ModelError::param(
+                "prompt",
+                "is empty (no tokens to start from)",
+            ));
+        }
+        let vocab = self.model.vocab_size();
+        if let Some(&bad) = prompt_tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::param(
+                "prompt",
+                format!("token id {bad} is outside the model's vocabulary of {vocab}"),
+            ));
+        }
+        let max_len = self.model.max_len();
+        if prompt_tokens.len() > max_len {
+            return Err(ModelError::ContextOverflow {
+                needed: prompt_tokens.len(),
+                max_len,
+            });
+        }
+        let eos: Vec<u32> = options
+            .eos_token_ids
+            .clone()
+            .unwrap_or_else(|| self.tokenizer.eos_token_ids().to_vec());
+
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt_tokens.len(),
+            generated_tokens: 0,
+            prefill_time: Duration::ZERO,
+            time_to_first_token: Duration::ZERO,
+            decode_time: Duration::ZERO,
+            stop_reason: StopReason::MaxNewTokens,
+        };
+        let mut output = GenerateOutput {
+            text: String::new(),
+            tokens: Vec::new(),
+            prompt_tokens: prompt_tokens.clone(),
+            stats: stats.clone(),
+        };
+        if options.max_new_tokens == 0 {
+            return Ok(output);
+        }
+
+        let mut context = prompt_tokens.clone();
+        let mut logits = Vec::with_capacity(vocab);
+        let greedy_on_device = options.sampling.is_plain_greedy();
+        let mut choose = |model: &mut M, context: &[u32]| -> Result<u32> {
+            if greedy_on_device {
+                model.argmax()
+            } else {
+                model.logits(&mut logits)?;
+                sampler.sample(&mut logits, context)
+            }
+        };
+
+        self.model.reset()?;
+        let start = Instant::now();
+        self.model.prefill(&prompt_tokens)?;
+        stats.prefill_time = start.elapsed();
+        let mut token = choose(&mut self.model, &context)?;
+        stats.time_to_first_token = start.elapsed();
+        let first_at = Instant::now();
+
+        let mut detok = self.tokenizer.stream();
+        let mut stop = StopFilter::new(&options.stop_strings);
+        let mut text = String::new();
+        let reason = loop {
+            stats.generated_tokens += 1;
+            output.tokens.push(token);
+            context.push(token);
+            if eos.contains(&token) {
+                break StopReason::Eos(token);
+            }
+            if let Some(piece) = detok.push(token)? {
+                let (out, found) = stop.push(&piece, false);
+                if !out.is_empty() {
+                    text.push_str(&out);
+                    if on_text(&out).is_break() {
+                        break StopReason::Cancelled;
+                    }
+                }
+                if let Some(s) = found {
+                    break StopReason::StopString(s);
+                }
+            }
+            if stats.generated_tokens >= options.max_new_tokens {
+                break StopReason::MaxNewTokens;
+            }
+            if self.model.len() >= max_len {
+                break StopReason::ContextFull;
+            }
+            self.model.decode(token)?;
+            token = choose(&mut self.model, &context)?;
+        };
+        stats.decode_time = first_at.elapsed();
+
+        // Flush what the detokenizer and the stop filter still hold (not after a stop string:
+        // everything past it is dropped; not after a cancel: the caller wants no more).
+        let mut final_reason = reason;
+        if !matches!(
+            final_reason,
+            StopReason::StopString(_) | StopReason::Cancelled
+        ) {
+            let tail = detok.finish()?.unwrap_or_default();
+            let (out, found) = stop.push(&tail, true);
+            if !out.is_empty() {
+                text.push_str(&out);
+                let _ = on_text(&out);
+            }
+            if let Some(s) = found {
+                final_reason = StopReason::StopString(s);
+            }
+        }
+        stats.stop_reason = final_reason;
+        output.text = text;
+        output.stats = stats;
+        Ok(output)
+    }
+}

@@ -1,0 +1,760 @@
+//! The Qwen2 model: weights uploaded once under their Hugging Face names, the prefill and
+//! decode entry points, and a [`Qwen2Session`] (model + KV cache + decode buffers) that the
+//! generation loop drives.
+//!
+//! Loading is split in two so that everything that can be wrong with a checkpoint is found on
+//! the host before anything is uploaded: [`plan_weights`] checks every tensor's presence, shape
+//! and dtype against `config.json` (tests run it without a device), then [`Qwen2Model::load`]
+//! uploads in plan order, converting dtypes on the host.
+//!
+//! # Forward pass (plugged in once the ops kernels land)
+//!
+//! [`Qwen2Model::prefill`] and [`Qwen2Model::decode_step`] validate their inputs and currently
+//! return [`ModelError::NotImplemented`]. Their bodies are the only place the kernels go; the
+//! sequence per layer, as transformers' Qwen2 computes it, is:
+//!
+//! ```text
+//! x = embedding(embed_tokens, ids)                                 [T, H]
+//! per layer:
+//!   h = rms_norm(x, input_layernorm, eps)
+//!   q = linear(h, q_proj, q_bias) -> [T, Hq, D];  k, v likewise -> [T, Hkv, D]
+//!   q, k = rope(q, positions), rope(k, positions)                  (theta = rope_theta)
+//!   kv_cache_write_into(k, v, cache.k, cache.v, start = position)
+//!   a = attention_cached_into(q, cache.k, cache.v, kv_len, 1/sqrt(D), causal)
+//!   x = linear(a, o_proj, residual = x)                            (o_proj has no bias)
+//!   h = rms_norm(x, post_attention_layernorm, eps)
+//!   x = linear(swiglu(linear(h, gate_proj), linear(h, up_proj)), down_proj, residual = x)
+//! x = rms_norm(x, norm); logits = linear(x, lm_head or embed_tokens when tied)
+//! ```
+//!
+//! The decode step does the same for one token using only the preallocated
+//! [`DecodeBuffers`] (`_into` forms of every op), with the token id, its position and the cache
+//! length read from device buffers, so the whole step can be captured once as a CUDA graph and
+//! replayed: between replays the host only writes those three scalars.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cubecl::prelude::*;
+use ops::{caps, DType, DeviceTensor};
+
+use crate::config::{GenerationConfig, Qwen2Config};
+use crate::error::{ModelError, Result};
+use crate::generate::CausalLm;
+use crate::kv_cache::KvCache;
+use crate::weights::WeightStore;
+
+/// Context length used when neither the caller nor a smaller `max_position_embeddings` says
+/// otherwise: 4096 positions of the 1.5B model's cache are 117 MB in bf16.
+pub const DEFAULT_MAX_LEN: usize = 4096;
+
+/// Picks the compute dtype.
+///
+/// An explicit request must be a float dtype the runtime supports (bf16 on wgpu is an error).
+/// Without one: the checkpoint's dtype where the runtime supports it, else f16 (then f32) with a
+/// one-line notice, e.g. a bf16 checkpoint on wgpu.
+pub fn choose_dtype(
+    requested: Option<DType>,
+    checkpoint: DType,
+    supports: impl Fn(DType) -> bool,
+    runtime: &str,
+) -> Result<(DType, Option<String>)> {
+    if let Some(d) = requested {
+        if !d.is_float() {
+            return Err(ModelError::param(
+                "dtype",
+                format!("{d} (expected bf16, f16 or f32)"),
+            ));
+        }
+        if !supports(d) {
+            let hint = if d == DType::BF16 {
+                "; use --dtype f16 or f32"
+            } else {
+                ""
+            };
+            return Err(ModelError::UnsupportedDType {
+                dtype: d.to_string(),
+                runtime: runtime.to_string(),
+                hint: hint.to_string(),
+            });
+        }
+        return Ok((d, None));
+    }
+    if supports(checkpoint) {
+        return Ok((checkpoint, None));
+    }
+    for fallback in [DType::F16, DType::F32] {
+        if supports(fallback) {
+            return Ok((
+                fallback,
+                Some(format!(
+                    "note: the checkpoint is {checkpoint}, which the {runtime} runtime cannot compute in; using {fallback} (choose with --dtype)"
+                )),
+            ));
+        }
+    }
+    Err(ModelError::UnsupportedDType {
+        dtype: checkpoint.to_string(),
+        runtime: runtime.to_string(),
+        hint: " (and neither f16 nor f32 is available)".into(),
+    })
+}
+
+/// A tensor the architecture needs: its Hugging Face name and the shape `config.json` implies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+}
+
+/// The names and shapes of one decoder layer's tensors, in upload order.
+fn layer_specs(config: &Qwen2Config, prefix: &str, i: usize) -> Vec<TensorSpec> {
+    let (h, im) = (config.hidden_size, config.intermediate_size);
+    let (q, kv) = (config.q_dim(), config.kv_dim());
+    let p = format!("{prefix}layers.{i}.");
+    let spec = |n: &str, shape: &[usize]| TensorSpec {
+        name: format!("{p}{n}"),
+        shape: shape.to_vec(),
+    };
+    vec![
+        spec("input_layernorm.weight", &[h]),
+        spec("self_attn.q_proj.weight", &[q, h]),
+        spec("self_attn.q_proj.bias", &[q]),
+        spec("self_attn.k_proj.weight", &[kv, h]),
+        spec("self_attn.k_proj.bias", &[kv]),
+        spec("self_attn.v_proj.weight", &[kv, h]),
+        spec("self_attn.v_proj.bias", &[kv]),
+        spec("self_attn.o_proj.weight", &[h, q]),
+        spec("post_attention_layernorm.weight", &[h]),
+        spec("mlp.gate_proj.weight", &[im, h]),
+        spec("mlp.up_proj.weight", &[im, h]),
+        spec("mlp.down_proj.weight", &[h, im]),
+    ]
+}
+
+const LAYER_TENSORS: usize = 12;
+
+/// What [`plan_weights`] found: the tensors to upload, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WeightPlan {
+    /// `"model."` for `Qwen2ForCausalLM` checkpoints, `""` for headless `Qwen2Model` ones.
+    pub prefix: String,
+    /// embed_tokens, the layers, norm, then lm_head unless the embeddings are tied.
+    pub specs: Vec<TensorSpec>,
+    pub tied: bool,
+    /// The dtype of the embedding table (the checkpoint's effective dtype).
+    pub checkpoint_dtype: DType,
+    /// Bytes of all planned tensors as stored.
+    pub bytes: u64,
+    /// Tensors of the checkpoint that the model does not use (rotary `inv_freq` buffers and a
+    /// tied `lm_head.weight` are not listed).
+    pub unused: Vec<String>,
+}
+
+/// Checks every tensor the config implies (presence, shape, dtype) on the host.
+pub fn plan_weights(config: &Qwen2Config, store: &WeightStore) -> Result<WeightPlan> {
+    let prefix = if store.contains("model.embed_tokens.weight") {
+        "model."
+    } else if store.contains("embed_tokens.weight") {
+        ""
+    } else {
+        return Err(ModelError::MissingTensor {
+            name: "model.embed_tokens.weight".into(),
+            path: store.source().to_path_buf(),
+        });
+    };
+    let (h, v) = (config.hidden_size, config.vocab_size);
+    let mut specs = vec![TensorSpec {
+        name: format!("{prefix}embed_tokens.weight"),
+        shape: vec![v, h],
+    }];
+    for i in 0..config.num_hidden_layers {
+        specs.extend(layer_specs(config, prefix, i));
+    }
+    specs.push(TensorSpec {
+        name: format!("{prefix}norm.weight"),
+        shape: vec![h],
+    });
+    let tied = config.tie_word_embeddings;
+    if !tied {
+        if prefix.is_empty() && !store.contains("lm_head.weight") {
+            return Err(ModelError::config(
+                crate::config::config_path(store.dir()),
+                "tie_word_embeddings",
+                "false, but this headless Qwen2Model checkpoint has no lm_head.weight to produce logits",
+            ));
+        }
+        specs.push(TensorSpec {
+            name: "lm_head.weight".into(),
+            shape: vec![v, h],
+        });
+    }
+    let mut bytes = 0u64;
+    let mut checkpoint_dtype = DType::F32;
+    for (i, spec) in specs.iter().enumerate() {
+        let t = store.expect(&spec.name, &spec.shape)?;
+        if i == 0 {
+            checkpoint_dtype = t.dtype;
+        }
+        bytes += t.data.len() as u64;
+    }
+    let unused = store
+        .names()
+        .into_iter()
+        .filter(|n| !specs.iter().any(|s| s.name == *n))
+        .filter(|n| !(n.ends_with("rotary_emb.inv_freq") || (tied && *n == "lm_head.weight")))
+        .map(str::to_string)
+        .collect();
+    Ok(WeightPlan {
+        prefix: prefix.to_string(),
+        specs,
+        tied,
+        checkpoint_dtype,
+        bytes,
+        unused,
+    })
+}
+
+/// An uploaded tensor and the name it had in the checkpoint.
+pub struct Weight<R: Runtime> {
+    pub name: String,
+    pub tensor: DeviceTensor<R>,
+}
+
+impl<R: Runtime> std::fmt::Debug for Weight<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {:?}", self.name, self.tensor)
+    }
+}
+
+/// One decoder layer, in the compute dtype. Linear weights are `[out, in]` as in the checkpoint.
+#[derive(Debug)]
+pub struct Qwen2Layer<R: Runtime> {
+    pub input_layernorm: Weight<R>,
+    pub q_proj: Weight<R>,
+    pub q_bias: Weight<R>,
+    pub k_proj: Weight<R>,
+    pub k_bias: Weight<R>,
+    pub v_proj: Weight<R>,
+    pub v_bias: Weight<R>,
+    pub o_proj: Weight<R>,
+    pub post_attention_layernorm: Weight<R>,
+    pub gate_proj: Weight<R>,
+    pub up_proj: Weight<R>,
+    pub down_proj: Weight<R>,
+}
+
+/// Options of [`Qwen2Model::load`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadOptions {
+    /// Compute dtype; `None` picks one with [`choose_dtype`].
+    pub dtype: Option<DType>,
+    /// Context length (KV cache positions); `None`: `min(max_position_embeddings, 4096)`.
+    pub max_len: Option<usize>,
+}
+
+/// Reported after each tensor is uploaded.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadProgress<'a> {
+    pub tensor: &'a str,
+    /// 1-based index of this tensor.
+    pub index: usize,
+    pub count: usize,
+    /// Checkpoint bytes uploaded so far, and in all.
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What loading decided and found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    pub dtype: DType,
+    pub checkpoint_dtype: DType,
+    pub max_len: usize,
+    /// One-line notices for the user (dtype fallback, unused tensors, ...).
+    pub notices: Vec<String>,
+    pub bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// A loaded Qwen2 model.
+pub struct Qwen2Model<R: Runtime> {
+    client: ComputeClient<R>,
+    config: Qwen2Config,
+    generation: GenerationConfig,
+    dir: PathBuf,
+    dtype: DType,
+    max_len: usize,
+    pub embed_tokens: Weight<R>,
+    pub layers: Vec<Qwen2Layer<R>>,
+    pub norm: Weight<R>,
+    /// `None` when the embeddings are tied: the logits use `embed_tokens`.
+    pub lm_head: Option<Weight<R>>,
+    // Phase 2 adds here what the forward pass precomputes once: the RoPE cos/sin table
+    // (`ops::rope::RopeCache::new(client, max_len, head_dim, rope_theta)`) and, if the fused
+    // kernels want them, concatenated QKV / gate-up weights.
+}
+
+impl<R: Runtime> std::fmt::Debug for Qwen2Model<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Qwen2Model {{ dir: {}, layers: {}, dtype: {}, max_len: {} }}",
+            self.dir.display(),
+            self.layers.len(),
+            self.dtype,
+            self.max_len
+        )
+    }
+}
+
+impl<R: Runtime> Qwen2Model<R> {
+    /// Loads `config.json`, `generation_config.json` and the safetensors weights of `dir` and
+    /// uploads the weights in the chosen dtype. `progress` is called after every tensor.
+    pub fn load(
+        client: &ComputeClient<R>,
+        dir: &Path,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(&LoadProgress),
+    ) -> Result<(Self, LoadReport)> {
+        let start = Instant::now();
+        if !dir.is_dir() {
+            return Err(ModelError::io(dir, "no such model directory"));
+        }
+        let config = Qwen2Config::from_dir(dir)?;
+        let generation = GenerationConfig::from_dir(dir)?;
+        let store = WeightStore::open(dir)?;
+        let plan = plan_weights(&config, &store)?;
+
+        let runtime = caps::runtime_name(client);
+        let (dtype, notice) = choose_dtype(
+            options.dtype,
+            plan.checkpoint_dtype,
+            |d| caps::supports_dtype(client, d),
+            runtime,
+        )?;
+        let mut notices: Vec<String> = notice.into_iter().collect();
+
+        let max_len = options
+            .max_len
+            .unwrap_or_else(|| config.max_position_embeddings.min(DEFAULT_MAX_LEN));
+        if max_len == 0 {
+            return Err(ModelError::param("max_len", "must be positive"));
+        }
+        if max_len > config.max_position_embeddings {
+            notices.push(format!(
+                "note: context {max_len} exceeds max_position_embeddings {} of config.json",
+                config.max_position_embeddings
+            ));
+        }
+        config.check_context(max_len, &crate::config::config_path(dir))?;
+        if !plan.unused.is_empty() {
+            let shown: Vec<&str> = plan.unused.iter().take(3).map(String::as_str).collect();
+            notices.push(format!(
+                "note: {} tensors of the checkpoint are not used ({}{})",
+                plan.unused.len(),
+                shown.join(", "),
+                if plan.unused.len() > 3 { ", ..." } else { "" }
+            ));
+        }
+
+        let count = plan.specs.len();
+        let mut done = 0u64;
+        let mut uploaded = Vec::with_capacity(count);
+        for (i, spec) in plan.specs.iter().enumerate() {
+            let t = store.get(&spec.name)?;
+            let tensor = t.upload(client, dtype)?;
+            done += t.data.len() as u64;
+            uploaded.push(Weight {
+                name: spec.name.clone(),
+                tensor,
+            });
+            progress(&LoadProgress {
+                tensor: &spec.name,
+                index: i + 1,
+                count,
+                bytes_done: done,
+                bytes_total: plan.bytes,
+            });
+        }
+
+        let mut it = uploaded.into_iter();
+        let mut next = || it.next().expect("one weight per spec");
+        let embed_tokens = next();
+        let layers = (0..config.num_hidden_layers)
+            .map(|_| {
+                let mut w: Vec<Weight<R>> = (0..LAYER_TENSORS).map(|_| next()).collect();
+                let mut take = || w.remove(0);
+                Qwen2Layer {
+                    input_layernorm: take(),
+                    q_proj: take(),
+                    q_bias: take(),
+                    k_proj: take(),
+                    k_bias: take(),
+                    v_proj: take(),
+                    v_bias: take(),
+                    o_proj: take(),
+                    post_attention_layernorm: take(),
+                    gate_proj: take(),
+                    up_proj: take(),
+                    down_proj: take(),
+                }
+            })
+            .collect();
+        let norm = next();
+        let lm_head = (!plan.tied).then(&mut next);
+
+        let report = LoadReport {
+            dtype,
+            checkpoint_dtype: plan.checkpoint_dtype,
+            max_len,
+            notices,
+            bytes: plan.bytes,
+            elapsed: start.elapsed(),
+        };
+        Ok((
+            Self {
+                client: client.clone(),
+                config,
+                generation,
+                dir: dir.to_path_buf(),
+                dtype,
+                max_len,
+                embed_tokens,
+                layers,
+                norm,
+                lm_head,
+            },
+            report,
+        ))
+    }
+
+    pub fn client(&self) -> &ComputeClient<R> {
+        &self.client
+    }
+
+    pub fn config(&self) -> &Qwen2Config {
+        &self.config
+    }
+
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The compute dtype of weights, activations and KV cache.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Context length the caches made for this model hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    pub fn rope_theta(&self) -> f64 {
+        self.config.rope_theta
+    }
+
+    pub fn rms_norm_eps(&self) -> f64 {
+        self.config.rms_norm_eps
+    }
+
+    /// The output projection: `lm_head`, or `embed_tokens` when tied.
+    pub fn lm_head(&self) -> &Weight<R> {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// Every uploaded weight, in checkpoint-name order of the plan.
+    pub fn weights(&self) -> Vec<&Weight<R>> {
+        let mut all = vec![&self.embed_tokens];
+        for l in &self.layers {
+            all.extend([
+                &l.input_layernorm,
+                &l.q_proj,
+                &l.q_bias,
+                &l.k_proj,
+                &l.k_bias,
+                &l.v_proj,
+                &l.v_bias,
+                &l.o_proj,
+                &l.post_attention_layernorm,
+                &l.gate_proj,
+                &l.up_proj,
+                &l.down_proj,
+            ]);
+        }
+        all.push(&self.norm);
+        all.extend(self.lm_head.as_ref());
+        all
+    }
+
+    /// A KV cache of `max_len` positions in the compute dtype.
+    pub fn new_cache(&self) -> Result<KvCache<R>> {
+        KvCache::for_config(&self.client, &self.config, self.max_len, self.dtype)
+    }
+
+    /// The preallocated buffers of the decode step.
+    pub fn new_decode_buffers(&self) -> Result<DecodeBuffers<R>> {
+        DecodeBuffers::new(&self.client, &self.config, self.dtype)
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::param(
+                "tokens",
+                "prefill needs at least one token",
+            ));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::param(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `tokens` (positions `cache.len()..`) through the model in one pass, appends their
+    /// keys and values to `cache`, and returns the logits in the compute dtype: `[1, vocab]`
+    /// for [`Logits::Last`], `[T, vocab]` for [`Logits::All`]. Allocates its activations.
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<R>,
+        logits: Logits,
+    ) -> Result<DeviceTensor<R>> {
+        self.check_tokens(tokens)?;
+        cache.check_room(tokens.len())?;
+        let _ = logits;
+        // The forward pass goes here (see the module docs); on success:
+        // `cache.advance(tokens.len())?; cache.sync_len(&self.client)?;`
+        Err(ModelError::NotImplemented(
+            "forward pass: waiting for ops kernels",
+        ))
+    }
+
+    /// One decode step, allocation-free and graph-capturable: reads the token id, its position
+    /// and the cache length from `step`'s device buffers (written beforehand with
+    /// [`DecodeBuffers::write_inputs`]), writes the token's keys and values at `position` in
+    /// `cache`, and leaves the logits in `step.logits`. The caller advances the cache's host
+    /// length afterwards ([`KvCache::advance`]); the device length lives in `step.kv_len`.
+    pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
+        if cache.dtype() != self.dtype || step.dtype != self.dtype {
+            return Err(ModelError::param(
+                "decode_step",
+                format!(
+                    "cache is {} and buffers are {}, the model computes in {}",
+                    cache.dtype(),
+                    step.dtype,
+                    self.dtype
+                ),
+            ));
+        }
+        cache.check_room(1)?;
+        // The forward pass for one token goes here (see the module docs), using only `_into`
+        // ops on `step`'s buffers and `cache`, with KvLen::Device(&step.position) as the cache
+        // write position and KvLen::Device(&step.kv_len) as the attention length.
+        Err(ModelError::NotImplemented(
+            "forward pass: waiting for ops kernels",
+        ))
+    }
+}
+
+/// Which logits [`Qwen2Model::prefill`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// The last position's (what generation needs).
+    Last,
+    /// Every position's (what the comparison with transformers needs).
+    All,
+}
+
+/// Everything one decode step reads and writes besides the weights and the KV cache,
+/// allocated once so the step allocates nothing and can be captured as a CUDA graph.
+///
+/// | buffer | shape | dtype | role |
+/// |---|---|---|---|
+/// | `token` | `[1]` | u32 | the input token id (host-written, or the previous step's `next_token`) |
+/// | `position` | `[1]` | u32 | its position = cache length before the step (RoPE row, KV write index) |
+/// | `kv_len` | `[1]` | u32 | cache length after the step = `position + 1` (attention length) |
+/// | `hidden` | `[1, H]` | compute | residual stream |
+/// | `normed` | `[1, H]` | compute | RMSNorm output fed to the projections |
+/// | `q` | `[1, Hq, D]` | compute | query (after bias and RoPE) |
+/// | `k`, `v` | `[1, Hkv, D]` | compute | this token's key/value before the cache write |
+/// | `attn` | `[1, Hq, D]` | compute | attention output |
+/// | `gate`, `up` | `[1, I]` | compute | MLP projections (`gate` is overwritten with silu(gate)*up) |
+/// | `logits` | `[1, V]` | compute | output of the LM head |
+/// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without a host round trip) |
+pub struct DecodeBuffers<R: Runtime> {
+    pub dtype: DType,
+    pub token: DeviceTensor<R>,
+    pub position: DeviceTensor<R>,
+    pub kv_len: DeviceTensor<R>,
+    pub hidden: DeviceTensor<R>,
+    pub normed: DeviceTensor<R>,
+    pub q: DeviceTensor<R>,
+    pub k: DeviceTensor<R>,
+    pub v: DeviceTensor<R>,
+    pub attn: DeviceTensor<R>,
+    pub gate: DeviceTensor<R>,
+    pub up: DeviceTensor<R>,
+    pub logits: DeviceTensor<R>,
+    pub next_token: DeviceTensor<R>,
+}
+
+impl<R: Runtime> DecodeBuffers<R> {
+    pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Result<Self> {
+        let (h, i, v) = (
+            config.hidden_size,
+            config.intermediate_size,
+            config.vocab_size,
+        );
+        let (hq, hkv, d) = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        );
+        let scalar = || DeviceTensor::from_slice(client, &[0u32], &[1]);
+        Ok(Self {
+            dtype,
+            token: scalar()?,
+            position: scalar()?,
+            kv_len: scalar()?,
+            hidden: DeviceTensor::empty(client, &[1, h], dtype),
+            normed: DeviceTensor::empty(client, &[1, h], dtype),
+            q: DeviceTensor::empty(client, &[1, hq, d], dtype),
+            k: DeviceTensor::empty(client, &[1, hkv, d], dtype),
+            v: DeviceTensor::empty(client, &[1, hkv, d], dtype),
+            attn: DeviceTensor::empty(client, &[1, hq, d], dtype),
+            gate: DeviceTensor::empty(client, &[1, i], dtype),
+            up: DeviceTensor::empty(client, &[1, i], dtype),
+            logits: DeviceTensor::empty(client, &[1, v], dtype),
+            next_token: scalar()?,
+        })
+    }
+
+    /// Writes the step's scalars (host to device, outside any capture window).
+    pub fn write_inputs(
+        &self,
+        client: &ComputeClient<R>,
+        token: u32,
+        position: usize,
+    ) -> Result<()> {
+        let position = u32::try_from(position).map_err(|_| {
+            ModelError::param("position", format!("{position} does not fit in u32"))
+        })?;
+        self.token.write_bytes(client, &token.to_le_bytes())?;
+        self.position.write_bytes(client, &position.to_le_bytes())?;
+        self.kv_len
+            .write_bytes(client, &(position + 1).to_le_bytes())?;
+        Ok(())
+    }
+}
+
+/// Where the current logits are.
+enum Current<R: Runtime> {
+    None,
+    Prefill(DeviceTensor<R>),
+    Decode,
+}
+
+/// A model with its KV cache and decode buffers: what [`crate::Generator`] drives.
+pub struct Qwen2Session<R: Runtime> {
+    model: Qwen2Model<R>,
+    cache: KvCache<R>,
+    step: DecodeBuffers<R>,
+    current: Current<R>,
+}
+
+impl<R: Runtime> Qwen2Session<R> {
+    pub fn new(model: Qwen2Model<R>) -> Result<Self> {
+        let cache = model.new_cache()?;
+        let step = model.new_decode_buffers()?;
+        Ok(Self {
+            model,
+            cache,
+            step,
+            current: Current::None,
+        })
+    }
+
+    pub fn model(&self) -> &Qwen2Model<R> {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &KvCache<R> {
+        &self.cache
+    }
+
+    pub fn into_model(self) -> Qwen2Model<R> {
+        self.model
+    }
+
+    /// Prefill returning every position's logits (for comparisons with a reference).
+    pub fn prefill_all_logits(&mut self, tokens: &[u32]) -> Result<DeviceTensor<R>> {
+        let logits = self.model.prefill(tokens, &mut self.cache, Logits::All)?;
+        self.current = Current::None;
+        Ok(logits)
+    }
+}
+
+impl<R: Runtime> CausalLm for Qwen2Session<R> {
+    fn vocab_size(&self) -> usize {
+        self.model.config.vocab_size
+    }
+
+    fn max_len(&self) -> usize {
+        self.cache.max_len()
+    }
+
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.current = Current::None;
+        self.cache.reset(&self.model.client)
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        let logits = self.model.prefill(tokens, &mut self.cache, Logits::Last)?;
+        self.current = Current::Prefill(logits);
+        Ok(())
+    }
+
+    fn decode(&mut self, token: u32) -> Result<()> {
+        if token as usize >= self.model.config.vocab_size {
+            return Err(ModelError::param(
+                "token",
+                format!(
+                    "{token} is outside the vocabulary of {}",
+                    self.model.config.vocab_size
+                ),
+            ));
+        }
+        self.cache.check_room(1)?;
+        self.step
+            .write_inputs(&self.model.client, token, self.cache.len())?;
+        self.model.decode_step(&self.cache, &self.step)?;
+        self.cache.advance(1)?;
+        self.current = Current::Decode;
+        Ok(())
+    }
+
+    fn logits(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        let tensor = match &self.current {
+            Current::Prefill(t) => t,
+            Current::Decode => &self.step.logits,
+            Current::None => {
+                return Err(ModelError::param("logits", "no forward pass has run yet"))
+            }
+        };
+        *out = tensor.to_f32_vec(&self.model.client)?;
+        Ok(())
+    }
+}
