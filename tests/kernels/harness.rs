@@ -104,6 +104,17 @@ pub fn upload<R: Runtime>(
     (t, round_to(values, dtype))
 }
 
+/// Uploads f64 values (already representable in `dtype`, e.g. from `upload`) as `dtype`.
+pub fn upload_f64<R: Runtime>(
+    client: &ComputeClient<R>,
+    values: &[f64],
+    shape: &[usize],
+    dtype: DType,
+) -> DeviceTensor<R> {
+    let v: Vec<f32> = values.iter().map(|&x| x as f32).collect();
+    DeviceTensor::from_f32(client, &v, shape, dtype).expect("upload")
+}
+
 /// A float tensor filled with NaN, so that elements a kernel forgets to write are caught.
 pub fn poisoned<R: Runtime>(
     client: &ComputeClient<R>,

@@ -6,6 +6,7 @@ mod harness;
 mod argmax;
 mod elementwise;
 mod embedding;
+mod matmul;
 mod norm;
 mod qkv;
 mod rope;

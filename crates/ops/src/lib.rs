@@ -13,6 +13,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod error;
 pub mod launch;
+pub mod matmul;
 pub mod norm;
 pub mod online_softmax;
 pub mod qkv;

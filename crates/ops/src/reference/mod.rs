@@ -2,6 +2,7 @@
 //! a result). They take and return f64 so that comparisons are free of rounding of their own.
 
 pub mod elementwise;
+pub mod matmul;
 pub mod norm;
 pub mod qkv;
 pub mod rope;
