@@ -94,7 +94,36 @@ def core_cases():
         yield ("argmax 1x151936", dname, e * 151936, lambda l=logits: torch.argmax(l, -1))
 
 
-FAMILIES = {"norm": norm_cases, "core": core_cases}
+MODEL_SHAPES = [("qkv", 1536, 2048), ("o", 1536, 1536), ("gate_up", 1536, 17920),
+                ("down", 8960, 1536), ("lm_head", 1536, 151936)]
+
+
+def matmul_cases():
+    for dname in ["bf16", "f16"]:
+        dt = DTYPES[dname]
+        e = torch.empty((), dtype=dt).element_size()
+
+        def case(name, m, k, n):
+            x = torch.randn(m, k, device="cuda", dtype=dt)
+            w = torch.randn(n, k, device="cuda", dtype=dt)
+            return (name, dname, e * (m * k + n * k + m * n), lambda x=x, w=w: F.linear(x, w), 2.0 * m * n * k)
+        for m in [512, 4096]:
+            yield case(f"gemm {m}x4096x4096", m, 4096, 4096)
+        for name, k, n in MODEL_SHAPES:
+            yield case(f"gemm {name} 512x{k}x{n}", 512, k, n)
+        for name, k, n in MODEL_SHAPES:
+            yield case(f"gemv {name} 1x{k}x{n}", 1, k, n)
+        yield case("gemv gate_up 16x1536x17920", 16, 1536, 17920)
+        for m in [1, 512]:
+            h, i = 1536, 8960
+            x = torch.randn(m, h, device="cuda", dtype=dt)
+            g = torch.randn(i, h, device="cuda", dtype=dt)
+            u = torch.randn(i, h, device="cuda", dtype=dt)
+            yield (f"gated_mlp {m}x{h}x{i}", dname, e * (m * h + 2 * i * h + m * i),
+                   lambda x=x, g=g, u=u: F.silu(F.linear(x, g)) * F.linear(x, u), 4.0 * m * i * h)
+
+
+FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases}
 
 
 def main():

@@ -139,16 +139,18 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm", "core"];
+pub const FAMILIES: &[&str] = &["norm", "core", "matmul"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
     match family {
         "norm" => norm::cases(client),
         "core" => core::cases(client),
+        "matmul" => matmul::cases(client),
         _ => Vec::new(),
     }
 }
 
 pub mod core;
+pub mod matmul;
 pub mod norm;

@@ -1,0 +1,83 @@
+//! Cases for `ops::matmul`: prefill GEMMs (compute-bound: TFLOP/s) at the shapes and
+//! the 1.5B model's, decode GEMVs (bandwidth-bound: GB/s of weight read) at the model's
+//! projections, and the fused gated MLP.
+
+use cubecl::prelude::*;
+use ops::matmul::{Activation, GatedWeights};
+use ops::{caps, DType, DeviceTensor};
+
+use super::Case;
+
+/// The 1.5B model's projections as (name, K, N): qkv, o, gate_up, down, lm_head.
+pub const MODEL_SHAPES: [(&str, usize, usize); 5] = [
+    ("qkv", 1536, 2048),
+    ("o", 1536, 1536),
+    ("gate_up", 1536, 17920),
+    ("down", 8960, 1536),
+    ("lm_head", 1536, 151_936),
+];
+
+fn filled<R: Runtime>(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> DeviceTensor<R> {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    DeviceTensor::from_f32(client, &data, shape, dtype).unwrap()
+}
+
+pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        if !caps::supports_dtype(client, dtype) {
+            continue;
+        }
+        let e = dtype.size() as f64;
+        let mut push = |name: String, m: usize, k: usize, n: usize| {
+            let x = filled(client, &[m, k], dtype);
+            let w = filled(client, &[n, k], dtype);
+            let y = DeviceTensor::empty(client, &[m, n], dtype);
+            out.push(Case {
+                name,
+                dtype,
+                bytes: e * (m * k + n * k + m * n) as f64,
+                flops: 2.0 * (m * n * k) as f64,
+                run: Box::new(move || {
+                    ops::matmul::linear_into(client, &x, &w, None, None, &y).unwrap()
+                }),
+            });
+        };
+        for m in [512usize, 4096] {
+            push(format!("gemm {m}x4096x4096"), m, 4096, 4096);
+        }
+        for (name, k, n) in MODEL_SHAPES {
+            push(format!("gemm {name} 512x{k}x{n}"), 512, k, n);
+        }
+        for (name, k, n) in MODEL_SHAPES {
+            push(format!("gemv {name} 1x{k}x{n}"), 1, k, n);
+        }
+        push("gemv gate_up 16x1536x17920".into(), 16, 1536, 17920);
+        for m in [1usize, 512] {
+            let (h, i) = (1536usize, 8960usize);
+            let x = filled(client, &[m, h], dtype);
+            let w = filled(client, &[2 * i, h], dtype);
+            let y = DeviceTensor::empty(client, &[m, i], dtype);
+            out.push(Case {
+                name: format!("gated_mlp {m}x{h}x{i}"),
+                dtype,
+                bytes: e * (m * h + 2 * i * h + m * i) as f64,
+                flops: 4.0 * (m * i * h) as f64,
+                run: Box::new(move || {
+                    ops::matmul::fused_gated_mlp_into(
+                        client,
+                        &x,
+                        GatedWeights::Concatenated(&w),
+                        Activation::Silu,
+                        &y,
+                    )
+                    .unwrap()
+                }),
+            });
+        }
+    }
+    out
+}
