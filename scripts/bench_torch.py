@@ -123,7 +123,29 @@ def matmul_cases():
                    lambda x=x, g=g, u=u: F.silu(F.linear(x, g)) * F.linear(x, u), 4.0 * m * i * h)
 
 
-FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases}
+def attention_cases():
+    """SDPA with enable_gqa=True (K/V not expanded), FlashAttention-2 backend where it applies."""
+    hq, hkv, d = 12, 2, 128
+    for dname in ["bf16", "f16"]:
+        dt = DTYPES[dname]
+        e = torch.empty((), dtype=dt).element_size()
+        for l in [512, 2048, 8192]:
+            q = torch.randn(1, hq, l, d, device="cuda", dtype=dt)
+            k = torch.randn(1, hkv, l, d, device="cuda", dtype=dt)
+            v = torch.randn(1, hkv, l, d, device="cuda", dtype=dt)
+            yield (f"prefill causal L{l}", dname, e * (2 * l * hq * d + 2 * l * hkv * d),
+                   lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                   2.0 * 2.0 * hq * l * l * d / 2.0)
+        for lk in [1024, 4096, 32768]:
+            q = torch.randn(1, hq, 1, d, device="cuda", dtype=dt)
+            k = torch.randn(1, hkv, lk, d, device="cuda", dtype=dt)
+            v = torch.randn(1, hkv, lk, d, device="cuda", dtype=dt)
+            yield (f"decode Lk{lk}", dname, e * (2 * lk * hkv * d + 2 * hq * d),
+                   lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+                   4.0 * hq * lk * d)
+
+
+FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases, "attention": attention_cases}
 
 
 def main():

@@ -139,7 +139,7 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm", "core", "matmul"];
+pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
@@ -147,10 +147,12 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "norm" => norm::cases(client),
         "core" => core::cases(client),
         "matmul" => matmul::cases(client),
+        "attention" => attention::cases(client),
         _ => Vec::new(),
     }
 }
 
+pub mod attention;
 pub mod core;
 pub mod matmul;
 pub mod norm;

@@ -145,6 +145,31 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: f64) {
     );
 }
 
+/// Compares with a tolerance relative to the norm of the whole output (attention's contract):
+/// `max |got - want| <= tol * rms(want)`.
+pub fn assert_close_norm(what: &str, got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let rms = (want.iter().map(|v| v * v).sum::<f64>() / want.len().max(1) as f64).sqrt();
+    let (i, err) = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| {
+            if g.is_nan() {
+                f64::INFINITY
+            } else {
+                (g - w).abs()
+            }
+        })
+        .enumerate()
+        .fold((0, 0.0), |a, (i, e)| if e > a.1 { (i, e) } else { a });
+    assert!(
+        err <= tol * rms.max(1e-30),
+        "{what}: element {i} got {} want {} (error {err:.3e} > {tol:.1e} x rms {rms:.3e})",
+        got[i],
+        want[i]
+    );
+}
+
 /// Asserts exact equality (integer outputs).
 pub fn assert_exact<T: PartialEq + std::fmt::Debug>(what: &str, got: &[T], want: &[T]) {
     assert_eq!(got.len(), want.len(), "{what}: length");

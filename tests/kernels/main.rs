@@ -4,6 +4,7 @@
 mod harness;
 
 mod argmax;
+mod attention;
 mod elementwise;
 mod embedding;
 mod matmul;

@@ -5,6 +5,7 @@
 //! preallocated outputs so that a decode step can run without allocating.
 
 pub mod argmax;
+pub mod attention;
 #[cfg(feature = "burn")]
 pub mod burn;
 pub mod caps;
