@@ -9,6 +9,7 @@
 
 use std::process::ExitCode;
 
+mod bench_generate;
 mod generate;
 
 use clap::{Parser, Subcommand};
@@ -44,6 +45,8 @@ enum Command {
     },
     /// Generate text with a Qwen2 model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
+    /// Measure prefill and decode speed of a model (and greedy agreement with a reference).
+    BenchGenerate(bench_generate::BenchGenerateArgs),
     /// Write the built-in demo model (tiny Qwen2, random weights, trained tokenizer) to a directory.
     MakeDemoModel(generate::MakeDemoArgs),
 }
@@ -104,6 +107,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         Command::Bench { family, filter } =>
             bench::<R>(&client, family.as_deref(), filter).map(|_| true),
         Command::Generate(args) => generate::generate::<R>(&client, args).map(|_| true),
+        Command::BenchGenerate(args) =>
+            bench_generate::bench_generate::<R>(&client, args).map(|_| true),
         Command::MakeDemoModel(_) => unreachable!("handled before the runtime is created"),
     })
 }

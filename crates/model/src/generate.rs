@@ -317,9 +317,11 @@ impl<M: CausalLm> Generator<M> {
         self.model.reset()?;
         let start = Instant::now();
         self.model.prefill(&prompt_tokens)?;
-        stats.prefill_time = start.elapsed();
+        // Launches are asynchronous: the prefill is done when its first token is read back, so
+        // both figures are taken there.
         let mut token = choose(&mut self.model, &context)?;
         stats.time_to_first_token = start.elapsed();
+        stats.prefill_time = stats.time_to_first_token;
         let first_at = Instant::now();
 
         let mut detok = self.tokenizer.stream();

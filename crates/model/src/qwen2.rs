@@ -36,6 +36,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cubecl::prelude::*;
+use ops::attention::{attention_cached_into, AttentionWorkspace, KvLen};
+use ops::matmul::{fused_gated_mlp_into, linear, linear_into, Activation, GatedWeights};
+use ops::qkv::{qkv_rope_cache_into, HeadShape};
+use ops::rope::RopeCache;
 use ops::{caps, DType, DeviceTensor};
 
 use crate::config::{GenerationConfig, Qwen2Config};
@@ -215,9 +219,11 @@ pub fn plan_weights(config: &Qwen2Config, store: &WeightStore) -> Result<WeightP
     })
 }
 
-/// An uploaded tensor and the name it had in the checkpoint.
+/// An uploaded tensor and the checkpoint tensors it was made of: one (`parts == [name]`), or
+/// several concatenated along the first dimension (the fused QKV and gate-up projections).
 pub struct Weight<R: Runtime> {
     pub name: String,
+    pub parts: Vec<String>,
     pub tensor: DeviceTensor<R>,
 }
 
@@ -227,22 +233,26 @@ impl<R: Runtime> std::fmt::Debug for Weight<R> {
     }
 }
 
-/// One decoder layer, in the compute dtype. Linear weights are `[out, in]` as in the checkpoint.
+/// One decoder layer, in the compute dtype. Linear weights are `[out, in]` as in the checkpoint;
+/// the projections that read the same input are concatenated at load (on the host, so nothing
+/// is stored twice): one GEMV/GEMM instead of three (q, k, v) or two (gate, up).
 #[derive(Debug)]
 pub struct Qwen2Layer<R: Runtime> {
     pub input_layernorm: Weight<R>,
-    pub q_proj: Weight<R>,
-    pub q_bias: Weight<R>,
-    pub k_proj: Weight<R>,
-    pub k_bias: Weight<R>,
-    pub v_proj: Weight<R>,
-    pub v_bias: Weight<R>,
+    /// `[Hq·D + 2·Hkv·D, H]`: q_proj, k_proj, v_proj rows.
+    pub qkv_proj: Weight<R>,
+    /// `[Hq·D + 2·Hkv·D]`: the three biases.
+    pub qkv_bias: Weight<R>,
     pub o_proj: Weight<R>,
     pub post_attention_layernorm: Weight<R>,
-    pub gate_proj: Weight<R>,
-    pub up_proj: Weight<R>,
+    /// `[2·I, H]`: gate_proj rows, then up_proj rows.
+    pub gate_up_proj: Weight<R>,
     pub down_proj: Weight<R>,
 }
+
+/// How the checkpoint's tensors of one layer (plan order, see [`layer_specs`]) are grouped into
+/// uploads: indices into the layer's 12 specs.
+const LAYER_UPLOADS: [&[usize]; 7] = [&[0], &[1, 3, 5], &[2, 4, 6], &[7], &[8], &[9, 10], &[11]];
 
 /// Options of [`Qwen2Model::load`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -290,9 +300,8 @@ pub struct Qwen2Model<R: Runtime> {
     pub norm: Weight<R>,
     /// `None` when the embeddings are tied: the logits use `embed_tokens`.
     pub lm_head: Option<Weight<R>>,
-    // Phase 2 adds here what the forward pass precomputes once: the RoPE cos/sin table
-    // (`ops::rope::RopeCache::new(client, max_len, head_dim, rope_theta)`) and, if the fused
-    // kernels want them, concatenated QKV / gate-up weights.
+    /// RoPE cos/sin for every position below `max_len`.
+    pub rope: RopeCache<R>,
 }
 
 impl<R: Runtime> std::fmt::Debug for Qwen2Model<R> {
@@ -358,51 +367,70 @@ impl<R: Runtime> Qwen2Model<R> {
             ));
         }
 
-        let count = plan.specs.len();
+        // Uploads: embed_tokens, per layer the groups of LAYER_UPLOADS, norm, lm_head.
+        let layers_n = config.num_hidden_layers;
+        let mut groups: Vec<Vec<usize>> = vec![vec![0]];
+        for l in 0..layers_n {
+            for g in LAYER_UPLOADS {
+                groups.push(g.iter().map(|i| 1 + l * LAYER_TENSORS + i).collect());
+            }
+        }
+        let tail = 1 + layers_n * LAYER_TENSORS;
+        groups.extend((tail..plan.specs.len()).map(|i| vec![i]));
+        let count = groups.len();
         let mut done = 0u64;
         let mut uploaded = Vec::with_capacity(count);
-        for (i, spec) in plan.specs.iter().enumerate() {
-            let t = store.get(&spec.name)?;
-            let tensor = t.upload(client, dtype)?;
-            done += t.data.len() as u64;
-            uploaded.push(Weight {
-                name: spec.name.clone(),
-                tensor,
-            });
+        for (i, group) in groups.iter().enumerate() {
+            let mut bytes = Vec::new();
+            let mut rows = 0usize;
+            let mut parts = Vec::new();
+            for &si in group {
+                let spec = &plan.specs[si];
+                let t = store.get(&spec.name)?;
+                bytes.extend_from_slice(&t.bytes_as(dtype)?);
+                rows += spec.shape[0];
+                done += t.data.len() as u64;
+                parts.push(spec.name.clone());
+            }
+            let mut shape = plan.specs[group[0]].shape.clone();
+            shape[0] = rows;
+            let tensor = DeviceTensor::from_bytes(client, &bytes, &shape, dtype)?;
+            let name = if parts.len() == 1 {
+                parts[0].clone()
+            } else {
+                parts.join(" + ")
+            };
             progress(&LoadProgress {
-                tensor: &spec.name,
+                tensor: &name,
                 index: i + 1,
                 count,
                 bytes_done: done,
                 bytes_total: plan.bytes,
             });
+            uploaded.push(Weight {
+                name,
+                parts,
+                tensor,
+            });
         }
 
         let mut it = uploaded.into_iter();
-        let mut next = || it.next().expect("one weight per spec");
+        let mut next = || it.next().expect("one weight per upload group");
         let embed_tokens = next();
-        let layers = (0..config.num_hidden_layers)
-            .map(|_| {
-                let mut w: Vec<Weight<R>> = (0..LAYER_TENSORS).map(|_| next()).collect();
-                let mut take = || w.remove(0);
-                Qwen2Layer {
-                    input_layernorm: take(),
-                    q_proj: take(),
-                    q_bias: take(),
-                    k_proj: take(),
-                    k_bias: take(),
-                    v_proj: take(),
-                    v_bias: take(),
-                    o_proj: take(),
-                    post_attention_layernorm: take(),
-                    gate_proj: take(),
-                    up_proj: take(),
-                    down_proj: take(),
-                }
+        let layers = (0..layers_n)
+            .map(|_| Qwen2Layer {
+                input_layernorm: next(),
+                qkv_proj: next(),
+                qkv_bias: next(),
+                o_proj: next(),
+                post_attention_layernorm: next(),
+                gate_up_proj: next(),
+                down_proj: next(),
             })
             .collect();
         let norm = next();
         let lm_head = (!plan.tied).then(&mut next);
+        let rope = RopeCache::new(client, max_len, config.head_dim, config.rope_theta)?;
 
         let report = LoadReport {
             dtype,
@@ -424,6 +452,7 @@ impl<R: Runtime> Qwen2Model<R> {
                 layers,
                 norm,
                 lm_head,
+                rope,
             },
             report,
         ))
@@ -468,22 +497,17 @@ impl<R: Runtime> Qwen2Model<R> {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
-    /// Every uploaded weight, in checkpoint-name order of the plan.
+    /// Every uploaded weight, in upload order.
     pub fn weights(&self) -> Vec<&Weight<R>> {
         let mut all = vec![&self.embed_tokens];
         for l in &self.layers {
             all.extend([
                 &l.input_layernorm,
-                &l.q_proj,
-                &l.q_bias,
-                &l.k_proj,
-                &l.k_bias,
-                &l.v_proj,
-                &l.v_bias,
+                &l.qkv_proj,
+                &l.qkv_bias,
                 &l.o_proj,
                 &l.post_attention_layernorm,
-                &l.gate_proj,
-                &l.up_proj,
+                &l.gate_up_proj,
                 &l.down_proj,
             ]);
         }
@@ -499,7 +523,7 @@ impl<R: Runtime> Qwen2Model<R> {
 
     /// The preallocated buffers of the decode step.
     pub fn new_decode_buffers(&self) -> Result<DecodeBuffers<R>> {
-        DecodeBuffers::new(&self.client, &self.config, self.dtype)
+        DecodeBuffers::new(&self.client, &self.config, self.dtype, self.max_len)
     }
 
     fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
@@ -530,12 +554,86 @@ impl<R: Runtime> Qwen2Model<R> {
     ) -> Result<DeviceTensor<R>> {
         self.check_tokens(tokens)?;
         cache.check_room(tokens.len())?;
-        let _ = logits;
-        // The forward pass goes here (see the module docs); on success:
-        // `cache.advance(tokens.len())?; cache.sync_len(&self.client)?;`
-        Err(ModelError::NotImplemented(
-            "forward pass: waiting for ops kernels",
-        ))
+        if cache.dtype() != self.dtype {
+            return Err(ModelError::param(
+                "prefill",
+                format!(
+                    "cache is {}, the model computes in {}",
+                    cache.dtype(),
+                    self.dtype
+                ),
+            ));
+        }
+        let c = &self.client;
+        let (t, pos0) = (tokens.len(), cache.len());
+        let (hq, d) = (self.config.num_attention_heads, self.config.head_dim);
+        let eps = self.config.rms_norm_eps as f32;
+        let ids = DeviceTensor::from_slice(c, tokens, &[t])?;
+        let start = DeviceTensor::from_slice(c, &[pos0 as u32], &[1])?;
+        let q = DeviceTensor::empty(c, &[t, hq, d], self.dtype);
+        let attn = DeviceTensor::empty(c, &[t, hq, d], self.dtype);
+        let attn_flat = attn.reshape(&[t, hq * d])?;
+        let mut x = ops::embedding::embedding(c, &self.embed_tokens.tensor, &ids)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let lc = cache.layer(l);
+            let h = ops::norm::rms_norm(c, &x, &layer.input_layernorm.tensor, eps)?;
+            let qkv = linear(
+                c,
+                &h,
+                &layer.qkv_proj.tensor,
+                Some(&layer.qkv_bias.tensor),
+                None,
+            )?;
+            qkv_rope_cache_into(
+                c,
+                &qkv,
+                self.heads(),
+                &self.rope.cos,
+                &self.rope.sin,
+                &start,
+                &q,
+                &lc.k,
+                &lc.v,
+            )?;
+            attention_cached_into(
+                c,
+                &q,
+                &lc.k,
+                &lc.v,
+                KvLen::Host(pos0 + t),
+                self.scale(),
+                &attn,
+                None,
+            )?;
+            x = linear(c, &attn_flat, &layer.o_proj.tensor, None, Some(&x))?;
+            let h = ops::norm::rms_norm(c, &x, &layer.post_attention_layernorm.tensor, eps)?;
+            let gate_up = GatedWeights::Concatenated(&layer.gate_up_proj.tensor);
+            let g = ops::matmul::fused_gated_mlp(c, &h, gate_up, Activation::Silu)?;
+            x = linear(c, &g, &layer.down_proj.tensor, None, Some(&x))?;
+        }
+        if logits == Logits::Last && t > 1 {
+            // Only the last row reaches the LM head: gather it (the embedding kernel is a gather).
+            let last = DeviceTensor::from_slice(c, &[(t - 1) as u32], &[1])?;
+            x = ops::embedding::embedding(c, &x, &last)?;
+        }
+        let xn = ops::norm::rms_norm(c, &x, &self.norm.tensor, eps)?;
+        let out = linear(c, &xn, &self.lm_head().tensor, None, None)?;
+        cache.advance(t)?;
+        cache.sync_len(c)?;
+        Ok(out)
+    }
+
+    fn heads(&self) -> HeadShape {
+        HeadShape {
+            q_heads: self.config.num_attention_heads,
+            kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// The attention scale `1 / sqrt(head_dim)`.
+    fn scale(&self) -> f32 {
+        1.0 / (self.config.head_dim as f32).sqrt()
     }
 
     /// One decode step, allocation-free and graph-capturable: reads the token id, its position
@@ -556,12 +654,87 @@ impl<R: Runtime> Qwen2Model<R> {
             ));
         }
         cache.check_room(1)?;
-        // The forward pass for one token goes here (see the module docs), using only `_into`
-        // ops on `step`'s buffers and `cache`, with KvLen::Device(&step.position) as the cache
-        // write position and KvLen::Device(&step.kv_len) as the attention length.
-        Err(ModelError::NotImplemented(
-            "forward pass: waiting for ops kernels",
-        ))
+        let c = &self.client;
+        let eps = self.config.rms_norm_eps as f32;
+        ops::embedding::embedding_into(c, &self.embed_tokens.tensor, &step.token, &step.hidden)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let lc = cache.layer(l);
+            ops::norm::rms_norm_into(
+                c,
+                &step.hidden,
+                &layer.input_layernorm.tensor,
+                eps,
+                &step.normed,
+            )?;
+            linear_into(
+                c,
+                &step.normed,
+                &layer.qkv_proj.tensor,
+                Some(&layer.qkv_bias.tensor),
+                None,
+                &step.qkv,
+            )?;
+            qkv_rope_cache_into(
+                c,
+                &step.qkv,
+                self.heads(),
+                &self.rope.cos,
+                &self.rope.sin,
+                &step.position,
+                &step.q,
+                &lc.k,
+                &lc.v,
+            )?;
+            let len = KvLen::Device(&step.kv_len);
+            attention_cached_into(
+                c,
+                &step.q,
+                &lc.k,
+                &lc.v,
+                len,
+                self.scale(),
+                &step.attn,
+                Some(&step.workspace),
+            )?;
+            // The residual stream ping-pongs between `hidden` and `hidden2`: an output may not
+            // alias an input of the same launch (WebGPU forbids it).
+            linear_into(
+                c,
+                &step.attn_flat,
+                &layer.o_proj.tensor,
+                None,
+                Some(&step.hidden),
+                &step.hidden2,
+            )?;
+            ops::norm::rms_norm_into(
+                c,
+                &step.hidden2,
+                &layer.post_attention_layernorm.tensor,
+                eps,
+                &step.normed,
+            )?;
+            let gate_up = GatedWeights::Concatenated(&layer.gate_up_proj.tensor);
+            fused_gated_mlp_into(c, &step.normed, gate_up, Activation::Silu, &step.gate)?;
+            linear_into(
+                c,
+                &step.gate,
+                &layer.down_proj.tensor,
+                None,
+                Some(&step.hidden2),
+                &step.hidden,
+            )?;
+        }
+        ops::norm::rms_norm_into(c, &step.hidden, &self.norm.tensor, eps, &step.normed)?;
+        linear_into(
+            c,
+            &step.normed,
+            &self.lm_head().tensor,
+            None,
+            None,
+            &step.logits,
+        )?;
+        ops::argmax::argmax_into(c, &step.logits, &step.next_token)?;
+        Ok(())
     }
 }
 
@@ -580,35 +753,42 @@ pub enum Logits {
 /// | buffer | shape | dtype | role |
 /// |---|---|---|---|
 /// | `token` | `[1]` | u32 | the input token id (host-written, or the previous step's `next_token`) |
-/// | `position` | `[1]` | u32 | its position = cache length before the step (RoPE row, KV write index) |
+/// | `position` | `[1]` | u32 | its position = cache length before the step (RoPE row, KV write row) |
 /// | `kv_len` | `[1]` | u32 | cache length after the step = `position + 1` (attention length) |
-/// | `hidden` | `[1, H]` | compute | residual stream |
+/// | `hidden`, `hidden2` | `[1, H]` | compute | residual stream (ping-pong) |
 /// | `normed` | `[1, H]` | compute | RMSNorm output fed to the projections |
-/// | `q` | `[1, Hq, D]` | compute | query (after bias and RoPE) |
-/// | `k`, `v` | `[1, Hkv, D]` | compute | this token's key/value before the cache write |
-/// | `attn` | `[1, Hq, D]` | compute | attention output |
-/// | `gate`, `up` | `[1, I]` | compute | MLP projections (`gate` is overwritten with silu(gate)*up) |
+/// | `qkv` | `[1, (Hq + 2 Hkv) D]` | compute | fused q/k/v projection with biases |
+/// | `q` | `[1, Hq, D]` | compute | query after RoPE (k and v go straight to the cache) |
+/// | `attn` (`attn_flat`) | `[1, Hq, D]` (`[1, Hq D]`) | compute | attention output |
+/// | `gate` | `[1, I]` | compute | `silu(gate) * up` from the fused MLP kernel |
 /// | `logits` | `[1, V]` | compute | output of the LM head |
-/// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without a host round trip) |
+/// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without reading the logits) |
+/// | `workspace` | | f32 | split-KV attention partials, sized for the cache's capacity |
 pub struct DecodeBuffers<R: Runtime> {
     pub dtype: DType,
     pub token: DeviceTensor<R>,
     pub position: DeviceTensor<R>,
     pub kv_len: DeviceTensor<R>,
     pub hidden: DeviceTensor<R>,
+    pub hidden2: DeviceTensor<R>,
     pub normed: DeviceTensor<R>,
+    pub qkv: DeviceTensor<R>,
     pub q: DeviceTensor<R>,
-    pub k: DeviceTensor<R>,
-    pub v: DeviceTensor<R>,
     pub attn: DeviceTensor<R>,
+    pub attn_flat: DeviceTensor<R>,
     pub gate: DeviceTensor<R>,
-    pub up: DeviceTensor<R>,
     pub logits: DeviceTensor<R>,
     pub next_token: DeviceTensor<R>,
+    pub workspace: AttentionWorkspace<R>,
 }
 
 impl<R: Runtime> DecodeBuffers<R> {
-    pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Result<Self> {
+    pub fn new(
+        client: &ComputeClient<R>,
+        config: &Qwen2Config,
+        dtype: DType,
+        max_len: usize,
+    ) -> Result<Self> {
         let (h, i, v) = (
             config.hidden_size,
             config.intermediate_size,
@@ -620,21 +800,23 @@ impl<R: Runtime> DecodeBuffers<R> {
             config.head_dim,
         );
         let scalar = || DeviceTensor::from_slice(client, &[0u32], &[1]);
+        let attn = DeviceTensor::empty(client, &[1, hq, d], dtype);
         Ok(Self {
             dtype,
             token: scalar()?,
             position: scalar()?,
             kv_len: scalar()?,
             hidden: DeviceTensor::empty(client, &[1, h], dtype),
+            hidden2: DeviceTensor::empty(client, &[1, h], dtype),
             normed: DeviceTensor::empty(client, &[1, h], dtype),
+            qkv: DeviceTensor::empty(client, &[1, (hq + 2 * hkv) * d], dtype),
             q: DeviceTensor::empty(client, &[1, hq, d], dtype),
-            k: DeviceTensor::empty(client, &[1, hkv, d], dtype),
-            v: DeviceTensor::empty(client, &[1, hkv, d], dtype),
-            attn: DeviceTensor::empty(client, &[1, hq, d], dtype),
+            attn_flat: attn.reshape(&[1, hq * d])?,
+            attn,
             gate: DeviceTensor::empty(client, &[1, i], dtype),
-            up: DeviceTensor::empty(client, &[1, i], dtype),
             logits: DeviceTensor::empty(client, &[1, v], dtype),
             next_token: scalar()?,
+            workspace: AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len),
         })
     }
 
@@ -744,6 +926,22 @@ impl<R: Runtime> CausalLm for Qwen2Session<R> {
         self.cache.advance(1)?;
         self.current = Current::Decode;
         Ok(())
+    }
+
+    fn argmax(&mut self) -> Result<u32> {
+        let c = &self.model.client;
+        let ids = match &self.current {
+            // The decode step already ran the device argmax: read back one u32.
+            Current::Decode => self.step.next_token.to_vec::<u32>(c)?,
+            Current::Prefill(t) => ops::argmax::argmax(c, t)?.to_vec::<u32>(c)?,
+            Current::None => {
+                return Err(ModelError::param("argmax", "no forward pass has run yet"))
+            }
+        };
+        ids.last().copied().ok_or(ModelError::BadLogits {
+            step: self.cache.len(),
+            detail: "empty logits".into(),
+        })
     }
 
     fn logits(&mut self, out: &mut Vec<f32>) -> Result<()> {

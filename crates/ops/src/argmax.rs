@@ -14,17 +14,17 @@ fn argmax_kernel<F: Float, N: Size>(
     x: &[Vector<F, N>],
     out: &mut [u32],
     rows: usize,
-    n: usize,
+    n_cols: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = CUBE_POS;
     if row >= rows {
         terminate!();
     }
-    let row_vectors = n / x[0].vector_size();
+    let row_vectors = n_cols / x[0].vector_size();
     let base = row * row_vectors;
     let mut best = f32::new(f32::MIN);
-    let mut best_i = n;
+    let mut best_i = n_cols;
     // Each unit scans increasing indices, so a strict `>` keeps the first of equal values;
     // NaN compares false and is never chosen. Wide loads keep the loop short: it is
     // latency-bound on one SM for a vocabulary-sized row.
@@ -33,7 +33,7 @@ fn argmax_kernel<F: Float, N: Size>(
         #[unroll]
         for k in 0..v.vector_size() {
             let e = f32::cast_from(v.extract(k));
-            if e > best || (best_i == n && e == best) {
+            if e > best || (best_i == n_cols && e == best) {
                 best = e;
                 best_i = i * v.vector_size() + k;
             }
@@ -52,7 +52,7 @@ fn argmax_kernel<F: Float, N: Size>(
             let (v, i) = (vals[u + stride], idxs[u + stride]);
             let (bv, bi) = (vals[u], idxs[u]);
             // Larger value wins; on a tie (or an empty side) the smaller index.
-            if v > bv || (v == bv && i < bi) || (bi == n && i < n) {
+            if v > bv || (v == bv && i < bi) || (bi == n_cols && i < n_cols) {
                 vals[u] = v;
                 idxs[u] = i;
             }
@@ -62,7 +62,7 @@ fn argmax_kernel<F: Float, N: Size>(
     if UNIT_POS == 0 {
         // A row of only NaN has no candidate: report index 0.
         let i = idxs[0];
-        out[row] = select(i == n, 0u32, i as u32);
+        out[row] = select(i == n_cols, 0u32, i as u32);
     }
 }
 

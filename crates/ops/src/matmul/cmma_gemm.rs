@@ -63,9 +63,9 @@ pub(crate) fn supported<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> 
     let want = ElemType::Float(kind);
     let acc = ElemType::Float(FloatKind::F32);
     client.features().matmul.cmma.iter().any(|c: &MmaConfig| {
-        c.a_type == want.into()
-            && c.b_type == want.into()
-            && c.cd_type == acc.into()
+        c.a_type == want
+            && c.b_type == want
+            && c.cd_type == acc
             && c.m == 16
             && c.n == 16
             && c.k == 16
@@ -119,14 +119,14 @@ pub(crate) fn cmma_gemm_kernel<F: Float, N: Size>(
     residual: &[F],
     out: &mut [F],
     m: usize,
-    n: usize,
+    n_total: usize,
     k: usize,
     up_row_offset: usize,
     #[comptime] plan: CmmaPlan,
     #[define(F)] _dtype: ElemType,
 ) {
     let tiles_m = m.div_ceil(plan.bm as usize);
-    let tiles_n = n.div_ceil(plan.bn as usize);
+    let tiles_n = n_total.div_ceil(plan.bn as usize);
     if CUBE_POS >= tiles_m * tiles_n {
         terminate!();
     }
@@ -193,7 +193,7 @@ pub(crate) fn cmma_gemm_kernel<F: Float, N: Size>(
             &mut ws,
             n0,
             k0,
-            n,
+            n_total,
             k_vectors,
             plan.bn,
             plan.bk,
@@ -206,7 +206,7 @@ pub(crate) fn cmma_gemm_kernel<F: Float, N: Size>(
                 &mut us,
                 up_row_offset + n0,
                 k0,
-                up_row_offset + n,
+                up_row_offset + n_total,
                 k_vectors,
                 plan.bn,
                 plan.bk,
@@ -303,7 +303,7 @@ pub(crate) fn cmma_gemm_kernel<F: Float, N: Size>(
                 let idx = lane * 8 + e as usize;
                 let gm = m0 + row_a + i * FRAG as usize + idx / 16;
                 let gn = n0 + col_b + j * FRAG as usize + idx % 16;
-                if gm < m && gn < n {
+                if gm < m && gn < n_total {
                     let mut y = gate[e as usize];
                     if comptime![plan.gated] {
                         let g = f32::cast_from(F::cast_from(y));
@@ -314,9 +314,9 @@ pub(crate) fn cmma_gemm_kernel<F: Float, N: Size>(
                         y += f32::cast_from(bias[gn]);
                     }
                     if comptime![plan.has_residual] {
-                        y += f32::cast_from(residual[gm * n + gn]);
+                        y += f32::cast_from(residual[gm * n_total + gn]);
                     }
-                    out[gm * n + gn] = F::cast_from(y);
+                    out[gm * n_total + gn] = F::cast_from(y);
                 }
             }
             sync_plane();

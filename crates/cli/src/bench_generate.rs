@@ -1,0 +1,140 @@
+//! `cli bench-generate`: prefill and decode speed of a model, after a warm-up that compiles the
+//! kernels, and (when the model directory carries a transformers `reference.json`) agreement of
+//! the first greedy tokens with it. One JSON line on stdout, a readable summary on stderr.
+
+use std::ops::ControlFlow;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use cubecl::prelude::*;
+use cubellm::model::{
+    self, GenerateOptions, Generator, LoadOptions, Prompt, Qwen2Model, Qwen2Session, Tokenizer,
+};
+use cubellm::ops::DType;
+
+#[derive(Args, Debug)]
+pub struct BenchGenerateArgs {
+    /// Model directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt length in tokens (a synthetic prompt).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_len: usize,
+    /// Tokens to generate per run (greedy, end-of-sequence ignored).
+    #[arg(long, default_value_t = 128)]
+    pub new_tokens: usize,
+    /// Timed runs (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// Compute dtype (default: the checkpoint's where supported).
+    #[arg(long, value_parser = ["bf16", "f16", "f32"])]
+    pub dtype: Option<String>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn bench_generate<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &BenchGenerateArgs,
+) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.prompt_len > 0 && args.new_tokens > 1 && args.runs > 0,
+        "prompt-len, new-tokens (> 1) and runs must be positive"
+    );
+    let dtype = args
+        .dtype
+        .as_deref()
+        .map(|d| DType::parse(d).context("unknown dtype"))
+        .transpose()?;
+    let dir = &args.model;
+    let config = model::Qwen2Config::from_dir(dir)?;
+    let gc = model::GenerationConfig::from_dir(dir)?;
+    let tokenizer = Tokenizer::from_dir(dir, &config, &gc)?;
+    let max_len = args.prompt_len + args.new_tokens + 64;
+    let options = LoadOptions {
+        dtype,
+        max_len: Some(max_len),
+    };
+    let (m, report) = Qwen2Model::<R>::load(client, dir, &options, &mut |_| {})?;
+    eprintln!(
+        "loaded {} MB in {} in {:.1} s",
+        report.bytes / 1_000_000,
+        report.dtype,
+        report.elapsed.as_secs_f64()
+    );
+    let mut g = Generator::new(Qwen2Session::new(m)?, tokenizer);
+
+    // Ids the tokenizer can show, spread over its vocabulary.
+    let shown = g.tokenizer().vocab_size().min(config.vocab_size).max(2) as u32;
+    let prompt: Vec<u32> = (0..args.prompt_len as u32)
+        .map(|i| (i * 7 + 3) % shown)
+        .collect();
+    let run = |g: &mut Generator<Qwen2Session<R>>, prompt: &[u32], n: usize| {
+        let opts = GenerateOptions {
+            max_new_tokens: n,
+            eos_token_ids: Some(Vec::new()),
+            ..GenerateOptions::default()
+        };
+        g.generate(&Prompt::Tokens(prompt.to_vec()), &opts, |_| {
+            ControlFlow::Continue(())
+        })
+    };
+    run(&mut g, &prompt, 8)?; // warm-up: compiles every kernel
+    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+    for _ in 0..args.runs {
+        let out = run(&mut g, &prompt, args.new_tokens)?;
+        prefill.push(out.stats.prefill_tokens_per_sec());
+        decode.push(out.stats.decode_tokens_per_sec());
+    }
+    let (prefill, decode) = (median(prefill), median(decode));
+
+    // Agreement with transformers' greedy continuation, when the directory has one.
+    let mut agreement = String::from("null");
+    if let Ok(text) = std::fs::read_to_string(dir.join("reference.json")) {
+        let r: serde_json::Value = serde_json::from_str(&text).context("reference.json")?;
+        let ids = |k: &str| -> Vec<u32> {
+            r[k].as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_u64())
+                        .map(|v| v as u32)
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let (p, want) = (ids("prompt_ids"), ids("greedy_ids"));
+        if !p.is_empty() && !want.is_empty() {
+            let out = run(&mut g, &p, want.len())?;
+            let same = out
+                .tokens
+                .iter()
+                .zip(&want)
+                .take_while(|(a, b)| a == b)
+                .count();
+            eprintln!(
+                "greedy agreement with transformers: first {same} of {} tokens identical",
+                want.len()
+            );
+            agreement = format!("{{\"same_prefix\":{same},\"of\":{}}}", want.len());
+        }
+    }
+    eprintln!(
+        "prompt {} tokens: prefill {prefill:.0} tok/s; decode {decode:.1} tok/s ({} new tokens, median of {} runs, {})",
+        args.prompt_len,
+        args.new_tokens,
+        args.runs,
+        R::name(client)
+    );
+    println!(
+        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"greedy_agreement\":{agreement}}}",
+        R::name(client),
+        report.dtype,
+        args.prompt_len,
+        args.new_tokens
+    );
+    Ok(())
+}
