@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds, on a CPU machine, what the GPU machine runs, into .device/ (git-ignored):
-#   .device/kernels-test   the cross-runtime test binary (run with CUBELLM_TEST_RUNTIMES=cuda)
+#   .device/kernels-test   the cross-runtime kernel tests (run with CUBELLM_TEST_RUNTIMES=cuda)
+#   .device/model-test     the model tests (loading, transformers fixtures) on every runtime
 #   .device/cli            the CLI (selfcheck, bench, generate)
 #   .device/ops-bench      the criterion benches (optional: pass --with-criterion)
 # plus the python scripts the GPU-side benchmarks use. Copy the folder over and run from the
@@ -25,9 +26,13 @@ for l in sys.stdin:
         shutil.copy(m["executable"], dst); print("built", dst)' "${@: -1}"
 }
 copy_test --test kernels .device/kernels-test
+copy_test --test model .device/model-test
 cargo build --release --locked -p cli
 cp target/release/cli .device/cli && echo "built .device/cli"
 if [ "${1:-}" = "--with-criterion" ]; then
   copy_test --bench ops .device/ops-bench
 fi
-du -sh .device
+# Compressed copies, for carrying to the GPU machine under its 64 MiB limit.
+mkdir -p .devz && grep -qx '/.devz/' .git/info/exclude || echo '/.devz/' >> .git/info/exclude
+for f in .device/*; do gzip -c "$f" > ".devz/$(basename "$f").gz"; done
+du -sh .device .devz
