@@ -122,15 +122,17 @@ pub fn bench_generate<R: Runtime>(
             agreement = format!("{{\"same_prefix\":{same},\"of\":{}}}", want.len());
         }
     }
+    let graph = g.model().uses_graph();
     eprintln!(
-        "prompt {} tokens: prefill {prefill:.0} tok/s; decode {decode:.1} tok/s ({} new tokens, median of {} runs, {})",
+        "prompt {} tokens: prefill {prefill:.0} tok/s; decode {decode:.1} tok/s ({} new tokens, median of {} runs, {}{})",
         args.prompt_len,
         args.new_tokens,
         args.runs,
-        R::name(client)
+        R::name(client),
+        if graph { ", decode step replayed as a CUDA graph" } else { "" }
     );
     println!(
-        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"greedy_agreement\":{agreement}}}",
+        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"cuda_graph\":{graph},\"greedy_agreement\":{agreement}}}",
         R::name(client),
         report.dtype,
         args.prompt_len,

@@ -845,24 +845,101 @@ enum Current<R: Runtime> {
     Decode,
 }
 
+/// Whether decode steps replay a captured CUDA graph.
+enum GraphState<R: Runtime> {
+    /// Eager launches (runtimes without hardware graphs, or `CUBELLM_NO_GRAPH=1`, or a capture
+    /// that failed).
+    Off,
+    /// The first step runs eagerly (it compiles the kernels); the second is captured.
+    Warming {
+        steps: usize,
+    },
+    Ready(cubecl::client::Graph<R>),
+}
+
 /// A model with its KV cache and decode buffers: what [`crate::Generator`] drives.
+///
+/// On CUDA the decode step is captured once as a graph (after a first eager step has compiled
+/// every kernel) and replayed for every later token: the host then only writes the step's three
+/// scalars and launches one graph instead of ~9 kernels per layer. The graph reads the same
+/// buffers every time (the decode buffers, the cache, the weights), all owned by the session,
+/// so they outlive it.
 pub struct Qwen2Session<R: Runtime> {
     model: Qwen2Model<R>,
     cache: KvCache<R>,
     step: DecodeBuffers<R>,
     current: Current<R>,
+    graph: GraphState<R>,
 }
 
 impl<R: Runtime> Qwen2Session<R> {
     pub fn new(model: Qwen2Model<R>) -> Result<Self> {
         let cache = model.new_cache()?;
         let step = model.new_decode_buffers()?;
+        let graphs = caps::runtime_name(&model.client) == "cuda"
+            && std::env::var("CUBELLM_NO_GRAPH").map_or(true, |v| v.is_empty() || v == "0");
         Ok(Self {
             model,
             cache,
             step,
             current: Current::None,
+            graph: if graphs {
+                GraphState::Warming { steps: 0 }
+            } else {
+                GraphState::Off
+            },
         })
+    }
+
+    /// Whether decode steps currently replay a captured graph.
+    pub fn uses_graph(&self) -> bool {
+        matches!(self.graph, GraphState::Ready(_))
+    }
+
+    /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
+    /// replaying the capture.
+    fn run_step(&mut self) -> Result<()> {
+        let c = self.model.client.clone();
+        match &mut self.graph {
+            GraphState::Off => self.model.decode_step(&self.cache, &self.step),
+            GraphState::Ready(graph) => {
+                // SAFETY: the graph reads and writes only buffers owned by this session (weights,
+                // cache, decode buffers), which live as long as the graph, and everything runs
+                // on the one client's stream.
+                unsafe { graph.replay() };
+                Ok(())
+            }
+            GraphState::Warming { steps } if *steps == 0 => {
+                *steps += 1;
+                self.model.decode_step(&self.cache, &self.step)
+            }
+            GraphState::Warming { .. } => {
+                // Prepare, run the step for real (its results are this token's), then record the
+                // same launches for the following tokens. A failure falls back to eager steps.
+                c.graph_prepare()
+                    .map_err(|e| ModelError::param("graph", format!("{e:?}")))?;
+                self.model.decode_step(&self.cache, &self.step)?;
+                let captured = c.start_capture().and_then(|_| {
+                    let recorded = self.model.decode_step(&self.cache, &self.step);
+                    let graph = c.stop_capture();
+                    match recorded {
+                        Ok(()) => graph,
+                        Err(e) => Err(cubecl::server::ServerError::Generic {
+                            reason: e.to_string(),
+                            backtrace: Default::default(),
+                        }),
+                    }
+                });
+                self.graph = match captured {
+                    Ok(graph) => GraphState::Ready(graph),
+                    Err(e) => {
+                        eprintln!("note: CUDA graph capture of the decode step failed ({e:?}); decoding eagerly");
+                        GraphState::Off
+                    }
+                };
+                Ok(())
+            }
+        }
     }
 
     pub fn model(&self) -> &Qwen2Model<R> {
@@ -922,7 +999,7 @@ impl<R: Runtime> CausalLm for Qwen2Session<R> {
         self.cache.check_room(1)?;
         self.step
             .write_inputs(&self.model.client, token, self.cache.len())?;
-        self.model.decode_step(&self.cache, &self.step)?;
+        self.run_step()?;
         self.cache.advance(1)?;
         self.current = Current::Decode;
         Ok(())
