@@ -4,6 +4,7 @@
 mod harness;
 
 mod norm;
+mod sparse;
 
 #[cfg(feature = "wgpu")]
 mod burn;
