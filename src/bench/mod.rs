@@ -139,14 +139,16 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm"];
+pub const FAMILIES: &[&str] = &["norm", "sparse"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
     match family {
         "norm" => norm::cases(client),
+        "sparse" => sparse::cases(client),
         _ => Vec::new(),
     }
 }
 
 pub mod norm;
+pub mod sparse;

@@ -733,3 +733,17 @@ fn bsr_from_raw_rejects_each_violation() {
 fn bsr_linear_rejects_bad_inputs() {
     on_each_runtime!(linear_errors_case);
 }
+
+/// Times every launch shape of the benchmark cases (JSON lines on stdout, family
+/// `sparse-tune`), to choose the defaults. Run on purpose only:
+/// `CUBELLM_TUNE_FILTER="4096x4096" kernels sparse::bsr_linear_tuning_sweep --ignored --nocapture`.
+#[test]
+#[ignore = "a timing sweep, not a correctness test"]
+fn bsr_linear_tuning_sweep() {
+    fn sweep<R: Runtime>(client: &ComputeClient<R>) {
+        let filter = std::env::var("CUBELLM_TUNE_FILTER").unwrap_or_default();
+        let cases = cubellm::bench::sparse::tune_cases(client, &filter);
+        cubellm::bench::measure(client, "sparse-tune", cases, "");
+    }
+    on_each_runtime!(sweep);
+}

@@ -151,7 +151,11 @@ fn check_shape(shape: [usize; 2], block: usize) -> Result<(), SparseError> {
     if block == 0 {
         return Err(SparseError::BlockSize { block });
     }
-    if shape[0] == 0 || shape[1] == 0 || shape[0] % block != 0 || shape[1] % block != 0 {
+    if shape[0] == 0
+        || shape[1] == 0
+        || !shape[0].is_multiple_of(block)
+        || !shape[1].is_multiple_of(block)
+    {
         return Err(SparseError::ShapeNotMultiple { shape, block });
     }
     Ok(())

@@ -25,7 +25,7 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
     partial: &mut [f32],
     m: usize,
     k_vectors: usize,
-    n: usize,
+    n_out: usize,
     #[comptime] bp: Blueprint,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -93,7 +93,7 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
     let k_groups = comptime![bp.k_groups];
 
     let count = end - start;
-    let stages = (count + k_groups - 1) / k_groups;
+    let stages = count.div_ceil(k_groups);
     if stages > 0 {
         load_stage(x, values, col, &mut regs, start, end, m0, m, k_vectors, bp);
         store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
@@ -147,7 +147,7 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
         }
     }
     sync_cube();
-    write_tile(&out_sh, bias, y, partial, brow, slot, m0, m, n, bp);
+    write_tile(&out_sh, bias, y, partial, brow, slot, m0, m, n_out, bp);
 }
 
 /// Launches [`bsr_linear_cmma_kernel`] with the validated arguments of

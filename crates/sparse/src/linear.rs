@@ -415,7 +415,7 @@ fn bsr_linear_scalar_kernel<F: Float, N: Size>(
     partial: &mut [f32],
     m: usize,
     k_vectors: usize,
-    n: usize,
+    n_out: usize,
     #[comptime] bp: Blueprint,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -507,7 +507,7 @@ fn bsr_linear_scalar_kernel<F: Float, N: Size>(
                 if comptime![bp.has_bias] {
                     v += f32::cast_from(bias[brow * block + c]);
                 }
-                y[(m0 + r) * n + brow * block + c] = F::cast_from(v);
+                y[(m0 + r) * n_out + brow * block + c] = F::cast_from(v);
             } else {
                 partial[((slot as usize) * m + m0 + r) * block + c] = v;
             }
@@ -724,14 +724,16 @@ fn validate_blueprint<R: Runtime>(
     let ok_tile = [16, 32, 64, 128, 256].contains(&bp.tile_m);
     let ok_shape = if bp.use_cmma {
         bp.k_groups.is_power_of_two()
-            && bp.units % (bp.plane * bp.k_groups) == 0
+            && bp.units.is_multiple_of(bp.plane * bp.k_groups)
             && bp.warps_per_group() > 0
-            && bp.tile_m % (bp.warps_per_group() * FRAG) == 0
+            && bp.tile_m.is_multiple_of(bp.warps_per_group() * FRAG)
     } else {
-        bp.k_groups == 1 && bp.units % bp.block == 0 && (bp.tile_m * bp.block) % bp.units == 0
+        bp.k_groups == 1
+            && bp.units.is_multiple_of(bp.block)
+            && (bp.tile_m * bp.block).is_multiple_of(bp.units)
     };
     let units_ok = bp.units <= client.properties().hardware.max_units_per_cube as usize
-        && (bp.tile_m * bp.block) % bp.units == 0;
+        && (bp.tile_m * bp.block).is_multiple_of(bp.units);
     if !ok_tile || !ok_shape || !units_ok {
         return Err(OpsError::invalid(
             OP,
