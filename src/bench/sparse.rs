@@ -106,37 +106,57 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         .collect()
 }
 
-/// Launch-shape sweep: the cases with every tile shape forced, to pick the defaults of
-/// `sparse::linear::blueprint`. Names carry `tm<rows> g<k_groups>`. Not a `cli bench` family
-/// (too many cases for a routine run): the ignored test `sparse::bsr_linear_tuning_sweep` runs it.
-pub fn tune_cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filter: &str) -> Vec<Case<'a>> {
+/// Launch-shape sweep: the cases whose names contain one of `filters`, with the launch
+/// shapes that make sense for their M forced, to pick the defaults of
+/// `sparse::linear::blueprint`. Names carry `tm<rows> g<k_groups> b<group_blocks> db<0|1>`. Not a
+/// `cli bench` family (too many cases for a routine run): the ignored test
+/// `sparse::bsr_linear_tuning_sweep` runs it.
+pub fn tune_cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filters: &[&str]) -> Vec<Case<'a>> {
     let dtype = DType::F16;
     if !caps::supports_dtype(client, dtype) {
         return Vec::new();
     }
     let mut cases = Vec::new();
     let all = setups(client, dtype, &SHAPES, &SPARSITIES, &ROWS);
-    for s in all.into_iter().filter(|s| s.name.contains(filter)) {
-        for tile_m in [16usize, 32, 64, 128] {
-            for k_groups in [1usize, 2, 4, 8] {
-                let tuning = Tuning {
-                    tile_m: Some(tile_m),
-                    k_groups: Some(k_groups),
-                };
-                // Only shapes the kernel accepts (a refused one is skipped, not timed).
-                if bsr_linear_into_tuned(client, &s.x, &s.w, None, &s.out, tuning).is_err() {
-                    continue;
+    for s in all
+        .into_iter()
+        .filter(|s| filters.iter().any(|f| s.name.contains(f)))
+    {
+        let m = s.x.shape()[0];
+        let (tiles, groups, group_blocks): (&[usize], &[usize], &[usize]) = if m <= 16 {
+            (&[16], &[2, 4, 8], &[1, 2, 4])
+        } else if m <= 256 {
+            (&[32, 64], &[1, 2, 4], &[1, 2])
+        } else {
+            (&[64, 128, 256], &[1, 2], &[1, 2, 4])
+        };
+        for &tile_m in tiles {
+            for &k_groups in groups {
+                for &gb in group_blocks {
+                    for db in [true, false] {
+                        let tuning = Tuning {
+                            tile_m: Some(tile_m),
+                            k_groups: Some(k_groups),
+                            group_blocks: Some(gb),
+                            double_buffer: Some(db),
+                        };
+                        // Only shapes the kernel accepts (a refused one is skipped, not timed).
+                        if bsr_linear_into_tuned(client, &s.x, &s.w, None, &s.out, tuning).is_err()
+                        {
+                            continue;
+                        }
+                        let (x, w, out) = (s.x.clone(), s.w.clone(), s.out.clone());
+                        cases.push(Case {
+                            name: format!("{} tm{tile_m} g{k_groups} b{gb} db{}", s.name, db as u8),
+                            dtype,
+                            bytes: s.bytes,
+                            flops: s.flops,
+                            run: Box::new(move || {
+                                bsr_linear_into_tuned(client, &x, &w, None, &out, tuning).unwrap()
+                            }),
+                        });
+                    }
                 }
-                let (x, w, out) = (s.x.clone(), s.w.clone(), s.out.clone());
-                cases.push(Case {
-                    name: format!("{} tm{tile_m} g{k_groups}", s.name),
-                    dtype,
-                    bytes: s.bytes,
-                    flops: s.flops,
-                    run: Box::new(move || {
-                        bsr_linear_into_tuned(client, &x, &w, None, &out, tuning).unwrap()
-                    }),
-                });
             }
         }
     }

@@ -165,39 +165,40 @@ fn large_m_case<R: Runtime>(client: &ComputeClient<R>) {
 /// some of them for small test matrices).
 fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(73);
-    let shapes: Vec<(usize, usize, Option<usize>)> =
+    // (block, tile_m, k_groups, group_blocks, double_buffer)
+    let shapes: Vec<(usize, usize, Option<usize>, Option<usize>, bool)> =
         if sparse::linear::uses_tensor_cores(client, DType::F16) {
             vec![
-                (32, 16, Some(1)),
-                (32, 16, Some(4)),
-                (32, 16, Some(8)),
-                (32, 32, Some(1)),
-                (32, 32, Some(2)),
-                (32, 32, Some(4)),
-                (32, 64, Some(1)),
-                (32, 64, Some(2)),
-                (32, 128, Some(1)),
-                (32, 128, Some(2)),
-                (16, 16, Some(8)),
-                (16, 128, Some(1)),
-                (64, 16, Some(2)),
-                (64, 64, Some(1)),
-                (64, 128, Some(1)),
+                (32, 16, Some(1), None, true),
+                (32, 16, Some(4), Some(2), true),
+                (32, 16, Some(8), Some(4), false),
+                (32, 32, Some(1), Some(3), true),
+                (32, 32, Some(2), None, false),
+                (32, 32, Some(4), None, true),
+                (32, 64, Some(1), Some(4), false),
+                (32, 64, Some(2), Some(2), true),
+                (32, 128, Some(1), Some(2), true),
+                (32, 128, Some(2), None, false),
+                (16, 16, Some(8), Some(2), true),
+                (16, 128, Some(1), Some(4), false),
+                (64, 16, Some(2), None, true),
+                (64, 64, Some(1), Some(2), false),
+                (64, 128, Some(1), None, true),
             ]
         } else {
             vec![
-                (32, 16, None),
-                (32, 32, None),
-                (32, 64, None),
-                (16, 64, None),
-                (64, 16, None),
+                (32, 16, None, None, true),
+                (32, 32, None, None, false),
+                (32, 64, None, None, false),
+                (16, 64, None, None, true),
+                (64, 16, None, None, false),
             ]
         };
     let dtypes: Vec<DType> = float_dtypes(client)
         .into_iter()
         .filter(|&d| d != DType::F32 || !sparse::linear::uses_tensor_cores(client, DType::F16))
         .collect();
-    for &(b, tile_m, k_groups) in &shapes {
+    for &(b, tile_m, k_groups, group_blocks, double_buffer) in &shapes {
         let shape = [4 * b, 6 * b];
         let mask = random_mask(&mut rng, 4, 6, 0.6);
         let dense = blocky(&mut rng, shape, b, &mask);
@@ -216,6 +217,8 @@ fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
                     Tuning {
                         tile_m: Some(tile_m),
                         k_groups,
+                        group_blocks,
+                        double_buffer: Some(double_buffer),
                     },
                 );
             }
@@ -668,7 +671,7 @@ fn linear_errors_case<R: Runtime>(client: &ComputeClient<R>) {
             &out,
             Tuning {
                 tile_m: Some(24),
-                k_groups: None,
+                ..Tuning::default()
             },
         ),
         "argument",
@@ -736,13 +739,14 @@ fn bsr_linear_rejects_bad_inputs() {
 
 /// Times every launch shape of the benchmark cases (JSON lines on stdout, family
 /// `sparse-tune`), to choose the defaults. Run on purpose only:
-/// `CUBELLM_TUNE_FILTER="4096x4096" kernels sparse::bsr_linear_tuning_sweep --ignored --nocapture`.
+/// `CUBELLM_TUNE_FILTER="4096x4096 s70,m16" kernels sparse::bsr_linear_tuning_sweep --ignored --nocapture`.
 #[test]
 #[ignore = "a timing sweep, not a correctness test"]
 fn bsr_linear_tuning_sweep() {
     fn sweep<R: Runtime>(client: &ComputeClient<R>) {
         let filter = std::env::var("CUBELLM_TUNE_FILTER").unwrap_or_default();
-        let cases = cubellm::bench::sparse::tune_cases(client, &filter);
+        let filters: Vec<&str> = filter.split(',').collect();
+        let cases = cubellm::bench::sparse::tune_cases(client, &filters);
         cubellm::bench::measure(client, "sparse-tune", cases, "");
     }
     on_each_runtime!(sweep);

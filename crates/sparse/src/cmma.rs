@@ -3,15 +3,70 @@
 //!
 //! Warps are laid out as `k_groups` groups of `warps_per_group`: within a group each warp owns a
 //! strip of 16 (or 32) rows of the tile across all `b` columns; different groups multiply
-//! different blocks of the same stage. Fragments of `x` are row-major `[16 rows, 16 k]` reads of
+//! different blocks of the same stage (`group_blocks` each). Fragments of `x` are row-major `[16 rows, 16 k]` reads of
 //! the staged tile; the weight block `W[n, k]` read column-major is exactly the `B = Wᵀ` operand.
 
 use cubecl::cmma;
 use cubecl::prelude::*;
 use ops::DeviceTensor;
 
-use crate::linear::{load_stage, store_stage, write_tile, Blueprint, FRAG};
+use crate::linear::{load_cols, load_stage, store_stage, write_tile, Blueprint, FRAG};
 use crate::Bsr;
+
+/// Multiplies this warp's blocks of the stage in shared buffer `buf` into its accumulators: group
+/// `g` takes blocks `g * group_blocks ..` of the stage (those past `end` are skipped, uniformly
+/// per warp).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mma_stage<F: Float, N: Size>(
+    x_sh: &[Vector<F, N>],
+    w_sh: &[Vector<F, N>],
+    accs: &mut Sequence<cmma::Matrix<f32>>,
+    a_frags: &mut Sequence<cmma::Matrix<F>>,
+    b_frag: &mut cmma::Matrix<F>,
+    buf: usize,
+    stage_first: usize,
+    end: usize,
+    group: usize,
+    row0: usize,
+    #[comptime] bp: Blueprint,
+) {
+    let frag_rows = comptime![bp.frag_rows()];
+    let frag_cols = comptime![bp.frag_cols()];
+    let xsv = comptime![bp.xsv()];
+    let wsv = comptime![bp.wsv()];
+    let x_stride = comptime![bp.x_stride() as u32];
+    let w_stride = comptime![bp.w_stride() as u32];
+    let kstep_v = comptime![FRAG / bp.vector];
+    let x_len = comptime![bp.buffers() * bp.x_stage()];
+    let w_len = comptime![bp.buffers() * bp.w_stage()];
+    #[unroll]
+    for t in 0..bp.group_blocks {
+        let j = group * comptime![bp.group_blocks] + t;
+        if stage_first + j < end {
+            let x_base = buf * comptime![bp.x_stage()] + (j * comptime![bp.tile_m] + row0) * xsv;
+            let w_base = buf * comptime![bp.w_stage()] + j * comptime![bp.block] * wsv;
+            #[unroll]
+            for kk in 0..comptime![bp.block / FRAG] {
+                #[unroll]
+                for fr in 0..frag_rows {
+                    let off = x_base + fr * comptime![FRAG * bp.xsv()] + kk * kstep_v;
+                    cmma::load(a_frags.index_mut(fr), &x_sh[off..x_len], x_stride);
+                }
+                #[unroll]
+                for fc in 0..frag_cols {
+                    let off = w_base + fc * comptime![FRAG * bp.wsv()] + kk * kstep_v;
+                    cmma::load(b_frag, &w_sh[off..w_len], w_stride);
+                    #[unroll]
+                    for fr in 0..frag_rows {
+                        let acc = accs.index(fr * frag_cols + fc);
+                        cmma::execute(a_frags.index(fr), &*b_frag, acc, acc);
+                    }
+                }
+            }
+        }
+    }
+}
 
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
@@ -36,13 +91,14 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
     let end = items[item * 4 + 2] as usize;
     let slot = items[item * 4 + 3];
 
-    let x_len = comptime![2 * bp.x_stage()];
-    let w_len = comptime![2 * bp.w_stage()];
+    let x_len = comptime![bp.buffers() * bp.x_stage()];
+    let w_len = comptime![bp.buffers() * bp.w_stage()];
     let out_len = comptime![bp.out_len()];
     let mut x_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(x_len, 128usize);
     let mut w_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(w_len, 128usize);
     let mut out_sh = Shared::<[f32]>::new_aligned_slice(out_len, 128usize);
     let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
+    let mut cols = Array::<u32>::new(comptime![bp.loads_per_unit()]);
 
     let frag_rows = comptime![bp.frag_rows()];
     let frag_cols = comptime![bp.frag_cols()];
@@ -85,48 +141,91 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
         )
     };
 
-    let xsv = comptime![bp.xsv()];
-    let wsv = comptime![bp.wsv()];
-    let x_stride = comptime![bp.x_stride() as u32];
-    let w_stride = comptime![bp.w_stride() as u32];
-    let kstep_v = comptime![FRAG / bp.vector];
-    let k_groups = comptime![bp.k_groups];
-
+    let sb = comptime![bp.stage_blocks()];
     let count = end - start;
-    let stages = count.div_ceil(k_groups);
+    let stages = count.div_ceil(sb);
     if stages > 0 {
-        load_stage(x, values, col, &mut regs, start, end, m0, m, k_vectors, bp);
-        store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
-        sync_cube();
-        for s in 0..stages {
-            let buf = s % 2;
-            if s + 1 < stages {
-                let next = start + (s + 1) * k_groups;
-                load_stage(x, values, col, &mut regs, next, end, m0, m, k_vectors, bp);
-            }
-            let x_base =
-                buf * comptime![bp.x_stage()] + (group * comptime![bp.tile_m] + row0) * xsv;
-            let w_base = buf * comptime![bp.w_stage()] + group * comptime![bp.block] * wsv;
-            #[unroll]
-            for kk in 0..comptime![bp.block / FRAG] {
-                #[unroll]
-                for fr in 0..frag_rows {
-                    let off = x_base + fr * comptime![FRAG * bp.xsv()] + kk * kstep_v;
-                    cmma::load(a_frags.index_mut(fr), &x_sh[off..x_len], x_stride);
+        // Columns of stage 0, its data, then the columns of stage 1: from here on the column
+        // indices of a stage are read one stage before its data.
+        load_cols(col, &mut cols, start, end, bp);
+        load_stage(
+            x, values, &cols, &mut regs, start, end, m0, m, k_vectors, bp,
+        );
+        load_cols(col, &mut cols, start + sb, end, bp);
+        if comptime![bp.double_buffer] {
+            store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
+            sync_cube();
+            for s in 0..stages {
+                let first = start + s * sb;
+                if s + 1 < stages {
+                    load_stage(
+                        x,
+                        values,
+                        &cols,
+                        &mut regs,
+                        first + sb,
+                        end,
+                        m0,
+                        m,
+                        k_vectors,
+                        bp,
+                    );
+                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
                 }
-                #[unroll]
-                for fc in 0..frag_cols {
-                    let off = w_base + fc * comptime![FRAG * bp.wsv()] + kk * kstep_v;
-                    cmma::load(&mut b_frag, &w_sh[off..w_len], w_stride);
-                    #[unroll]
-                    for fr in 0..frag_rows {
-                        let acc = accs.index(fr * frag_cols + fc);
-                        cmma::execute(a_frags.index(fr), &b_frag, acc, acc);
-                    }
+                mma_stage(
+                    &x_sh,
+                    &w_sh,
+                    &mut accs,
+                    &mut a_frags,
+                    &mut b_frag,
+                    s % 2,
+                    first,
+                    end,
+                    group,
+                    row0,
+                    bp,
+                );
+                if s + 1 < stages {
+                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
                 }
+                sync_cube();
             }
-            if s + 1 < stages {
-                store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
+        } else {
+            for s in 0..stages {
+                let first = start + s * sb;
+                if s > 0 {
+                    sync_cube();
+                }
+                store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
+                sync_cube();
+                if s + 1 < stages {
+                    load_stage(
+                        x,
+                        values,
+                        &cols,
+                        &mut regs,
+                        first + sb,
+                        end,
+                        m0,
+                        m,
+                        k_vectors,
+                        bp,
+                    );
+                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
+                }
+                mma_stage(
+                    &x_sh,
+                    &w_sh,
+                    &mut accs,
+                    &mut a_frags,
+                    &mut b_frag,
+                    0,
+                    first,
+                    end,
+                    group,
+                    row0,
+                    bp,
+                );
             }
             sync_cube();
         }

@@ -7,7 +7,8 @@
 //!
 //! Staging is software-pipelined: while the cube multiplies the blocks in one shared buffer, each
 //! unit already holds the next stage's global loads in registers, and writes them into the other
-//! buffer afterwards (one barrier per stage). A stage is `k_groups` blocks: with few rows of `x`
+//! buffer afterwards (one barrier per stage). A stage is `k_groups` x `group_blocks` blocks: with
+//! few rows of `x`
 //! (decode, M = 1..16) the warps of a cube work on different blocks of the row at once and their
 //! partial tiles are summed at the end, which keeps enough loads in flight to stream the weights.
 //!
@@ -50,8 +51,11 @@ pub struct Blueprint {
     pub block: usize,
     /// Rows of `x` per cube.
     pub tile_m: usize,
-    /// Blocks of the row processed at once by separate groups of units.
+    /// Groups of warps that multiply different blocks of a stage (their tiles are summed at
+    /// the end).
     pub k_groups: usize,
+    /// Blocks each group multiplies per stage (a stage is `k_groups * group_blocks` blocks).
+    pub group_blocks: usize,
     /// Units per cube.
     pub units: usize,
     /// Vector width of the global and shared loads.
@@ -82,19 +86,23 @@ impl Blueprint {
     pub(crate) fn wsv(&self) -> usize {
         self.w_stride() / self.vector
     }
+    /// Blocks per pipeline stage.
+    pub(crate) fn stage_blocks(&self) -> usize {
+        self.k_groups * self.group_blocks
+    }
     /// Shared vectors of one stage of `x` / of `W`.
     pub(crate) fn x_stage(&self) -> usize {
-        self.k_groups * self.tile_m * self.xsv()
+        self.stage_blocks() * self.tile_m * self.xsv()
     }
     pub(crate) fn w_stage(&self) -> usize {
-        self.k_groups * self.block * self.wsv()
+        self.stage_blocks() * self.block * self.wsv()
     }
     /// Global vectors loaded per stage.
     pub(crate) fn x_loads(&self) -> usize {
-        self.k_groups * self.tile_m * self.bv()
+        self.stage_blocks() * self.tile_m * self.bv()
     }
     pub(crate) fn total_loads(&self) -> usize {
-        self.x_loads() + self.k_groups * self.block * self.bv()
+        self.x_loads() + self.stage_blocks() * self.block * self.bv()
     }
     pub(crate) fn loads_per_unit(&self) -> usize {
         self.total_loads().div_ceil(self.units)
@@ -152,6 +160,8 @@ impl Blueprint {
 pub struct Tuning {
     pub tile_m: Option<usize>,
     pub k_groups: Option<usize>,
+    pub group_blocks: Option<usize>,
+    pub double_buffer: Option<bool>,
 }
 
 /// Whether the tensor-core path applies: f16/bf16 with 16x16x16 fragments accumulating in f32,
@@ -216,15 +226,17 @@ pub fn blueprint<R: Runtime>(
         if let Some(g) = tuning.k_groups {
             k_groups = g;
         }
+        let group_blocks = tuning.group_blocks.unwrap_or(1);
         Blueprint {
             block,
             tile_m,
             k_groups,
+            group_blocks,
             units: 32 * warps_per_group * k_groups,
             vector,
             use_cmma,
             plane: 32,
-            double_buffer: true,
+            double_buffer: tuning.double_buffer.unwrap_or(true),
             has_bias,
         }
     } else {
@@ -232,11 +244,12 @@ pub fn blueprint<R: Runtime>(
             block,
             tile_m,
             k_groups: 1,
+            group_blocks: 1,
             units: 128,
             vector,
             use_cmma,
             plane: 32,
-            double_buffer: true,
+            double_buffer: tuning.double_buffer.unwrap_or(true),
             has_bias,
         };
         // Devices with little shared memory (wgpu commonly guarantees 16-32 KiB): give up the
@@ -252,14 +265,44 @@ pub fn blueprint<R: Runtime>(
     }
 }
 
-/// Loads the global vectors of stage blocks `[first, first + k_groups)` (clipped to `end`) that
-/// this unit is responsible for into registers; out-of-range rows and blocks read as zero.
+/// Reads the block columns of the stage starting at block `first` that this unit's `x` loads
+/// will need (0 where it loads weights or past `end`). Issued one stage ahead of the loads that
+/// use them, so that the column index and the data it points to are not two back-to-back
+/// memory latencies.
+#[cube]
+pub(crate) fn load_cols(
+    col: &[i32],
+    cols: &mut Array<u32>,
+    first: usize,
+    end: usize,
+    #[comptime] bp: Blueprint,
+) {
+    let unit = UNIT_POS as usize;
+    let x_tile = comptime![bp.tile_m * bp.bv()];
+    let x_loads = comptime![bp.x_loads()];
+    #[unroll]
+    for i in 0..bp.loads_per_unit() {
+        let idx = i * comptime![bp.units] + unit;
+        let mut c = 0u32;
+        if idx < x_loads {
+            let blk = first + idx / x_tile;
+            if blk < end {
+                c = col[blk] as u32;
+            }
+        }
+        cols[i] = c;
+    }
+}
+
+/// Loads the global vectors of the stage's blocks `[first, first + stage_blocks)` (clipped to
+/// `end`) that this unit is responsible for into registers, with the block columns `cols` read
+/// by [`load_cols`]; out-of-range rows and blocks read as zero.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn load_stage<F: Float, N: Size>(
     x: &[Vector<F, N>],
     values: &[Vector<F, N>],
-    col: &[i32],
+    cols: &Array<u32>,
     regs: &mut Array<Vector<F, N>>,
     first: usize,
     end: usize,
@@ -285,8 +328,7 @@ pub(crate) fn load_stage<F: Float, N: Size>(
             let cv = rem % bv;
             let blk = first + g;
             if blk < end && m0 + r < m {
-                let c = col[blk] as usize;
-                v = x[(m0 + r) * k_vectors + c * bv + cv];
+                v = x[(m0 + r) * k_vectors + cols[i] as usize * bv + cv];
             }
         } else if idx < total {
             let j = idx - x_loads;
@@ -435,6 +477,7 @@ fn bsr_linear_scalar_kernel<F: Float, N: Size>(
         128usize,
     );
     let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
+    let mut cols = Array::<u32>::new(comptime![bp.loads_per_unit()]);
     let mut acc = Array::<f32>::new(comptime![bp.outputs_per_unit()]);
     #[unroll]
     for i in 0..bp.outputs_per_unit() {
@@ -443,24 +486,18 @@ fn bsr_linear_scalar_kernel<F: Float, N: Size>(
 
     let stages = end - start;
     if stages > 0 {
-        load_stage(x, values, col, &mut regs, start, end, m0, m, k_vectors, bp);
+        load_cols(col, &mut cols, start, end, bp);
+        load_stage(
+            x, values, &cols, &mut regs, start, end, m0, m, k_vectors, bp,
+        );
         if comptime![bp.double_buffer] {
             store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
             sync_cube();
             for s in 0..stages {
+                let next = start + s + 1;
                 if s + 1 < stages {
-                    load_stage(
-                        x,
-                        values,
-                        col,
-                        &mut regs,
-                        start + s + 1,
-                        end,
-                        m0,
-                        m,
-                        k_vectors,
-                        bp,
-                    );
+                    load_cols(col, &mut cols, next, end, bp);
+                    load_stage(x, values, &cols, &mut regs, next, end, m0, m, k_vectors, bp);
                 }
                 dot_stage(&x_sh, &w_sh, &mut acc, s % 2, bp);
                 if s + 1 < stages {
@@ -475,19 +512,10 @@ fn bsr_linear_scalar_kernel<F: Float, N: Size>(
                 }
                 store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
                 sync_cube();
+                let next = start + s + 1;
                 if s + 1 < stages {
-                    load_stage(
-                        x,
-                        values,
-                        col,
-                        &mut regs,
-                        start + s + 1,
-                        end,
-                        m0,
-                        m,
-                        k_vectors,
-                        bp,
-                    );
+                    load_cols(col, &mut cols, next, end, bp);
+                    load_stage(x, values, &cols, &mut regs, next, end, m0, m, k_vectors, bp);
                 }
                 dot_stage(&x_sh, &w_sh, &mut acc, 0, bp);
             }
@@ -724,11 +752,13 @@ fn validate_blueprint<R: Runtime>(
     let ok_tile = [16, 32, 64, 128, 256].contains(&bp.tile_m);
     let ok_shape = if bp.use_cmma {
         bp.k_groups.is_power_of_two()
+            && (1..=8).contains(&bp.group_blocks)
             && bp.units.is_multiple_of(bp.plane * bp.k_groups)
             && bp.warps_per_group() > 0
             && bp.tile_m.is_multiple_of(bp.warps_per_group() * FRAG)
     } else {
         bp.k_groups == 1
+            && bp.group_blocks == 1
             && bp.units.is_multiple_of(bp.block)
             && (bp.tile_m * bp.block).is_multiple_of(bp.units)
     };
