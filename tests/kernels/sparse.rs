@@ -166,34 +166,34 @@ fn large_m_case<R: Runtime>(client: &ComputeClient<R>) {
 fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(73);
     // (block, tile_m, k_groups, group_blocks, double_buffer)
-    let shapes: Vec<(usize, usize, Option<usize>, Option<usize>, bool)> =
-        if sparse::linear::uses_tensor_cores(client, DType::F16) {
-            vec![
-                (32, 16, Some(1), None, true),
-                (32, 16, Some(4), Some(2), true),
-                (32, 16, Some(8), Some(4), false),
-                (32, 32, Some(1), Some(3), true),
-                (32, 32, Some(2), None, false),
-                (32, 32, Some(4), None, true),
-                (32, 64, Some(1), Some(4), false),
-                (32, 64, Some(2), Some(2), true),
-                (32, 128, Some(1), Some(2), true),
-                (32, 128, Some(2), None, false),
-                (16, 16, Some(8), Some(2), true),
-                (16, 128, Some(1), Some(4), false),
-                (64, 16, Some(2), None, true),
-                (64, 64, Some(1), Some(2), false),
-                (64, 128, Some(1), None, true),
-            ]
-        } else {
-            vec![
-                (32, 16, None, None, true),
-                (32, 32, None, None, false),
-                (32, 64, None, None, false),
-                (16, 64, None, None, true),
-                (64, 16, None, None, false),
-            ]
-        };
+    type Shape = (usize, usize, Option<usize>, Option<usize>, bool);
+    let shapes: Vec<Shape> = if sparse::linear::uses_tensor_cores(client, DType::F16) {
+        vec![
+            (32, 16, Some(1), None, true),
+            (32, 16, Some(4), Some(2), true),
+            (32, 16, Some(8), Some(4), false),
+            (32, 32, Some(1), Some(3), true),
+            (32, 32, Some(2), None, false),
+            (32, 32, Some(4), None, true),
+            (32, 64, Some(1), Some(4), false),
+            (32, 64, Some(2), Some(2), true),
+            (32, 128, Some(1), Some(2), true),
+            (32, 128, Some(2), None, false),
+            (16, 16, Some(8), Some(2), true),
+            (16, 128, Some(1), Some(4), false),
+            (64, 16, Some(2), None, true),
+            (64, 64, Some(1), Some(2), false),
+            (64, 128, Some(1), None, true),
+        ]
+    } else {
+        vec![
+            (32, 16, None, None, true),
+            (32, 32, None, None, false),
+            (32, 64, None, None, false),
+            (16, 64, None, None, true),
+            (64, 16, None, None, false),
+        ]
+    };
     let dtypes: Vec<DType> = float_dtypes(client)
         .into_iter()
         .filter(|&d| d != DType::F32 || !sparse::linear::uses_tensor_cores(client, DType::F16))
