@@ -177,6 +177,7 @@ fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
             (32, 32, Some(4), None, true),
             (32, 64, Some(1), Some(4), false),
             (32, 64, Some(2), Some(2), true),
+            (32, 64, Some(2), None, true),
             (32, 128, Some(1), Some(2), true),
             (32, 128, Some(2), None, false),
             (16, 16, Some(8), Some(2), true),
