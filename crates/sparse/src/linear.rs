@@ -6,11 +6,13 @@
 //! in f32. Absent blocks cost nothing; an empty block-row writes the bias (or zeros).
 //!
 //! Staging is software-pipelined: while the cube multiplies the blocks in one shared buffer, each
-//! unit already holds the next stage's global loads in registers, and writes them into the other
-//! buffer afterwards (one barrier per stage). A stage is `k_groups` x `group_blocks` blocks: with
-//! few rows of `x`
-//! (decode, M = 1..16) the warps of a cube work on different blocks of the row at once and their
-//! partial tiles are summed at the end, which keeps enough loads in flight to stream the weights.
+//! unit already holds the next stage's global loads in registers (their block columns were read
+//! one stage earlier still), and writes them into the other buffer afterwards: one barrier per
+//! stage (a single-buffer variant, two barriers per stage, exists for small shared memories). A
+//! stage is `k_groups` x `group_blocks` blocks: with few rows of `x` (decode, M = 1..16) the warps
+//! of a cube work on different blocks of the row at once and their partial tiles are summed at the
+//! end, which keeps enough loads in flight to stream the weights. Launch-shape defaults come from
+//! a sweep on the H100 (see `crates/sparse/BENCHMARKS.md`).
 //!
 //! Two inner products, picked at compile time:
 //! - tensor cores (CubeCL `cmma`, 16x16x16 fragments, f32 accumulators) for f16/bf16 where the
