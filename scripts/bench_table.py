@@ -7,7 +7,9 @@ import argparse
 import json
 
 
-def load(path):
+def load(path, impl=None):
+    """Records keyed by (family, case, dtype); only those of `impl` when given (the sparse
+    family has two PyTorch peers: "torch" on the dense weight and "torch_bsr")."""
     out = {}
     with open(path) as f:
         for line in f:
@@ -15,7 +17,8 @@ def load(path):
             if not line.startswith("{"):
                 continue
             r = json.loads(line)
-            out[(r["family"], r["case"], r["dtype"])] = r
+            if impl is None or r.get("impl") == impl:
+                out[(r["family"], r["case"], r["dtype"])] = r
     return out
 
 
@@ -25,16 +28,21 @@ def main():
     ap.add_argument("peer")
     ap.add_argument("--peak-gbps", type=float, default=2980.0)
     args = ap.parse_args()
-    ours, peer = load(args.ours), load(args.peer)
-    print("| family | case | dtype | ours µs | ours GB/s | % of copy bw | ours TFLOP/s | torch µs | speed-up vs torch |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    ours, peer, bsr = load(args.ours), load(args.peer, "torch"), load(args.peer, "torch_bsr")
+    print("| family | case | dtype | ours µs | ours GB/s | % of copy bw | ours TFLOP/s | torch µs | speed-up vs torch |"
+          + (" torch BSR µs | speed-up vs torch BSR |" if bsr else ""))
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if bsr else ""))
     for key, r in ours.items():
         p = peer.get(key)
         pus = f"{p['us']:.2f}" if p else "-"
         ratio = f"{p['us'] / r['us']:.2f}x" if p else "-"
         tf = f"{r['tflops']:.1f}" if r.get("flops") else "-"
         pct = f"{100 * r['gbps'] / args.peak_gbps:.0f}%" if r.get("bytes") else "-"
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {r['us']:.2f} | {r['gbps']:.0f} | {pct} | {tf} | {pus} | {ratio} |")
+        row = f"| {key[0]} | {key[1]} | {key[2]} | {r['us']:.2f} | {r['gbps']:.0f} | {pct} | {tf} | {pus} | {ratio} |"
+        if bsr:
+            b = bsr.get(key)
+            row += f" {b['us']:.2f} | {b['us'] / r['us']:.2f}x |" if b else " - | - |"
+        print(row)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,35 @@ def norm_cases():
                    lambda x=x, r=r, w=w, n=n: F.rms_norm(x + r, (n,), w, 1e-6))
 
 
+def sparse_cases():
+    # Same grid and names as cubellm::bench::sparse: a random block mask with the exact count of
+    # blocks, dense F.linear on the masked weight (cuBLAS) and F.linear on its BSR form.
+    dt, b = torch.float16, 32
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for n, k in [(1024, 1024), (4096, 4096)]:
+        w = torch.randn(n, k, device="cuda", dtype=dt, generator=gen)
+        xs = {m: torch.randn(m, k, device="cuda", dtype=dt, generator=gen) for m in [16, 256, 4096]}
+        for sp in [50, 70, 90]:
+            nb = (n // b) * (k // b)
+            keep = round((1 - sp / 100) * nb)
+            mask = torch.zeros(nb, dtype=torch.bool, device="cuda")
+            mask[torch.randperm(nb, device="cuda", generator=gen)[:keep]] = True
+            mask = mask.view(n // b, k // b).repeat_interleave(b, 0).repeat_interleave(b, 1)
+            ws = w * mask
+            wb = ws.to_sparse_bsr((b, b))
+            for m, x in xs.items():
+                name = f"bsr_linear {n}x{k} s{sp} m{m}"
+                nbytes = 2 * (m * k + keep * b * b + m * n)
+                flops = 2 * m * keep * b * b
+                yield (name, "f16", nbytes, lambda x=x, w=ws: F.linear(x, w), flops, "torch")
+                try:
+                    F.linear(x, wb)
+                except Exception as e:  # report and go on: a missing BSR kernel is a result too
+                    print(f"# torch_bsr {name}: {type(e).__name__}: {e}", flush=True)
+                    continue
+                yield (name, "f16", nbytes, lambda x=x, w=wb: F.linear(x, w), flops, "torch_bsr")
+
+
 def rotate_half(x):
     d = x.shape[-1] // 2
     return torch.cat((-x[..., d:], x[..., :d]), dim=-1)
@@ -145,7 +174,8 @@ def attention_cases():
                    4.0 * hq * lk * d)
 
 
-FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases, "attention": attention_cases}
+FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases, "attention": attention_cases,
+            "sparse": sparse_cases}
 
 
 def main():
@@ -158,10 +188,11 @@ def main():
         for item in FAMILIES[fam]():
             name, dname, nbytes, fn = item[:4]
             flops = item[4] if len(item) > 4 else 0
+            impl = item[5] if len(item) > 5 else "torch"
             if args.filter not in name:
                 continue
             s = time_launches(fn)
-            print(json.dumps({"impl": "torch", "family": fam, "case": name, "dtype": dname,
+            print(json.dumps({"impl": impl, "family": fam, "case": name, "dtype": dname,
                               "runtime": "cuda", "us": round(s * 1e6, 3), "bytes": nbytes,
                               "flops": flops, "gbps": round(nbytes / s / 1e9, 1),
                               "tflops": round(flops / s / 1e12, 2)}), flush=True)

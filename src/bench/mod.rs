@@ -139,7 +139,7 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention"];
+pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention", "sparse"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
@@ -148,6 +148,7 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "core" => core::cases(client),
         "matmul" => matmul::cases(client),
         "attention" => attention::cases(client),
+        "sparse" => sparse::cases(client),
         _ => Vec::new(),
     }
 }
@@ -156,3 +157,4 @@ pub mod attention;
 pub mod core;
 pub mod matmul;
 pub mod norm;
+pub mod sparse;

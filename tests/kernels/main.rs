@@ -12,6 +12,7 @@ mod norm;
 mod qkv;
 mod rope;
 mod softmax;
+mod sparse;
 
 #[cfg(feature = "wgpu")]
 mod burn;

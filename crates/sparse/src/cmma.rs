@@ -1,0 +1,291 @@
+//! The tensor-core variant of the BSR matmul (CubeCL `cmma`, 16x16x16 fragments, f32
+//! accumulators), used for f16/bf16 where the runtime reports that shape (CUDA).
+//!
+//! Warps are laid out as `k_groups` groups of `warps_per_group`: within a group each warp owns a
+//! strip of 16 (or 32) rows of the tile across all `b` columns; different groups multiply
+//! different blocks of the same stage (`group_blocks` each). Fragments of `x` are row-major `[16 rows, 16 k]` reads of
+//! the staged tile; the weight block `W[n, k]` read column-major is exactly the `B = Wᵀ` operand.
+
+use cubecl::cmma;
+use cubecl::prelude::*;
+use ops::DeviceTensor;
+
+use crate::linear::{load_cols, load_stage, store_stage, write_tile, Blueprint, FRAG};
+use crate::Bsr;
+
+/// Multiplies this warp's blocks of the stage in shared buffer `buf` into its accumulators: group
+/// `g` takes blocks `g * group_blocks ..` of the stage (those past `end` are skipped, uniformly
+/// per warp).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mma_stage<F: Float, N: Size>(
+    x_sh: &[Vector<F, N>],
+    w_sh: &[Vector<F, N>],
+    accs: &mut Sequence<cmma::Matrix<f32>>,
+    a_frags: &mut Sequence<cmma::Matrix<F>>,
+    b_frag: &mut cmma::Matrix<F>,
+    buf: usize,
+    stage_first: usize,
+    end: usize,
+    group: usize,
+    row0: usize,
+    #[comptime] bp: Blueprint,
+) {
+    let frag_rows = comptime![bp.frag_rows()];
+    let frag_cols = comptime![bp.frag_cols()];
+    let xsv = comptime![bp.xsv()];
+    let wsv = comptime![bp.wsv()];
+    let x_stride = comptime![bp.x_stride() as u32];
+    let w_stride = comptime![bp.w_stride() as u32];
+    let kstep_v = comptime![FRAG / bp.vector];
+    let x_len = comptime![bp.buffers() * bp.x_stage()];
+    let w_len = comptime![bp.buffers() * bp.w_stage()];
+    #[unroll]
+    for t in 0..bp.group_blocks {
+        let j = group * comptime![bp.group_blocks] + t;
+        if stage_first + j < end {
+            let x_base = buf * comptime![bp.x_stage()] + (j * comptime![bp.tile_m] + row0) * xsv;
+            let w_base = buf * comptime![bp.w_stage()] + j * comptime![bp.block] * wsv;
+            #[unroll]
+            for kk in 0..comptime![bp.block / FRAG] {
+                #[unroll]
+                for fr in 0..frag_rows {
+                    let off = x_base + fr * comptime![FRAG * bp.xsv()] + kk * kstep_v;
+                    cmma::load(a_frags.index_mut(fr), &x_sh[off..x_len], x_stride);
+                }
+                #[unroll]
+                for fc in 0..frag_cols {
+                    let off = w_base + fc * comptime![FRAG * bp.wsv()] + kk * kstep_v;
+                    cmma::load(b_frag, &w_sh[off..w_len], w_stride);
+                    #[unroll]
+                    for fr in 0..frag_rows {
+                        let acc = accs.index(fr * frag_cols + fc);
+                        cmma::execute(a_frags.index(fr), &*b_frag, acc, acc);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn bsr_linear_cmma_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    values: &[Vector<F, N>],
+    col: &[i32],
+    items: &[i32],
+    bias: &[F],
+    y: &mut [F],
+    partial: &mut [f32],
+    m: usize,
+    k_vectors: usize,
+    n_out: usize,
+    #[comptime] bp: Blueprint,
+    #[define(F)] _dtype: ElemType,
+) {
+    let item = CUBE_POS_X as usize;
+    let m0 = CUBE_POS_Y as usize * comptime![bp.tile_m];
+    let brow = items[item * 4] as usize;
+    let start = items[item * 4 + 1] as usize;
+    let end = items[item * 4 + 2] as usize;
+    let slot = items[item * 4 + 3];
+
+    let x_len = comptime![bp.buffers() * bp.x_stage()];
+    let w_len = comptime![bp.buffers() * bp.w_stage()];
+    let out_len = comptime![bp.out_len()];
+    let mut x_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(x_len, 128usize);
+    let mut w_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(w_len, 128usize);
+    let mut out_sh = Shared::<[f32]>::new_aligned_slice(out_len, 128usize);
+    let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
+    let mut cols = Array::<u32>::new(comptime![bp.loads_per_unit()]);
+
+    let frag_rows = comptime![bp.frag_rows()];
+    let frag_cols = comptime![bp.frag_cols()];
+    let warp = UNIT_POS as usize / comptime![bp.plane];
+    let group = warp / comptime![bp.warps_per_group()];
+    let row0 = (warp % comptime![bp.warps_per_group()]) * comptime![bp.frag_rows() * FRAG];
+
+    let mut accs = Sequence::<cmma::Matrix<f32>>::new();
+    #[unroll]
+    for _ in 0..comptime![bp.frag_rows() * bp.frag_cols()] {
+        accs.push(cmma::Matrix::<f32>::from_value(
+            cmma::MatrixIdent::Accumulator,
+            FRAG,
+            FRAG,
+            FRAG,
+            cmma::MatrixLayout::Undefined,
+            0f32,
+        ));
+    }
+    let mut a_frags = Sequence::<cmma::Matrix<F>>::new();
+    #[unroll]
+    for _ in 0..comptime![bp.frag_rows()] {
+        a_frags.push(unsafe {
+            cmma::Matrix::<F>::uninitialized(
+                cmma::MatrixIdent::A,
+                FRAG,
+                FRAG,
+                FRAG,
+                cmma::MatrixLayout::RowMajor,
+            )
+        });
+    }
+    let mut b_frag = unsafe {
+        cmma::Matrix::<F>::uninitialized(
+            cmma::MatrixIdent::B,
+            FRAG,
+            FRAG,
+            FRAG,
+            cmma::MatrixLayout::ColMajor,
+        )
+    };
+
+    let sb = comptime![bp.stage_blocks()];
+    let count = end - start;
+    let stages = count.div_ceil(sb);
+    if stages > 0 {
+        // Columns of stage 0, its data, then the columns of stage 1: from here on the column
+        // indices of a stage are read one stage before its data.
+        load_cols(col, &mut cols, start, end, bp);
+        load_stage(
+            x, values, &cols, &mut regs, start, end, m0, m, k_vectors, bp,
+        );
+        load_cols(col, &mut cols, start + sb, end, bp);
+        if comptime![bp.double_buffer] {
+            store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
+            sync_cube();
+            for s in 0..stages {
+                let first = start + s * sb;
+                if s + 1 < stages {
+                    load_stage(
+                        x,
+                        values,
+                        &cols,
+                        &mut regs,
+                        first + sb,
+                        end,
+                        m0,
+                        m,
+                        k_vectors,
+                        bp,
+                    );
+                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
+                }
+                mma_stage(
+                    &x_sh,
+                    &w_sh,
+                    &mut accs,
+                    &mut a_frags,
+                    &mut b_frag,
+                    s % 2,
+                    first,
+                    end,
+                    group,
+                    row0,
+                    bp,
+                );
+                if s + 1 < stages {
+                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
+                }
+                sync_cube();
+            }
+        } else {
+            for s in 0..stages {
+                let first = start + s * sb;
+                if s > 0 {
+                    sync_cube();
+                }
+                store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
+                sync_cube();
+                if s + 1 < stages {
+                    load_stage(
+                        x,
+                        values,
+                        &cols,
+                        &mut regs,
+                        first + sb,
+                        end,
+                        m0,
+                        m,
+                        k_vectors,
+                        bp,
+                    );
+                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
+                }
+                mma_stage(
+                    &x_sh,
+                    &w_sh,
+                    &mut accs,
+                    &mut a_frags,
+                    &mut b_frag,
+                    0,
+                    first,
+                    end,
+                    group,
+                    row0,
+                    bp,
+                );
+            }
+            sync_cube();
+        }
+    }
+
+    let os = comptime![bp.out_stride()];
+    #[unroll]
+    for fr in 0..frag_rows {
+        #[unroll]
+        for fc in 0..frag_cols {
+            let off = (group * comptime![bp.tile_m] + row0 + fr * FRAG) * os + fc * FRAG;
+            cmma::store(
+                &mut out_sh[off..out_len],
+                accs.index(fr * frag_cols + fc),
+                os as u32,
+                cmma::MatrixLayout::RowMajor,
+            );
+        }
+    }
+    sync_cube();
+    write_tile(&out_sh, bias, y, partial, brow, slot, m0, m, n_out, bp);
+}
+
+/// Launches [`bsr_linear_cmma_kernel`] with the validated arguments of
+/// [`crate::bsr_linear_into`].
+///
+/// # Safety
+/// The caller validated shapes, dtypes and the blueprint against the matrix.
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    count: CubeCount,
+    bp: &Blueprint,
+    x: &DeviceTensor<R>,
+    w: &Bsr<R>,
+    bias: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    partial: &DeviceTensor<R>,
+    m: usize,
+    k_vectors: usize,
+    n: usize,
+) {
+    unsafe {
+        bsr_linear_cmma_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            CubeDim::new_1d(bp.units as u32),
+            bp.vector,
+            x.as_buffer_arg(),
+            w.values().as_buffer_arg(),
+            w.col_indices().as_buffer_arg(),
+            w.plan.items.as_buffer_arg(),
+            bias.as_buffer_arg(),
+            out.as_buffer_arg(),
+            partial.as_buffer_arg(),
+            m,
+            k_vectors,
+            n,
+            *bp,
+            x.dtype().elem_type(),
+        );
+    }
+}
