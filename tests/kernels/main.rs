@@ -4,6 +4,7 @@
 mod harness;
 
 mod norm;
+mod quant;
 
 #[cfg(feature = "wgpu")]
 mod burn;
