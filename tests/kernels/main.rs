@@ -10,6 +10,7 @@ mod embedding;
 mod matmul;
 mod norm;
 mod qkv;
+mod quant;
 mod rope;
 mod softmax;
 mod sparse;

@@ -1,1 +1,18 @@
-//! placeholder
+//! Quantized inference kernels: per-row int8 / fp8 (e4m3) activation quantization, W8A8 and
+//! FP8 GEMMs with integer / fp8 tensor cores where CubeCL exposes them, W4A16 GEMM/GEMV with int4
+//! weights packed 8 per i32, and the quantized linear layers built on them.
+//!
+//! Semantics are DESIGN §5's (symmetric, `s = max|r| / Qmax`, per-token activation scales,
+//! per-output-channel weight scales, group-wise int4 as an option); the exact rules live in
+//! [`format`] and are shared by the host encoders, the kernels ([`codec`]) and the references.
+//! Every public op validates its inputs and returns [`ops::OpsError`] before launching.
+
+pub mod codec;
+pub mod format;
+pub mod host;
+pub mod layout;
+pub mod reference;
+pub mod rowquant;
+
+pub use format::QuantFormat;
+pub use rowquant::{quantize_per_row, quantize_per_row_into};

@@ -1,0 +1,59 @@
+//! Device-side encoders and decoders of the 8-bit and 4-bit codes, written with integer and f32
+//! operations only so that every runtime computes the same bits: WGSL has no 8-bit types (8-bit
+//! data travels as u32/i32 words, four codes per word, lowest byte first), and CUDA's native fp8
+//! conversion would be a second rounding implementation to keep in step with the host's. These
+//! mirror [`crate::format`] exactly; the tests compare them bit for bit.
+
+use cubecl::prelude::*;
+
+/// Round half to even, as `f32::round_ties_even` (|v| < 2^22).
+#[cube]
+pub fn round_half_even(v: f32) -> f32 {
+    let f = f32::floor(v);
+    let d = v - f;
+    let odd = (i32::cast_from(f) & 1) == 1;
+    let up = d > 0.5 || (d == 0.5 && odd);
+    select(up, f + 1.0, f)
+}
+
+/// int8 code (as the low byte of a u32) of the quotient `v = x / s`.
+#[cube]
+pub fn encode_int8(v: f32) -> u32 {
+    let r = f32::clamp(round_half_even(v), -127.0, 127.0);
+    u32::reinterpret(i32::cast_from(r)) & 0xFF
+}
+
+/// fp8 e4m3 code (as the low byte of a u32) of `v`: saturate at ±448, round to nearest even.
+#[cube]
+pub fn encode_e4m3(v: f32) -> u32 {
+    let a = f32::min(f32::abs(v), 448.0);
+    let sign = select(v < 0.0, 0x80u32, 0u32);
+    let bits = u32::reinterpret(a);
+    let normal = ((bits + 0x7FFFFu32 + ((bits >> 20) & 1u32)) >> 20) - 960u32;
+    let sub = u32::cast_from(round_half_even(a * 512.0));
+    select(a < 0.015625, sub, normal) | sign
+}
+
+/// Decodes the e4m3 code in the low byte of `c` (the NaN codes are never produced and decode to
+/// ±480).
+#[cube]
+pub fn decode_e4m3(c: u32) -> f32 {
+    let e = (c >> 3) & 0xFu32;
+    let m = c & 7u32;
+    let normal = f32::reinterpret(((e + 120u32) << 23) | (m << 20));
+    let sub = f32::cast_from(m) * 0.001953125;
+    let mag = select(e == 0u32, sub, normal);
+    select((c & 0x80u32) != 0u32, -mag, mag)
+}
+
+/// Byte `j` (0..4) of `w`, sign-extended.
+#[cube]
+pub fn sext_byte(w: i32, #[comptime] j: u32) -> i32 {
+    (w << comptime![(24 - 8 * j) as i32]) >> 24i32
+}
+
+/// Nibble `j` (0..8) of `w`, sign-extended.
+#[cube]
+pub fn sext_nibble(w: i32, j: i32) -> i32 {
+    (w << (28i32 - 4i32 * j)) >> 28i32
+}

@@ -1,0 +1,304 @@
+//! Host-side weight quantization and int4 packing.
+//!
+//! Weights arrive as float `[N, K]` (PyTorch's `Linear` layout: output channels by input
+//! features) and are quantized per output channel (one scale per row of `w`), or for int4
+//! optionally per group of `g` consecutive input features. This runs once at load, so it is
+//! written for clarity, in f32 with the same rules as the activation kernels (see
+//! [`crate::format`]).
+
+use cubecl::prelude::*;
+use ops::{DType, DeviceTensor, OpsError, Result};
+
+use crate::format::{int4_encode, row_pitch, scale_for, QuantFormat, INT4_QMAX};
+
+/// An 8-bit matrix `[rows, cols]` on the host whose rows are padded to [`row_pitch`] bytes
+/// (zeros in the padding): the layout every 8-bit GEMM of this crate reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ByteMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub pitch: usize,
+    pub bytes: Vec<u8>,
+}
+
+impl ByteMatrix {
+    pub fn zeros(rows: usize, cols: usize) -> Self {
+        let pitch = row_pitch(cols);
+        Self {
+            rows,
+            cols,
+            pitch,
+            bytes: vec![0; rows * pitch],
+        }
+    }
+
+    /// Packs a dense row-major `[rows, cols]` byte matrix into the padded layout.
+    pub fn from_dense(rows: usize, cols: usize, dense: &[u8]) -> Result<Self> {
+        if dense.len() != rows * cols {
+            return Err(OpsError::shape(
+                "ByteMatrix::from_dense",
+                format!("{} bytes for [{rows}, {cols}]", dense.len()),
+            ));
+        }
+        let mut m = Self::zeros(rows, cols);
+        for r in 0..rows {
+            m.bytes[r * m.pitch..r * m.pitch + cols].copy_from_slice(&dense[r * cols..][..cols]);
+        }
+        Ok(m)
+    }
+
+    pub fn get(&self, r: usize, c: usize) -> u8 {
+        self.bytes[r * self.pitch + c]
+    }
+
+    /// The logical `[rows, cols]` bytes without padding.
+    pub fn dense(&self) -> Vec<u8> {
+        (0..self.rows)
+            .flat_map(|r| self.bytes[r * self.pitch..][..self.cols].iter().copied())
+            .collect()
+    }
+
+    /// Uploads as a `[rows, cols]` tensor of `dtype` (i8 or f8e4m3) with strides `[pitch, 1]`.
+    pub fn upload<R: Runtime>(&self, client: &ComputeClient<R>, dtype: DType) -> DeviceTensor<R> {
+        let bytes = if self.bytes.is_empty() {
+            vec![0u8; 16]
+        } else {
+            self.bytes.clone()
+        };
+        let handle = client.create_from_slice(&bytes);
+        DeviceTensor::from_parts(handle, &[self.rows, self.cols], &[self.pitch, 1], dtype)
+    }
+}
+
+/// A weight quantized to 8 bits per output channel: `w[n, k] ≈ decode(q[n, k]) * scales[n]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QuantizedWeight8 {
+    pub format: QuantFormat,
+    /// `[N, K]`, rows padded to 16 bytes.
+    pub q: ByteMatrix,
+    /// `[N]`.
+    pub scales: Vec<f32>,
+}
+
+impl QuantizedWeight8 {
+    /// The dequantized weight `[N, K]` in f64 (what the quantized GEMMs multiply by).
+    pub fn dequantize(&self) -> Vec<f64> {
+        let (n, k) = (self.q.rows, self.q.cols);
+        let mut out = Vec::with_capacity(n * k);
+        for r in 0..n {
+            for c in 0..k {
+                out.push(self.format.decode(self.q.get(r, c)) * self.scales[r] as f64);
+            }
+        }
+        out
+    }
+}
+
+fn check_weight(op: &'static str, w: &[f32], n: usize, k: usize) -> Result<()> {
+    if n == 0 || k == 0 || w.len() != n * k {
+        return Err(OpsError::shape(
+            op,
+            format!("{} values for a [{n}, {k}] weight", w.len()),
+        ));
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(OpsError::invalid(
+            op,
+            format!("weight element {i} is {} (weights must be finite)", w[i]),
+        ));
+    }
+    Ok(())
+}
+
+fn amax(values: impl Iterator<Item = f32>) -> f32 {
+    values.fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// Quantizes a float weight `[N, K]` to int8 or fp8 e4m3, one scale per output channel (row).
+pub fn quantize_weight_8bit(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    format: QuantFormat,
+) -> Result<QuantizedWeight8> {
+    check_weight("quantize_weight_8bit", w, n, k)?;
+    let mut q = ByteMatrix::zeros(n, k);
+    let mut scales = Vec::with_capacity(n);
+    for r in 0..n {
+        let row = &w[r * k..(r + 1) * k];
+        let s = scale_for(amax(row.iter().copied()), format.qmax());
+        for (c, &v) in row.iter().enumerate() {
+            q.bytes[r * q.pitch + c] = format.encode(v / s);
+        }
+        scales.push(s);
+    }
+    Ok(QuantizedWeight8 { format, q, scales })
+}
+
+/// A weight quantized to int4 and packed for [`crate::w4a16`]: `packed[K/8, N]` holds in each
+/// i32 the 8 signed nibbles of one column `n` at `k = 8*kw .. 8*kw + 8`, low nibble first;
+/// `scales` is `[N]` (per channel) or `[K/g, N]` (group-wise along K).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Int4Weight {
+    pub k: usize,
+    pub n: usize,
+    pub group_size: Option<usize>,
+    pub packed: Vec<i32>,
+    pub scales: Vec<f32>,
+}
+
+impl Int4Weight {
+    /// The scale of `(k, n)`.
+    pub fn scale(&self, k: usize, n: usize) -> f32 {
+        match self.group_size {
+            None => self.scales[n],
+            Some(g) => self.scales[(k / g) * self.n + n],
+        }
+    }
+
+    /// The dequantized weight as `[N, K]` f64 (PyTorch's layout, to compare with the input).
+    pub fn dequantize(&self) -> Vec<f64> {
+        let q = unpack_int4(&self.packed, self.k, self.n).expect("consistent by construction");
+        let mut out = vec![0.0; self.n * self.k];
+        for kk in 0..self.k {
+            for nn in 0..self.n {
+                out[nn * self.k + kk] = q[kk * self.n + nn] as f64 * self.scale(kk, nn) as f64;
+            }
+        }
+        out
+    }
+
+    /// Bytes on the device (packed weights + f32 scales).
+    pub fn bytes(&self) -> usize {
+        4 * (self.packed.len() + self.scales.len())
+    }
+}
+
+/// Checks the int4 shape rules: K a multiple of 8 (8 nibbles per i32) and of the group size,
+/// and a group size that is a positive multiple of 8.
+pub fn check_int4_shape(
+    op: &'static str,
+    k: usize,
+    n: usize,
+    group_size: Option<usize>,
+) -> Result<()> {
+    if k == 0 || n == 0 {
+        return Err(OpsError::shape(
+            op,
+            format!("empty int4 weight K={k}, N={n}"),
+        ));
+    }
+    if k % 8 != 0 {
+        return Err(OpsError::shape(
+            op,
+            format!("K={k} is not a multiple of 8: int4 packs 8 values of K per i32"),
+        ));
+    }
+    if let Some(g) = group_size {
+        if g == 0 || g % 8 != 0 {
+            return Err(OpsError::invalid(
+                op,
+                format!("group size {g} must be a positive multiple of 8 (64 or 128 are usual)"),
+            ));
+        }
+        if k % g != 0 {
+            return Err(OpsError::shape(
+                op,
+                format!("K={k} is not a multiple of the group size {g}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes a float weight `[N, K]` to int4 (symmetric, `s = amax / 7`, codes clamped to
+/// -8..=7) per output channel (`group_size = None`) or per group of `g` along K, and packs it.
+pub fn quantize_weight_int4(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    group_size: Option<usize>,
+) -> Result<Int4Weight> {
+    const OP: &str = "quantize_weight_int4";
+    check_weight(OP, w, n, k)?;
+    check_int4_shape(OP, k, n, group_size)?;
+    let g = group_size.unwrap_or(k);
+    let groups = k / g;
+    let mut scales = vec![0f32; groups * n];
+    let mut q = vec![0i8; k * n];
+    for nn in 0..n {
+        let row = &w[nn * k..(nn + 1) * k];
+        for gi in 0..groups {
+            let part = &row[gi * g..(gi + 1) * g];
+            let s = scale_for(amax(part.iter().copied()), INT4_QMAX);
+            scales[gi * n + nn] = s;
+            for (j, &v) in part.iter().enumerate() {
+                q[(gi * g + j) * n + nn] = int4_encode(v / s);
+            }
+        }
+    }
+    Ok(Int4Weight {
+        k,
+        n,
+        group_size,
+        packed: pack_int4(&q, k, n)?,
+        scales,
+    })
+}
+
+/// Packs int4 codes `q[K, N]` (row-major, values in -8..=7) into `[K/8, N]` i32 words: word
+/// `(kw, n)` holds `q[8kw + j, n]` in bits `4j..4j+4` (low nibble first, two's complement).
+pub fn pack_int4(q: &[i8], k: usize, n: usize) -> Result<Vec<i32>> {
+    const OP: &str = "pack_int4";
+    check_int4_shape(OP, k, n, None)?;
+    if q.len() != k * n {
+        return Err(OpsError::shape(
+            OP,
+            format!("{} codes for [{k}, {n}]", q.len()),
+        ));
+    }
+    if let Some(i) = q.iter().position(|v| !(-8..=7).contains(v)) {
+        return Err(OpsError::invalid(
+            OP,
+            format!("code {i} is {} (int4 codes are -8..=7)", q[i]),
+        ));
+    }
+    let mut out = vec![0i32; k / 8 * n];
+    for kw in 0..k / 8 {
+        for nn in 0..n {
+            let mut word = 0u32;
+            for j in 0..8 {
+                word |= ((q[(8 * kw + j) * n + nn] as u32) & 0xF) << (4 * j);
+            }
+            out[kw * n + nn] = word as i32;
+        }
+    }
+    Ok(out)
+}
+
+/// Unpacks `[K/8, N]` words into codes `q[K, N]`, sign-extending each nibble (`(w << (28 - 4j))
+/// >> 28` with an arithmetic shift; `(w >> 4j) & 0xF` would be unsigned and wrong).
+pub fn unpack_int4(packed: &[i32], k: usize, n: usize) -> Result<Vec<i8>> {
+    const OP: &str = "unpack_int4";
+    check_int4_shape(OP, k, n, None)?;
+    if packed.len() != k / 8 * n {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "{} words for K={k}, N={n} (needs {})",
+                packed.len(),
+                k / 8 * n
+            ),
+        ));
+    }
+    let mut q = vec![0i8; k * n];
+    for kw in 0..k / 8 {
+        for nn in 0..n {
+            let w = packed[kw * n + nn];
+            for j in 0..8 {
+                q[(8 * kw + j) * n + nn] = (w.wrapping_shl(28 - 4 * j as u32) >> 28) as i8;
+            }
+        }
+    }
+    Ok(q)
+}

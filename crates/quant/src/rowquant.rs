@@ -1,0 +1,234 @@
+//! Per-row (per-token) quantization of activations: `x[M, K] -> (q[M, K], scale[M])` with
+//! `scale = max(max|row| / Qmax, SCALE_FLOOR)` and `q = encode(x / scale)` (see
+//! [`crate::format`]).
+//!
+//! One cube per row: a cube-wide max (plane ops where the runtime has them, a shared-memory tree
+//! otherwise), then each unit encodes four consecutive elements into one u32 word of the padded
+//! output row (zeros past `K`). fp8 is encoded with integer operations ([`crate::codec`]) on
+//! every runtime, so wgpu — which has no 8-bit storage and only a conversion polyfill for e4m3 —
+//! produces the same bytes as CUDA. That was a choice over refusing fp8 on wgpu: the encoding is
+//! a dozen integer operations per element in a memory-bound kernel, and it makes the fp8 path
+//! testable on the CI machine.
+
+use cubecl::prelude::*;
+use ops::launch::cube_count_1d;
+use ops::reduce::ReducePlan;
+use ops::{caps, DeviceTensor, OpsError, Result};
+
+use crate::codec::{encode_e4m3, encode_int8};
+use crate::format::{QuantFormat, SCALE_FLOOR};
+use crate::layout::{check_byte_matrix, check_scales, empty_byte_matrix, words_arg};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct RowQuantPlan {
+    pub reduce: ReducePlan,
+    pub fp8: bool,
+    /// Elements per vector load of `x` (1, 2 or 4; divides K).
+    pub vector: usize,
+}
+
+#[cube]
+pub(crate) fn encode(v: f32, #[comptime] fp8: bool) -> u32 {
+    if comptime![fp8] {
+        encode_e4m3(v)
+    } else {
+        encode_int8(v)
+    }
+}
+
+/// The maximum of a non-negative `value` over the cube. `ops::reduce::cube_max` starts from
+/// `-inf`, which the WGSL backend prints as an undefined identifier `Inf`; a max of magnitudes
+/// can start from zero instead.
+#[cube]
+pub(crate) fn cube_max_nonneg(value: f32, #[comptime] plan: ReducePlan) -> f32 {
+    let mut out = 0f32;
+    if comptime![plan.use_plane] {
+        let partial = plane_max(value);
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.max_planes() as usize]);
+        if UNIT_POS_PLANE == 0 {
+            shared[PLANE_POS as usize] = partial;
+        }
+        sync_cube();
+        let num_planes = CUBE_DIM / PLANE_DIM;
+        for i in 0..num_planes {
+            out = max(out, shared[i as usize]);
+        }
+    } else {
+        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.cube_dim as usize]);
+        shared[UNIT_POS as usize] = value;
+        sync_cube();
+        #[unroll]
+        for step in 0..plan.tree_steps() {
+            let stride = comptime![(plan.cube_dim >> (step + 1)) as usize];
+            if (UNIT_POS as usize) < stride {
+                let other = shared[UNIT_POS as usize + stride];
+                shared[UNIT_POS as usize] = max(shared[UNIT_POS as usize], other);
+            }
+            sync_cube();
+        }
+        out = shared[0];
+    }
+    out
+}
+
+#[cube(launch_unchecked)]
+fn quantize_rows_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    q: &mut [u32],
+    scales: &mut [f32],
+    rows: usize,
+    k: usize,
+    pitch_words: usize,
+    #[comptime] plan: RowQuantPlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = CUBE_POS;
+    if row < rows {
+        quantize_row::<F, N>(x, q, scales, row, k, pitch_words, plan);
+    }
+}
+
+#[cube]
+fn quantize_row<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    q: &mut [u32],
+    scales: &mut [f32],
+    row: usize,
+    k: usize,
+    pitch_words: usize,
+    #[comptime] plan: RowQuantPlan,
+) {
+    let row_vectors = k / plan.vector;
+    let base = row * row_vectors;
+    let mut amax = 0f32;
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        let v = x[base + i];
+        #[unroll]
+        for l in 0..plan.vector {
+            amax = max(amax, f32::abs(f32::cast_from(v.extract(l))));
+        }
+    }
+    let amax = cube_max_nonneg(amax, plan.reduce);
+    let qmax = select(plan.fp8, 448.0f32, 127.0f32);
+    let s = max(amax / qmax, SCALE_FLOOR);
+    if UNIT_POS == 0 {
+        scales[row] = s;
+    }
+    let per_word = comptime![4 / plan.vector];
+    for w in range_stepped(UNIT_POS as usize, pitch_words, CUBE_DIM as usize) {
+        let mut word = 0u32;
+        #[unroll]
+        for c in 0..per_word {
+            let k0 = w * 4 + c * plan.vector;
+            if k0 < k {
+                let v = x[base + k0 / plan.vector];
+                #[unroll]
+                for l in 0..plan.vector {
+                    let code = encode(f32::cast_from(v.extract(l)) / s, plan.fp8);
+                    word |= code << comptime![(8 * (c * plan.vector + l)) as u32];
+                }
+            }
+        }
+        q[row * pitch_words + w] = word;
+    }
+}
+
+/// Quantizes each row of `x` (float, contiguous, any rank; rows = all but the last dimension)
+/// to `format`: returns `q` as a `[rows, K]` padded 8-bit matrix (see [`crate::layout`]) and the
+/// f32 scales `[rows]`.
+pub fn quantize_per_row<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    format: QuantFormat,
+) -> Result<(DeviceTensor<R>, DeviceTensor<R>)> {
+    check_input(client, "quantize_per_row", x)?;
+    let (rows, k) = (x.rows(), x.last_dim());
+    let q = empty_byte_matrix(client, rows, k, format.dtype());
+    let s = DeviceTensor::empty(client, &[rows], ops::DType::F32);
+    quantize_per_row_into(client, x, format, &q, &s)?;
+    Ok((q, s))
+}
+
+fn check_input<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: &DeviceTensor<R>,
+) -> Result<()> {
+    caps::check_float_dtype(client, op, x.dtype())?;
+    if x.rank() == 0 || x.numel() == 0 {
+        return Err(OpsError::shape(
+            op,
+            format!(
+                "input must be non-empty with rank >= 1, got {:?}",
+                x.shape()
+            ),
+        ));
+    }
+    if !x.is_contiguous() {
+        return Err(OpsError::shape(op, "input must be contiguous"));
+    }
+    Ok(())
+}
+
+/// [`quantize_per_row`] into a preallocated `q` (`[rows, K]` padded 8-bit matrix of the
+/// format's dtype) and `scales` (`[rows]` f32).
+pub fn quantize_per_row_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    format: QuantFormat,
+    q: &DeviceTensor<R>,
+    scales: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "quantize_per_row";
+    check_input(client, OP, x)?;
+    let (rows, k) = (x.rows(), x.last_dim());
+    let pitch = check_byte_matrix(OP, "q", q, format.dtype())?;
+    if q.shape() != [rows, k] {
+        return Err(OpsError::shape(
+            OP,
+            format!("q is {:?}, expected [{rows}, {k}]", q.shape()),
+        ));
+    }
+    check_scales(OP, "scales", scales, rows, false)?;
+    launch_rows(client, x, format, q, pitch, scales);
+    Ok(())
+}
+
+/// Launches the kernel on validated operands.
+pub(crate) fn launch_rows<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    format: QuantFormat,
+    q: &DeviceTensor<R>,
+    pitch: usize,
+    scales: &DeviceTensor<R>,
+) {
+    let (rows, k) = (x.rows(), x.last_dim());
+    let vector = [4usize, 2, 1]
+        .into_iter()
+        .find(|&v| k % v == 0 && caps::vector_size_for(client, x.dtype(), v) == v)
+        .unwrap_or(1);
+    let pitch_words = pitch / 4;
+    let cube_dim = (pitch_words as u32).next_power_of_two().clamp(32, 256);
+    let plan = RowQuantPlan {
+        reduce: ReducePlan::new(client, cube_dim),
+        fp8: format == QuantFormat::Fp8E4M3,
+        vector,
+    };
+    unsafe {
+        quantize_rows_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, rows as u32),
+            CubeDim::new_1d(cube_dim),
+            vector,
+            x.as_buffer_arg(),
+            words_arg(q),
+            scales.as_buffer_arg(),
+            rows,
+            k,
+            pitch_words,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+}
