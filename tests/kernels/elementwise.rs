@@ -1,7 +1,7 @@
 use crate::harness::*;
 use crate::on_each_runtime;
 use cubecl::prelude::*;
-use ops::elementwise::{add, add_into, swiglu, swiglu_into};
+use ops::elementwise::{add, add_into, swiglu, swiglu_concat, swiglu_concat_into, swiglu_into};
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
 
@@ -53,6 +53,34 @@ fn swiglu_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The halves of one `[rows, 2n]` tensor against [`reference::swiglu`] on the split columns.
+fn swiglu_concat_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(23);
+    for dtype in float_dtypes(client) {
+        for &n in &AWKWARD {
+            let rows = 3;
+            let (gu, h) = upload(
+                client,
+                &random(&mut rng, rows * 2 * n, 4.0),
+                &[rows, 2 * n],
+                dtype,
+            );
+            let (gate, up): (Vec<f64>, Vec<f64>) = (
+                h.chunks(2 * n).flat_map(|r| r[..n].to_vec()).collect(),
+                h.chunks(2 * n).flat_map(|r| r[n..].to_vec()).collect(),
+            );
+            let out = poisoned(client, &[rows, n], dtype);
+            swiglu_concat_into(client, &gu, &out).unwrap();
+            assert_close(
+                &format!("swiglu_concat {dtype} {n}"),
+                &out.to_f64_vec(client).unwrap(),
+                &reference::swiglu(&gate, &up),
+                tolerance(dtype),
+            );
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let a = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::F32).unwrap();
     let b3 = DeviceTensor::from_f32(client, &[1.0; 3], &[3], DType::F32).unwrap();
@@ -64,6 +92,13 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_err("swiglu shape", swiglu(client, &a, &b3), "shape");
     assert_err("swiglu dtype", swiglu(client, &a, &bh), "dtype");
     assert_err("add out", add_into(client, &a, &a, &b3), "shape");
+    let odd = DeviceTensor::from_f32(client, &[1.0; 9], &[3, 3], DType::F32).unwrap();
+    assert_err("swiglu_concat odd", swiglu_concat(client, &odd), "shape");
+    assert_err(
+        "swiglu_concat out",
+        swiglu_concat_into(client, &a, &a),
+        "shape",
+    );
     if !ops::caps::supports_dtype(client, DType::BF16) {
         let x = DeviceTensor::from_f32(client, &[1.0; 4], &[4], DType::BF16).unwrap();
         assert_err("bf16 unsupported", add(client, &x, &x), "dtype");
@@ -78,6 +113,11 @@ fn add_matches_reference() {
 #[test]
 fn swiglu_matches_reference() {
     on_each_runtime!(swiglu_case);
+}
+
+#[test]
+fn swiglu_concat_matches_reference() {
+    on_each_runtime!(swiglu_concat_case);
 }
 
 #[test]

@@ -1,4 +1,5 @@
-//! Element-wise ops: `add` (with row-vector broadcasting) and `swiglu`.
+//! Element-wise ops: `add` (with row-vector broadcasting) and `swiglu` (on two tensors, or on the
+//! two halves of one `[.., 2I]` gate-up product).
 //!
 //! Memory-bound: 16-byte vectors, a few per unit strided by the grid size (coalesced, several
 //! loads in flight per unit), enough cubes to cover the tensor.
@@ -49,6 +50,31 @@ fn swiglu_kernel<F: Float, N: Size>(
         if i < len {
             let g = Vector::<f32, N>::cast_from(gate[i]);
             let u = Vector::<f32, N>::cast_from(up[i]);
+            let silu = g / (Vector::new(1f32) + Vector::exp(-g));
+            out[i] = Vector::<F, N>::cast_from(silu * u);
+        }
+    }
+}
+
+/// `swiglu` on the halves of `gate_up[.., 2 * half]` (gate columns first): the output of a fused
+/// gate-up projection that is not the fused MLP kernel (sparse or quantized weights).
+#[cube(launch_unchecked)]
+fn swiglu_concat_kernel<F: Float, N: Size>(
+    gate_up: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    len: usize,
+    half: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    #[unroll]
+    for k in 0..PER_UNIT {
+        let i = ABSOLUTE_POS + k * stride;
+        if i < len {
+            let row = i / half;
+            let g_at = i + row * half;
+            let g = Vector::<f32, N>::cast_from(gate_up[g_at]);
+            let u = Vector::<f32, N>::cast_from(gate_up[g_at + half]);
             let silu = g / (Vector::new(1f32) + Vector::exp(-g));
             out[i] = Vector::<F, N>::cast_from(silu * u);
         }
@@ -162,6 +188,69 @@ pub fn swiglu_into<R: Runtime>(
             out.as_buffer_arg(),
             len,
             gate.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// `silu(gate) * up` where `gate_up[.., 2I]` holds the gate columns then the up columns (the
+/// layout of a fused gate-up projection); returns `[.., I]`.
+pub fn swiglu_concat<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate_up: &DeviceTensor<R>,
+) -> Result<DeviceTensor<R>> {
+    let mut shape = gate_up.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last /= 2;
+    }
+    let out = DeviceTensor::empty(client, &shape, gate_up.dtype());
+    swiglu_concat_into(client, gate_up, &out)?;
+    Ok(out)
+}
+
+/// [`swiglu_concat`] into a preallocated `out[.., I]`.
+pub fn swiglu_concat_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    gate_up: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "swiglu_concat";
+    validate_rows(client, OP, gate_up, &[])?;
+    let two_i = gate_up.last_dim();
+    if two_i % 2 != 0 {
+        return Err(OpsError::shape(
+            OP,
+            format!("the last dimension {two_i} of gate_up is not even"),
+        ));
+    }
+    let mut want = gate_up.shape().to_vec();
+    *want.last_mut().expect("rank >= 1") = two_i / 2;
+    check_same_dtype(OP, gate_up, out)?;
+    if out.shape() != want.as_slice() || !out.is_contiguous() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "out must be a contiguous {want:?} for gate_up {:?}, got {:?}",
+                gate_up.shape(),
+                out.shape()
+            ),
+        ));
+    }
+    let half = two_i / 2;
+    let vector = caps::vector_size_for(client, gate_up.dtype(), half);
+    let len = out.numel() / vector;
+    let (count, dim) = elementwise_grid(client, len);
+    unsafe {
+        swiglu_concat_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            dim,
+            vector,
+            gate_up.as_buffer_arg(),
+            out.as_buffer_arg(),
+            len,
+            half / vector,
+            gate_up.dtype().elem_type(),
         );
     }
     Ok(())
