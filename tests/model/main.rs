@@ -61,7 +61,14 @@ fn load<R: Runtime>(
         last = (p.bytes_done, p.bytes_total);
     });
     if let Ok((m, _)) = &result {
-        assert_eq!(calls, m.weights().len(), "one progress call per tensor");
+        let compressed = m.projections().filter(|p| !p.is_dense()).count();
+        // A compressed qkv projection also reads its bias group.
+        let biases = m.layers.iter().filter(|l| !l.qkv_proj.is_dense()).count();
+        assert_eq!(
+            calls,
+            m.weights().len() + compressed + biases,
+            "one progress call per tensor"
+        );
         assert_eq!(last.0, last.1, "progress ends at the total");
     }
     result
@@ -103,9 +110,9 @@ fn demo_loads<R: Runtime>(client: &ComputeClient<R>) {
     assert_eq!(report.max_len, model::demo::MAX_POSITIONS);
     assert_eq!(m.layers.len(), model::demo::LAYERS);
     assert!(m.lm_head.is_none(), "tied embeddings use embed_tokens");
-    assert_eq!(m.lm_head().name, "model.embed_tokens.weight");
+    assert_eq!(report.weight_bytes, report.dense_weight_bytes);
     assert_eq!(
-        m.layers[1].qkv_proj.parts,
+        m.layers[1].qkv_proj.parts(),
         ["q", "k", "v"].map(|p| format!("model.layers.1.self_attn.{p}_proj.weight"))
     );
     assert_weights_match(client, &m, &demo.0);
@@ -116,6 +123,7 @@ fn demo_loads<R: Runtime>(client: &ComputeClient<R>) {
         &LoadOptions {
             dtype: Some(DType::F16),
             max_len: Some(64),
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -146,6 +154,7 @@ fn bf16_checkpoint_dtype_policy<R: Runtime>(client: &ComputeClient<R>) {
             &LoadOptions {
                 dtype: Some(DType::BF16),
                 max_len: None,
+                ..LoadOptions::default()
             },
         )
         .unwrap_err();
@@ -160,6 +169,7 @@ fn bf16_checkpoint_dtype_policy<R: Runtime>(client: &ComputeClient<R>) {
         &LoadOptions {
             dtype: Some(DType::F32),
             max_len: None,
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -178,6 +188,7 @@ fn bf16_checkpoint_dtype_policy<R: Runtime>(client: &ComputeClient<R>) {
         &LoadOptions {
             dtype: None,
             max_len: Some(0),
+            ..LoadOptions::default()
         },
     )
     .unwrap_err();
@@ -197,6 +208,7 @@ fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
         &LoadOptions {
             dtype: None,
             max_len: Some(10),
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -253,6 +265,7 @@ fn session_limits<R: Runtime>(client: &ComputeClient<R>) {
         &LoadOptions {
             dtype: None,
             max_len: Some(8),
+            ..LoadOptions::default()
         },
     )
     .unwrap();
@@ -398,6 +411,7 @@ fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
             let opts = LoadOptions {
                 dtype: Some(dtype),
                 max_len: Some(128),
+                ..LoadOptions::default()
             };
             let (m, _) = load(client, &dir, &opts).unwrap();
             assert_eq!(m.config().vocab_size, r.vocab, "{what}");
@@ -443,4 +457,126 @@ fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn logits_and_greedy_tokens_match_transformers() {
     on_each_runtime!(matches_transformers);
+}
+
+/// Teacher-forced quality of `got` logits against the float reference `want`, per position:
+/// how often the top-1 token is the same, and the mean KL(want || got) of the next-token
+/// distributions.
+fn agreement_and_kl(got: &[f32], want: &[f32], vocab: usize) -> (f64, f64) {
+    let log_softmax = |row: &[f32]| -> Vec<f64> {
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b as f64));
+        let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        row.iter().map(|&v| v as f64 - lse).collect()
+    };
+    let argmax = |row: &[f32]| (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
+    let (mut same, mut kl, mut n) = (0usize, 0f64, 0usize);
+    for (g, w) in got.chunks(vocab).zip(want.chunks(vocab)) {
+        same += usize::from(argmax(g) == argmax(w));
+        let (lg, lw) = (log_softmax(g), log_softmax(w));
+        kl += lw
+            .iter()
+            .zip(&lg)
+            .map(|(a, b)| a.exp() * (a - b))
+            .sum::<f64>();
+        n += 1;
+    }
+    (same as f64 / n as f64, kl / n as f64)
+}
+
+/// The decode path (preallocated buffers, one token at a time) gives the same logits as the
+/// prefill path on the same tokens: checks the compressed projections' scratch handling.
+fn decode_matches_prefill<R: Runtime>(
+    client: &ComputeClient<R>,
+    session: &mut Qwen2Session<R>,
+    prompt: &[u32],
+    then: &[u32],
+    what: &str,
+) {
+    let all: Vec<u32> = prompt.iter().chain(then).copied().collect();
+    session.reset().unwrap();
+    let vocab = session.vocab_size();
+    let full = session
+        .prefill_all_logits(&all)
+        .unwrap()
+        .to_f32_vec(client)
+        .unwrap();
+    session.reset().unwrap();
+    session.prefill(prompt).unwrap();
+    let mut logits = Vec::new();
+    for (i, &t) in then.iter().enumerate() {
+        session.decode(t).unwrap();
+        session.logits(&mut logits).unwrap();
+        let row = prompt.len() + i;
+        let err = worst_row_error(&logits, &full[row * vocab..(row + 1) * vocab], vocab);
+        assert!(
+            err < 1e-4,
+            "{what}: decode step {i} differs from prefill by {err:.2e}"
+        );
+    }
+}
+
+fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
+    use model::Compression;
+    for name in ["qwen2-gqa-untied", "qwen2-4layer"] {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        let runtime = caps::runtime_name(client);
+        for (compression, max_kl) in [
+            // No block dropped: the block-sparse kernel must reproduce the float model.
+            (Compression::Sparsify { sparsity: 0.0 }, 1e-6),
+            (Compression::Sparsify { sparsity: 0.5 }, f64::INFINITY),
+        ] {
+            let what = format!("{name} {compression:?} on {runtime}");
+            let opts = LoadOptions {
+                dtype: Some(DType::F32),
+                max_len: Some(128),
+                compression,
+            };
+            let (m, report) = load(client, &dir, &opts).unwrap();
+            let sparse_bytes = report.weight_bytes;
+            assert!(
+                m.layers.iter().all(|l| !l.gate_up_proj.is_dense()),
+                "{what}"
+            );
+            let mut session = Qwen2Session::new(m).unwrap();
+            let got = session
+                .prefill_all_logits(&r.prompt)
+                .unwrap()
+                .to_f32_vec(client)
+                .unwrap();
+            assert!(got.iter().all(|v| v.is_finite()), "{what}");
+            let (top1, kl) = agreement_and_kl(&got, &r.logits, r.vocab);
+            eprintln!(
+                "{what}: top-1 agreement {:.1}%, mean KL {kl:.2e}, weights {} of {} bytes",
+                top1 * 100.0,
+                sparse_bytes,
+                report.dense_weight_bytes
+            );
+            assert!(kl <= max_kl, "{what}: mean KL {kl:.3e}");
+            if let Compression::Sparsify { sparsity } = compression {
+                if sparsity == 0.0 {
+                    let err = worst_row_error(&got, &r.logits, r.vocab);
+                    assert!(err <= logit_tolerance(DType::F32), "{what}: {err:.2e}");
+                } else {
+                    assert!(sparse_bytes < report.dense_weight_bytes, "{what}");
+                }
+            }
+            decode_matches_prefill(client, &mut session, &r.prompt, &r.greedy[..6], &what);
+        }
+    }
+    // Out-of-range ratios are refused before anything is uploaded.
+    let dir = fixture("qwen2-1layer");
+    for bad in [-0.1, 1.0, f64::NAN] {
+        let opts = LoadOptions {
+            compression: Compression::Sparsify { sparsity: bad },
+            ..LoadOptions::default()
+        };
+        let err = Qwen2Model::<R>::load(client, &dir, &opts, &mut |_| {}).unwrap_err();
+        assert_eq!(err.kind(), "parameter", "{err}");
+    }
+}
+
+#[test]
+fn compressed_models_track_the_float_model() {
+    on_each_runtime!(compressed_models);
 }

@@ -30,6 +30,8 @@ pub struct BenchGenerateArgs {
     /// Compute dtype (default: the checkpoint's where supported).
     #[arg(long, value_parser = ["bf16", "f16", "f32"])]
     pub dtype: Option<String>,
+    #[command(flatten)]
+    pub weights: crate::weight_args::WeightArgs,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -55,9 +57,11 @@ pub fn bench_generate<R: Runtime>(
     let gc = model::GenerationConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir, &config, &gc)?;
     let max_len = args.prompt_len + args.new_tokens + 64;
+    let compression = args.weights.compression();
     let options = LoadOptions {
         dtype,
         max_len: Some(max_len),
+        compression,
     };
     let (m, report) = Qwen2Model::<R>::load(client, dir, &options, &mut |_| {})?;
     eprintln!(
@@ -66,6 +70,9 @@ pub fn bench_generate<R: Runtime>(
         report.dtype,
         report.elapsed.as_secs_f64()
     );
+    if let Some(line) = crate::weight_args::memory_line(&report, compression) {
+        eprintln!("{line}");
+    }
     let mut g = Generator::new(Qwen2Session::new(m)?, tokenizer);
 
     // Ids the tokenizer can show, spread over its vocabulary.
@@ -132,11 +139,12 @@ pub fn bench_generate<R: Runtime>(
         if graph { ", decode step replayed as a CUDA graph" } else { "" }
     );
     println!(
-        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"cuda_graph\":{graph},\"greedy_agreement\":{agreement}}}",
+        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"cuda_graph\":{graph},\"weights\":\"{compression:?}\",\"weight_bytes\":{},\"greedy_agreement\":{agreement}}}",
         R::name(client),
         report.dtype,
         args.prompt_len,
-        args.new_tokens
+        args.new_tokens,
+        report.weight_bytes
     );
     Ok(())
 }

@@ -61,6 +61,8 @@ pub struct GenerateArgs {
     /// Stop when the text contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    #[command(flatten)]
+    pub weights: crate::weight_args::WeightArgs,
 }
 
 #[derive(Args, Debug)]
@@ -175,9 +177,11 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
 
     let bar = ProgressBar::hidden();
     let mut started = false;
+    let compression = args.weights.compression();
     let options = LoadOptions {
         dtype,
         max_len: args.max_len,
+        compression,
     };
     let loaded = Qwen2Model::<R>::load(client, &dir, &options, &mut |p| {
         if !started {
@@ -198,6 +202,9 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
     let (model, report) = loaded?;
     for n in &report.notices {
         eprintln!("{n}");
+    }
+    if let Some(line) = crate::weight_args::memory_line(&report, compression) {
+        eprintln!("{line}");
     }
     eprintln!(
         "loaded {} layers, {} MB in {} (checkpoint {}), context {}, in {:.2} s; sampling: {}",

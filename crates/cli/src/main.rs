@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 mod bench_generate;
 mod generate;
+mod weight_args;
 
 use clap::{Parser, Subcommand};
 use cubecl::prelude::*;

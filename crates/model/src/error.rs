@@ -71,6 +71,9 @@ pub enum ModelError {
     /// A kernel or device operation failed.
     #[error(transparent)]
     Ops(#[from] ops::OpsError),
+    /// Building a block-sparse layer failed.
+    #[error(transparent)]
+    Sparse(#[from] sparse::SparseError),
     /// A part of the model that is not written yet.
     #[error("not implemented: {0}")]
     NotImplemented(&'static str),
@@ -123,6 +126,7 @@ impl ModelError {
             Self::ModelNotFound { .. } => "model-not-found",
             Self::BadLogits { .. } => "logits",
             Self::Ops(_) => "ops",
+            Self::Sparse(_) => "sparse",
             Self::NotImplemented(_) => "not-implemented",
         }
     }

@@ -22,6 +22,7 @@ pub mod error;
 pub mod generate;
 pub mod hub;
 pub mod kv_cache;
+pub mod projection;
 pub mod qwen2;
 pub mod sampling;
 pub mod tokenizer;
@@ -34,8 +35,8 @@ pub use generate::{
 };
 pub use kv_cache::KvCache;
 pub use qwen2::{
-    choose_dtype, plan_weights, DecodeBuffers, LoadOptions, LoadProgress, LoadReport, Logits,
-    Qwen2Model, Qwen2Session,
+    choose_dtype, plan_weights, Compression, DecodeBuffers, LoadOptions, LoadProgress, LoadReport,
+    Logits, Qwen2Model, Qwen2Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

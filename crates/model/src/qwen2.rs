@@ -7,11 +7,10 @@
 //! and dtype against `config.json` (tests run it without a device), then [`Qwen2Model::load`]
 //! uploads in plan order, converting dtypes on the host.
 //!
-//! # Forward pass (plugged in once the ops kernels land)
+//! # Forward pass
 //!
-//! [`Qwen2Model::prefill`] and [`Qwen2Model::decode_step`] validate their inputs and currently
-//! return [`ModelError::NotImplemented`]. Their bodies are the only place the kernels go; the
-//! sequence per layer, as transformers' Qwen2 computes it, is:
+//! [`Qwen2Model::prefill`] and [`Qwen2Model::decode_step`] compute, per layer, what
+//! transformers' Qwen2 computes (the q/k/v and gate/up projections fused, see [`Qwen2Layer`]):
 //!
 //! ```text
 //! x = embedding(embed_tokens, ids)                                 [T, H]
@@ -31,13 +30,20 @@
 //! [`DecodeBuffers`] (`_into` forms of every op), with the token id, its position and the cache
 //! length read from device buffers, so the whole step can be captured once as a CUDA graph and
 //! replayed: between replays the host only writes those three scalars.
+//!
+//! # Compressed weights
+//!
+//! [`LoadOptions::compression`] can replace the dense projections at load: `Sparsify` prunes
+//! the MLP weights to a block sparsity (an accuracy trade-off the caller asks for). Such
+//! projections are read to the host in f32 and converted one layer at a time; see
+//! [`crate::projection`].
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use cubecl::prelude::*;
 use ops::attention::{attention_cached_into, AttentionWorkspace, KvLen};
-use ops::matmul::{fused_gated_mlp_into, linear, linear_into, Activation, GatedWeights};
+use ops::matmul::linear_into;
 use ops::qkv::{qkv_rope_cache_into, HeadShape};
 use ops::rope::RopeCache;
 use ops::{caps, DType, DeviceTensor};
@@ -46,6 +52,7 @@ use crate::config::{GenerationConfig, Qwen2Config};
 use crate::error::{ModelError, Result};
 use crate::generate::CausalLm;
 use crate::kv_cache::KvCache;
+use crate::projection::{CompressedLayer, Projection, ProjectionScratch};
 use crate::weights::WeightStore;
 
 /// Context length used when neither the caller nor a smaller `max_position_embeddings` says
@@ -239,15 +246,117 @@ impl<R: Runtime> std::fmt::Debug for Weight<R> {
 #[derive(Debug)]
 pub struct Qwen2Layer<R: Runtime> {
     pub input_layernorm: Weight<R>,
-    /// `[Hq·D + 2·Hkv·D, H]`: q_proj, k_proj, v_proj rows.
-    pub qkv_proj: Weight<R>,
-    /// `[Hq·D + 2·Hkv·D]`: the three biases.
-    pub qkv_bias: Weight<R>,
-    pub o_proj: Weight<R>,
+    /// `[Hq·D + 2·Hkv·D, H]`: q_proj, k_proj, v_proj rows, with the three biases.
+    pub qkv_proj: Projection<R>,
+    pub o_proj: Projection<R>,
     pub post_attention_layernorm: Weight<R>,
     /// `[2·I, H]`: gate_proj rows, then up_proj rows.
-    pub gate_up_proj: Weight<R>,
-    pub down_proj: Weight<R>,
+    pub gate_up_proj: Projection<R>,
+    pub down_proj: Projection<R>,
+}
+
+/// Which projections of the model [`Compression`] applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Attention,
+    Mlp,
+    LmHead,
+}
+
+/// How the linear projections are stored on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Compression {
+    /// Dense, in the compute dtype (the fused kernels).
+    #[default]
+    None,
+    /// Prune the MLP weights (gate, up, down) to this fraction of zero blocks (by block L2
+    /// norm, 32x32 blocks where the shapes allow, else 16x16) and run them block-sparse. This
+    /// changes the model's outputs: an accuracy-for-speed trade-off.
+    Sparsify { sparsity: f64 },
+}
+
+impl Compression {
+    fn applies_to(&self, slot: Slot) -> bool {
+        match self {
+            Self::None => false,
+            Self::Sparsify { .. } => slot == Slot::Mlp,
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        match *self {
+            Self::None => Ok(()),
+            Self::Sparsify { sparsity } if (0.0..1.0).contains(&sparsity) => Ok(()),
+            Self::Sparsify { sparsity } => Err(ModelError::param(
+                "sparsify",
+                format!("the block sparsity must be in [0, 1), got {sparsity}"),
+            )),
+        }
+    }
+
+    /// Builds the compressed layer of a host weight `[n, k]` (f32) and its optional bias.
+    fn build<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        w: &HostWeight,
+        bias: Option<&HostWeight>,
+        dtype: DType,
+    ) -> Result<CompressedLayer<R>> {
+        let [n, k] = w.shape[..] else {
+            unreachable!("projections are matrices (checked by plan_weights)")
+        };
+        let bias = bias.map(|b| b.data.as_slice());
+        match *self {
+            Self::None => unreachable!("dense projections are not built here"),
+            Self::Sparsify { sparsity } => {
+                let block = [32, 16]
+                    .into_iter()
+                    .find(|b| n % b == 0 && k % b == 0)
+                    .ok_or_else(|| {
+                        ModelError::param(
+                            "sparsify",
+                            format!(
+                                "{} is [{n}, {k}]: block sparsity needs both dimensions to be \
+                                 multiples of 16",
+                                w.parts.join(" + ")
+                            ),
+                        )
+                    })?;
+                let layer = sparse::SparseLinear::prune(
+                    client,
+                    &w.data,
+                    [n, k],
+                    bias,
+                    block,
+                    sparsity,
+                    dtype,
+                )?;
+                Ok(CompressedLayer::Sparse(layer))
+            }
+        }
+    }
+}
+
+/// A checkpoint tensor (or fused group) read to the host in f32, to be compressed.
+struct HostWeight {
+    parts: Vec<String>,
+    shape: Vec<usize>,
+    data: Vec<f32>,
+}
+
+/// One upload group: on the device as it is, or on the host for compression.
+enum Upload<R: Runtime> {
+    Dense(Weight<R>),
+    Host(HostWeight),
+}
+
+impl<R: Runtime> Upload<R> {
+    fn dense(self) -> Weight<R> {
+        match self {
+            Self::Dense(w) => w,
+            Self::Host(_) => unreachable!("norms and embeddings are always uploaded"),
+        }
+    }
 }
 
 /// How the checkpoint's tensors of one layer (plan order, see [`layer_specs`]) are grouped into
@@ -261,6 +370,8 @@ pub struct LoadOptions {
     pub dtype: Option<DType>,
     /// Context length (KV cache positions); `None`: `min(max_position_embeddings, 4096)`.
     pub max_len: Option<usize>,
+    /// How the projections are stored (dense unless asked otherwise).
+    pub compression: Compression,
 }
 
 /// Reported after each tensor is uploaded.
@@ -284,6 +395,10 @@ pub struct LoadReport {
     /// One-line notices for the user (dtype fallback, unused tensors, ...).
     pub notices: Vec<String>,
     pub bytes: u64,
+    /// Device bytes of all weights as loaded, and what they would be dense in the compute
+    /// dtype (equal without compression).
+    pub weight_bytes: u64,
+    pub dense_weight_bytes: u64,
     pub elapsed: Duration,
 }
 
@@ -299,7 +414,7 @@ pub struct Qwen2Model<R: Runtime> {
     pub layers: Vec<Qwen2Layer<R>>,
     pub norm: Weight<R>,
     /// `None` when the embeddings are tied: the logits use `embed_tokens`.
-    pub lm_head: Option<Weight<R>>,
+    pub lm_head: Option<Projection<R>>,
     /// RoPE cos/sin for every position below `max_len`.
     pub rope: RopeCache<R>,
 }
@@ -367,7 +482,11 @@ impl<R: Runtime> Qwen2Model<R> {
             ));
         }
 
-        // Uploads: embed_tokens, per layer the groups of LAYER_UPLOADS, norm, lm_head.
+        let compression = options.compression;
+        compression.check()?;
+        // Uploads: embed_tokens, per layer the groups of LAYER_UPLOADS, norm, lm_head. Groups
+        // that are compressed are read to the host in f32 instead and converted as soon as the
+        // projection is complete, so at most one projection is on the host at a time.
         let layers_n = config.num_hidden_layers;
         let mut groups: Vec<Vec<usize>> = vec![vec![0]];
         for l in 0..layers_n {
@@ -379,27 +498,23 @@ impl<R: Runtime> Qwen2Model<R> {
         groups.extend((tail..plan.specs.len()).map(|i| vec![i]));
         let count = groups.len();
         let mut done = 0u64;
-        let mut uploaded = Vec::with_capacity(count);
-        for (i, group) in groups.iter().enumerate() {
+        let mut read = |i: usize, host: bool| -> Result<Upload<R>> {
+            let group = &groups[i];
+            let to = if host { DType::F32 } else { dtype };
             let mut bytes = Vec::new();
             let mut rows = 0usize;
             let mut parts = Vec::new();
             for &si in group {
                 let spec = &plan.specs[si];
                 let t = store.get(&spec.name)?;
-                bytes.extend_from_slice(&t.bytes_as(dtype)?);
+                bytes.extend_from_slice(&t.bytes_as(to)?);
                 rows += spec.shape[0];
                 done += t.data.len() as u64;
                 parts.push(spec.name.clone());
             }
             let mut shape = plan.specs[group[0]].shape.clone();
             shape[0] = rows;
-            let tensor = DeviceTensor::from_bytes(client, &bytes, &shape, dtype)?;
-            let name = if parts.len() == 1 {
-                parts[0].clone()
-            } else {
-                parts.join(" + ")
-            };
+            let name = parts.join(" + ");
             progress(&LoadProgress {
                 tensor: &name,
                 index: i + 1,
@@ -407,55 +522,116 @@ impl<R: Runtime> Qwen2Model<R> {
                 bytes_done: done,
                 bytes_total: plan.bytes,
             });
-            uploaded.push(Weight {
+            if host {
+                let data = bytemuck::pod_collect_to_vec(&bytes);
+                return Ok(Upload::Host(HostWeight { parts, shape, data }));
+            }
+            let tensor = DeviceTensor::from_bytes(client, &bytes, &shape, dtype)?;
+            Ok(Upload::Dense(Weight {
                 name,
                 parts,
                 tensor,
+            }))
+        };
+        let projection = |w: Upload<R>, bias: Option<Upload<R>>| -> Result<Projection<R>> {
+            Ok(match (w, bias) {
+                (Upload::Dense(weight), bias) => Projection::Dense {
+                    weight,
+                    bias: bias.map(Upload::dense),
+                },
+                (Upload::Host(w), bias) => {
+                    let bias = bias.map(|b| match b {
+                        Upload::Host(b) => b,
+                        Upload::Dense(_) => unreachable!("a bias is read like its weight"),
+                    });
+                    let layer = compression.build(client, &w, bias.as_ref(), dtype)?;
+                    Projection::Compressed {
+                        parts: w.parts,
+                        layer,
+                    }
+                }
+            })
+        };
+        let attn = compression.applies_to(Slot::Attention);
+        let mlp = compression.applies_to(Slot::Mlp);
+        let embed_tokens = read(0, false)?.dense();
+        let mut layers = Vec::with_capacity(layers_n);
+        for l in 0..layers_n {
+            let g = 1 + l * LAYER_UPLOADS.len();
+            let input_layernorm = read(g, false)?.dense();
+            let (qkv, qkv_bias) = (read(g + 1, attn)?, read(g + 2, attn)?);
+            layers.push(Qwen2Layer {
+                input_layernorm,
+                qkv_proj: projection(qkv, Some(qkv_bias))?,
+                o_proj: projection(read(g + 3, attn)?, None)?,
+                post_attention_layernorm: read(g + 4, false)?.dense(),
+                gate_up_proj: projection(read(g + 5, mlp)?, None)?,
+                down_proj: projection(read(g + 6, mlp)?, None)?,
             });
         }
-
-        let mut it = uploaded.into_iter();
-        let mut next = || it.next().expect("one weight per upload group");
-        let embed_tokens = next();
-        let layers = (0..layers_n)
-            .map(|_| Qwen2Layer {
-                input_layernorm: next(),
-                qkv_proj: next(),
-                qkv_bias: next(),
-                o_proj: next(),
-                post_attention_layernorm: next(),
-                gate_up_proj: next(),
-                down_proj: next(),
-            })
-            .collect();
-        let norm = next();
-        let lm_head = (!plan.tied).then(&mut next);
+        let g = 1 + layers_n * LAYER_UPLOADS.len();
+        let norm = read(g, false)?.dense();
+        let lm_head = if plan.tied {
+            None
+        } else {
+            let head = read(g + 1, compression.applies_to(Slot::LmHead))?;
+            Some(projection(head, None)?)
+        };
         let rope = RopeCache::new(client, max_len, config.head_dim, config.rope_theta)?;
 
-        let report = LoadReport {
+        let dense_weight_bytes = plan
+            .specs
+            .iter()
+            .map(|s| (s.shape.iter().product::<usize>() * dtype.size()) as u64)
+            .sum();
+        let mut report = LoadReport {
             dtype,
             checkpoint_dtype: plan.checkpoint_dtype,
             max_len,
             notices,
             bytes: plan.bytes,
+            weight_bytes: 0,
+            dense_weight_bytes,
             elapsed: start.elapsed(),
         };
-        Ok((
-            Self {
-                client: client.clone(),
-                config,
-                generation,
-                dir: dir.to_path_buf(),
-                dtype,
-                max_len,
-                embed_tokens,
-                layers,
-                norm,
-                lm_head,
-                rope,
-            },
-            report,
-        ))
+        let model = Self {
+            client: client.clone(),
+            config,
+            generation,
+            dir: dir.to_path_buf(),
+            dtype,
+            max_len,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        };
+        report.weight_bytes = model.weight_bytes();
+        Ok((model, report))
+    }
+
+    /// Device bytes of every weight (compressed projections as stored).
+    pub fn weight_bytes(&self) -> u64 {
+        let dense: usize = self
+            .weights()
+            .iter()
+            .map(|w| w.tensor.numel() * w.tensor.dtype().size())
+            .sum();
+        let compressed: usize = self
+            .projections()
+            .filter(|p| !p.is_dense())
+            .map(Projection::bytes)
+            .sum();
+        (dense + compressed) as u64
+    }
+
+    /// Every projection: per layer qkv, o, gate-up, down; then an untied lm_head.
+    pub fn projections(&self) -> impl Iterator<Item = &Projection<R>> {
+        self.layers
+            .iter()
+            .flat_map(|l| [&l.qkv_proj, &l.o_proj, &l.gate_up_proj, &l.down_proj])
+            .chain(self.lm_head.as_ref())
     }
 
     pub fn client(&self) -> &ComputeClient<R> {
@@ -492,27 +668,36 @@ impl<R: Runtime> Qwen2Model<R> {
         self.config.rms_norm_eps
     }
 
-    /// The output projection: `lm_head`, or `embed_tokens` when tied.
-    pub fn lm_head(&self) -> &Weight<R> {
-        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
+    fn logits_into(
+        &self,
+        x: &DeviceTensor<R>,
+        out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
+    ) -> Result<()> {
+        match &self.lm_head {
+            Some(head) => head.forward_into(&self.client, x, None, out, scratch),
+            None => {
+                let table = &self.embed_tokens.tensor;
+                linear_into(&self.client, x, table, None, None, out)?;
+                Ok(())
+            }
+        }
     }
 
-    /// Every uploaded weight, in upload order.
+    /// Every dense upload (compressed projections are not listed), in upload order.
     pub fn weights(&self) -> Vec<&Weight<R>> {
         let mut all = vec![&self.embed_tokens];
         for l in &self.layers {
-            all.extend([
-                &l.input_layernorm,
-                &l.qkv_proj,
-                &l.qkv_bias,
-                &l.o_proj,
-                &l.post_attention_layernorm,
-                &l.gate_up_proj,
-                &l.down_proj,
-            ]);
+            all.push(&l.input_layernorm);
+            all.extend(l.qkv_proj.dense_weights());
+            all.extend(l.o_proj.dense_weights());
+            all.push(&l.post_attention_layernorm);
+            all.extend(l.gate_up_proj.dense_weights());
+            all.extend(l.down_proj.dense_weights());
         }
         all.push(&self.norm);
-        all.extend(self.lm_head.as_ref());
+        all.extend(self.lm_head.iter().flat_map(Projection::dense_weights));
         all
     }
 
@@ -573,17 +758,12 @@ impl<R: Runtime> Qwen2Model<R> {
         let q = DeviceTensor::empty(c, &[t, hq, d], self.dtype);
         let attn = DeviceTensor::empty(c, &[t, hq, d], self.dtype);
         let attn_flat = attn.reshape(&[t, hq * d])?;
+        let gate = DeviceTensor::empty(c, &[t, self.config.intermediate_size], self.dtype);
         let mut x = ops::embedding::embedding(c, &self.embed_tokens.tensor, &ids)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let lc = cache.layer(l);
             let h = ops::norm::rms_norm(c, &x, &layer.input_layernorm.tensor, eps)?;
-            let qkv = linear(
-                c,
-                &h,
-                &layer.qkv_proj.tensor,
-                Some(&layer.qkv_bias.tensor),
-                None,
-            )?;
+            let qkv = layer.qkv_proj.forward(c, &h, None)?;
             qkv_rope_cache_into(
                 c,
                 &qkv,
@@ -605,11 +785,10 @@ impl<R: Runtime> Qwen2Model<R> {
                 &attn,
                 None,
             )?;
-            x = linear(c, &attn_flat, &layer.o_proj.tensor, None, Some(&x))?;
+            x = layer.o_proj.forward(c, &attn_flat, Some(&x))?;
             let h = ops::norm::rms_norm(c, &x, &layer.post_attention_layernorm.tensor, eps)?;
-            let gate_up = GatedWeights::Concatenated(&layer.gate_up_proj.tensor);
-            let g = ops::matmul::fused_gated_mlp(c, &h, gate_up, Activation::Silu)?;
-            x = linear(c, &g, &layer.down_proj.tensor, None, Some(&x))?;
+            layer.gate_up_proj.gated_mlp_into(c, &h, &gate, None)?;
+            x = layer.down_proj.forward(c, &gate, Some(&x))?;
         }
         if logits == Logits::Last && t > 1 {
             // Only the last row reaches the LM head: gather it (the embedding kernel is a gather).
@@ -617,7 +796,9 @@ impl<R: Runtime> Qwen2Model<R> {
             x = ops::embedding::embedding(c, &x, &last)?;
         }
         let xn = ops::norm::rms_norm(c, &x, &self.norm.tensor, eps)?;
-        let out = linear(c, &xn, &self.lm_head().tensor, None, None)?;
+        let rows = xn.shape()[0];
+        let out = DeviceTensor::empty(c, &[rows, self.config.vocab_size], self.dtype);
+        self.logits_into(&xn, &out, None)?;
         cache.advance(t)?;
         cache.sync_len(c)?;
         Ok(out)
@@ -666,14 +847,10 @@ impl<R: Runtime> Qwen2Model<R> {
                 eps,
                 &step.normed,
             )?;
-            linear_into(
-                c,
-                &step.normed,
-                &layer.qkv_proj.tensor,
-                Some(&layer.qkv_bias.tensor),
-                None,
-                &step.qkv,
-            )?;
+            let scratch = Some(&step.scratch);
+            layer
+                .qkv_proj
+                .forward_into(c, &step.normed, None, &step.qkv, scratch)?;
             qkv_rope_cache_into(
                 c,
                 &step.qkv,
@@ -698,13 +875,12 @@ impl<R: Runtime> Qwen2Model<R> {
             )?;
             // The residual stream ping-pongs between `hidden` and `hidden2`: an output may not
             // alias an input of the same launch (WebGPU forbids it).
-            linear_into(
+            layer.o_proj.forward_into(
                 c,
                 &step.attn_flat,
-                &layer.o_proj.tensor,
-                None,
                 Some(&step.hidden),
                 &step.hidden2,
+                scratch,
             )?;
             ops::norm::rms_norm_into(
                 c,
@@ -713,26 +889,19 @@ impl<R: Runtime> Qwen2Model<R> {
                 eps,
                 &step.normed,
             )?;
-            let gate_up = GatedWeights::Concatenated(&layer.gate_up_proj.tensor);
-            fused_gated_mlp_into(c, &step.normed, gate_up, Activation::Silu, &step.gate)?;
-            linear_into(
+            layer
+                .gate_up_proj
+                .gated_mlp_into(c, &step.normed, &step.gate, scratch)?;
+            layer.down_proj.forward_into(
                 c,
                 &step.gate,
-                &layer.down_proj.tensor,
-                None,
                 Some(&step.hidden2),
                 &step.hidden,
+                scratch,
             )?;
         }
         ops::norm::rms_norm_into(c, &step.hidden, &self.norm.tensor, eps, &step.normed)?;
-        linear_into(
-            c,
-            &step.normed,
-            &self.lm_head().tensor,
-            None,
-            None,
-            &step.logits,
-        )?;
+        self.logits_into(&step.normed, &step.logits, Some(&step.scratch))?;
         ops::argmax::argmax_into(c, &step.logits, &step.next_token)?;
         Ok(())
     }
@@ -780,6 +949,8 @@ pub struct DecodeBuffers<R: Runtime> {
     pub logits: DeviceTensor<R>,
     pub next_token: DeviceTensor<R>,
     pub workspace: AttentionWorkspace<R>,
+    /// Intermediates of compressed projections (unused by dense ones).
+    pub scratch: ProjectionScratch<R>,
 }
 
 impl<R: Runtime> DecodeBuffers<R> {
@@ -817,6 +988,7 @@ impl<R: Runtime> DecodeBuffers<R> {
             logits: DeviceTensor::empty(client, &[1, v], dtype),
             next_token: scalar()?,
             workspace: AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len),
+            scratch: ProjectionScratch::new(client, h, i, dtype),
         })
     }
 
@@ -876,7 +1048,12 @@ impl<R: Runtime> Qwen2Session<R> {
     pub fn new(model: Qwen2Model<R>) -> Result<Self> {
         let cache = model.new_cache()?;
         let step = model.new_decode_buffers()?;
+        // Compressed projections run eagerly: their kernels may allocate per call (the sparse
+        // kernel's split-row partials), which a replayed graph would keep writing after the
+        // memory pool has handed the buffer to someone else.
+        let all_dense = model.projections().all(Projection::is_dense);
         let graphs = caps::runtime_name(&model.client) == "cuda"
+            && all_dense
             && std::env::var("CUBELLM_NO_GRAPH").map_or(true, |v| v.is_empty() || v == "0");
         Ok(Self {
             model,

@@ -1,0 +1,240 @@
+//! The model's linear projections, in whichever weight format the load options chose: dense (the
+//! fused kernels: GEMV/GEMM with bias and residual epilogues, the fused gated MLP), or a
+//! compressed layer (block-sparse after `--sparsify`, quantized after `--quant`) that computes the
+//! bare product and leaves the residual add and the SwiGLU to the element-wise kernels.
+
+use cubecl::prelude::*;
+use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
+use ops::{DType, DeviceTensor};
+use sparse::SparseLinear;
+
+use crate::qwen2::Weight;
+use crate::Result;
+
+/// A linear layer whose weight is not a dense matrix; it owns its bias.
+pub enum CompressedLayer<R: Runtime> {
+    /// Block-sparse (BSR) weight from pruning: an accuracy trade-off the user asked for.
+    Sparse(SparseLinear<R>),
+}
+
+impl<R: Runtime> CompressedLayer<R> {
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        match self {
+            Self::Sparse(l) => l.forward_into(client, x, out)?,
+        }
+        Ok(())
+    }
+
+    fn out_features(&self) -> usize {
+        match self {
+            Self::Sparse(l) => l.out_features(),
+        }
+    }
+
+    /// Device bytes of the weight, its indices or scales, and the bias.
+    fn bytes(&self) -> usize {
+        match self {
+            Self::Sparse(l) => {
+                let w = &l.weight;
+                let b = l.bias.as_ref().map_or(0, tensor_bytes);
+                tensor_bytes(w.values())
+                    + tensor_bytes(w.crow_indices())
+                    + tensor_bytes(w.col_indices())
+                    + b
+            }
+        }
+    }
+
+    /// What the format is, for load reports.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Sparse(l) => format!(
+                "block-sparse {}x{}, density {:.2}",
+                l.weight.block_size(),
+                l.weight.block_size(),
+                l.weight.density()
+            ),
+        }
+    }
+}
+
+fn tensor_bytes<R: Runtime>(t: &DeviceTensor<R>) -> usize {
+    t.numel() * t.dtype().size()
+}
+
+/// One projection `y = x · Wᵀ (+ b)` of the model, with `W` `[out, in]`.
+pub enum Projection<R: Runtime> {
+    Dense {
+        weight: Weight<R>,
+        bias: Option<Weight<R>>,
+    },
+    Compressed {
+        /// The checkpoint tensors it was made of (several for a fused projection).
+        parts: Vec<String>,
+        layer: CompressedLayer<R>,
+    },
+}
+
+impl<R: Runtime> std::fmt::Debug for Projection<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Dense { weight, .. } => write!(f, "{weight:?}"),
+            Self::Compressed { parts, layer } => {
+                write!(f, "{}: {}", parts.join(" + "), layer.describe())
+            }
+        }
+    }
+}
+
+/// Intermediates of a compressed projection in the decode step (preallocated, so that the step
+/// stays allocation-free): its bare product before the residual add, and the gate-up product
+/// before SwiGLU.
+pub struct ProjectionScratch<R: Runtime> {
+    /// `[1, hidden]`.
+    pub product: DeviceTensor<R>,
+    /// `[1, 2 * intermediate]`.
+    pub gate_up: DeviceTensor<R>,
+}
+
+impl<R: Runtime> ProjectionScratch<R> {
+    pub fn new(
+        client: &ComputeClient<R>,
+        hidden: usize,
+        intermediate: usize,
+        dtype: DType,
+    ) -> Self {
+        Self {
+            product: DeviceTensor::empty(client, &[1, hidden], dtype),
+            gate_up: DeviceTensor::empty(client, &[1, 2 * intermediate], dtype),
+        }
+    }
+}
+
+impl<R: Runtime> Projection<R> {
+    /// The checkpoint tensors the weight was made of.
+    pub fn parts(&self) -> &[String] {
+        match self {
+            Self::Dense { weight, .. } => &weight.parts,
+            Self::Compressed { parts, .. } => parts,
+        }
+    }
+
+    /// The dense uploads it holds (none for a compressed projection).
+    pub fn dense_weights(&self) -> Vec<&Weight<R>> {
+        match self {
+            Self::Dense { weight, bias } => std::iter::once(weight).chain(bias).collect(),
+            Self::Compressed { .. } => Vec::new(),
+        }
+    }
+
+    pub fn is_dense(&self) -> bool {
+        matches!(self, Self::Dense { .. })
+    }
+
+    /// Device bytes of the weight (and bias, scales, indices).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Self::Dense { weight, bias } => {
+                tensor_bytes(&weight.tensor) + bias.as_ref().map_or(0, |b| tensor_bytes(&b.tensor))
+            }
+            Self::Compressed { layer, .. } => layer.bytes(),
+        }
+    }
+
+    fn out_features(&self) -> usize {
+        match self {
+            Self::Dense { weight, .. } => weight.tensor.shape()[0],
+            Self::Compressed { layer, .. } => layer.out_features(),
+        }
+    }
+
+    /// `x · Wᵀ (+ b) (+ residual)`, allocating the output.
+    pub fn forward(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        residual: Option<&DeviceTensor<R>>,
+    ) -> Result<DeviceTensor<R>> {
+        let mut shape = x.shape().to_vec();
+        *shape.last_mut().expect("activations have rank >= 1") = self.out_features();
+        let out = DeviceTensor::empty(client, &shape, x.dtype());
+        self.forward_into(client, x, residual, &out, None)?;
+        Ok(out)
+    }
+
+    /// [`Self::forward`] into `out`. A compressed projection with a residual computes its
+    /// product first, into `scratch.product` when given (then nothing is allocated) since an
+    /// output may not alias an input of the same launch.
+    pub fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        residual: Option<&DeviceTensor<R>>,
+        out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
+    ) -> Result<()> {
+        match self {
+            Self::Dense { weight, bias } => dense_into(client, weight, bias, x, residual, out),
+            Self::Compressed { layer, .. } => match residual {
+                None => layer.forward_into(client, x, out),
+                Some(r) => {
+                    let product = match scratch {
+                        Some(s) => s.product.reshape(out.shape())?,
+                        None => DeviceTensor::empty(client, out.shape(), out.dtype()),
+                    };
+                    layer.forward_into(client, x, &product)?;
+                    ops::elementwise::add_into(client, &product, r, out)?;
+                    Ok(())
+                }
+            },
+        }
+    }
+
+    /// The MLP's first half on a fused gate-up projection: `silu(x·Gᵀ) * (x·Uᵀ)` into `out`.
+    /// Dense weights run the fused gated-MLP kernel (no intermediate in memory); a compressed
+    /// one writes the `[.., 2I]` product (into `scratch.gate_up` when given) and applies SwiGLU.
+    pub fn gated_mlp_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
+    ) -> Result<()> {
+        match self {
+            Self::Dense { weight, .. } => {
+                let w = GatedWeights::Concatenated(&weight.tensor);
+                fused_gated_mlp_into(client, x, w, Activation::Silu, out)?;
+            }
+            Self::Compressed { layer, .. } => {
+                let mut shape = x.shape().to_vec();
+                *shape.last_mut().expect("activations have rank >= 1") = layer.out_features();
+                let gate_up = match scratch {
+                    Some(s) => s.gate_up.reshape(&shape)?,
+                    None => DeviceTensor::empty(client, &shape, x.dtype()),
+                };
+                layer.forward_into(client, x, &gate_up)?;
+                ops::elementwise::swiglu_concat_into(client, &gate_up, out)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The dense product with its epilogues (bias, residual) fused into the GEMV/GEMM.
+fn dense_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    weight: &Weight<R>,
+    bias: &Option<Weight<R>>,
+    x: &DeviceTensor<R>,
+    residual: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    let bias = bias.as_ref().map(|b| &b.tensor);
+    linear_into(client, x, &weight.tensor, bias, residual, out)?;
+    Ok(())
+}
