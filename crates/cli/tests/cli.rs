@@ -145,6 +145,20 @@ fn bad_input_is_one_line_and_a_failure() {
             ],
             "context overflow",
         ),
+        (
+            vec![
+                "--runtime",
+                "wgpu",
+                "generate",
+                "--model",
+                d,
+                "--prompt",
+                "x",
+                "--sparsify",
+                "1.5",
+            ],
+            "sparsity",
+        ),
     ];
     for (args, needle) in cases {
         let o = cli(&args, &home);
@@ -201,5 +215,31 @@ fn without_a_model_the_demo_model_is_used() {
         "{stderr}"
     );
     assert!(!o.stdout.is_empty(), "no generated text on stdout");
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+#[test]
+fn sparsify_reports_the_weight_memory() {
+    let home = temp("sparsify");
+    let o = cli(
+        &[
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "3",
+            "--sparsify",
+            "0.5",
+        ],
+        &home,
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("MB dense") && stderr.contains("50% block sparsity"),
+        "{stderr}"
+    );
     std::fs::remove_dir_all(&home).unwrap();
 }
