@@ -76,7 +76,7 @@ pub enum Projection<R: Runtime> {
     Compressed {
         /// The checkpoint tensors it was made of (several for a fused projection).
         parts: Vec<String>,
-        layer: CompressedLayer<R>,
+        layer: Box<CompressedLayer<R>>,
     },
 }
 

@@ -217,7 +217,7 @@ pub fn swiglu_concat_into<R: Runtime>(
     const OP: &str = "swiglu_concat";
     validate_rows(client, OP, gate_up, &[])?;
     let two_i = gate_up.last_dim();
-    if two_i % 2 != 0 {
+    if !two_i.is_multiple_of(2) {
         return Err(OpsError::shape(
             OP,
             format!("the last dimension {two_i} of gate_up is not even"),
