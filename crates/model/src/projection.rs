@@ -68,6 +68,8 @@ fn tensor_bytes<R: Runtime>(t: &DeviceTensor<R>) -> usize {
 }
 
 /// One projection `y = x · Wᵀ (+ b)` of the model, with `W` `[out, in]`.
+// A model holds four per layer: the size of the larger variant does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Projection<R: Runtime> {
     Dense {
         weight: Weight<R>,
@@ -76,7 +78,7 @@ pub enum Projection<R: Runtime> {
     Compressed {
         /// The checkpoint tensors it was made of (several for a fused projection).
         parts: Vec<String>,
-        layer: Box<CompressedLayer<R>>,
+        layer: CompressedLayer<R>,
     },
 }
 

@@ -547,7 +547,7 @@ impl<R: Runtime> Qwen2Model<R> {
                     let layer = compression.build(client, &w, bias.as_ref(), dtype)?;
                     Projection::Compressed {
                         parts: w.parts,
-                        layer: Box::new(layer),
+                        layer,
                     }
                 }
             })
