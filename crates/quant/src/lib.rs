@@ -9,10 +9,17 @@
 
 pub mod codec;
 pub mod format;
+pub mod fp8;
+pub mod gemm8;
 pub mod host;
 pub mod layout;
+pub mod linear8;
 pub mod reference;
 pub mod rowquant;
+pub mod transpose;
 
 pub use format::QuantFormat;
+pub use fp8::fp8_gemm;
+pub use gemm8::KernelChoice;
+pub use linear8::{gemm8_into, w8a8_linear, w8a8_linear_into, ActScratch, Fp8Linear, W8A8Linear};
 pub use rowquant::{quantize_per_row, quantize_per_row_into};

@@ -1,0 +1,424 @@
+//! 8-bit linear layers: W8A8 (int8 weights and activations, exact i32 accumulation) and FP8
+//! (e4m3 weights and activations, f32 accumulation), both as
+//! `y = (q_x · q_wᵀ) · s_x[m] · s_w[n] (+ b)` with per-token activation scales and per-output-
+//! channel weight scales (DESIGN §5).
+//!
+//! The activation is quantized by a pre-pass ([`crate::rowquant`]: one launch, `M·K` bytes out)
+//! rather than inside the GEMM's tile loader: a per-row scale needs the whole row's maximum
+//! before the first code can be written, which the tile loader does not have. The pre-pass moves
+//! `M·K·(2 + 1)` bytes, negligible beside the weight's `N·K` at decode.
+
+use cubecl::prelude::*;
+use ops::{caps, DType, DeviceTensor, OpsError, Result};
+
+use crate::format::QuantFormat;
+use crate::gemm8::{Gemm8, KernelChoice};
+use crate::host::quantize_weight_8bit;
+use crate::layout::{check_byte_matrix, check_scales, empty_byte_matrix};
+use crate::rowquant::quantize_per_row_into;
+
+/// `out[M, N] = (A · Bᵀ) · sa · sb (+ bias)` for 8-bit matrices `a[M, K]` and `b[N, K]` of the
+/// same format (int8 or fp8 e4m3) in the padded layout of [`crate::layout`]. `sa` is `[M]` or a
+/// single scale, `sb` `[N]` or a single scale (f32); `bias` `[N]` and `out` `[M, N]` are float
+/// of one dtype.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm8_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &DeviceTensor<R>,
+    sa: &DeviceTensor<R>,
+    b: &DeviceTensor<R>,
+    sb: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    choice: KernelChoice,
+) -> Result<()> {
+    const OP: &str = "gemm8";
+    let format = match a.dtype() {
+        DType::I8 => QuantFormat::Int8,
+        DType::F8E4M3 => QuantFormat::Fp8E4M3,
+        other => {
+            return Err(OpsError::UnsupportedDType {
+                op: OP,
+                dtype: other,
+                runtime: "any",
+                detail: "a must be i8 or f8e4m3".into(),
+            })
+        }
+    };
+    let a_pitch = check_byte_matrix(OP, "a", a, format.dtype())?;
+    let b_pitch = check_byte_matrix(OP, "b", b, format.dtype())?;
+    let (m, k) = (a.shape()[0], a.shape()[1]);
+    let n = b.shape()[0];
+    if b.shape()[1] != k {
+        return Err(OpsError::shape(
+            OP,
+            format!("a {:?} and b {:?} differ in K", a.shape(), b.shape()),
+        ));
+    }
+    let sa_scalar = check_scales(OP, "sa", sa, m, true)?;
+    let sb_scalar = check_scales(OP, "sb", sb, n, true)?;
+    check_output(client, OP, out, &[m, n], bias)?;
+    Gemm8 {
+        a,
+        a_pitch,
+        b,
+        b_pitch,
+        sa,
+        sa_scalar,
+        sb,
+        sb_scalar,
+        bias,
+        out,
+        m,
+        n,
+        k,
+        fp8: format == QuantFormat::Fp8E4M3,
+    }
+    .launch(client, choice);
+    Ok(())
+}
+
+/// Checks a float output `[.., N]` of the expected shape and its optional bias `[N]`.
+pub(crate) fn check_output<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    out: &DeviceTensor<R>,
+    shape: &[usize],
+    bias: Option<&DeviceTensor<R>>,
+) -> Result<()> {
+    caps::check_float_dtype(client, op, out.dtype())?;
+    if out.shape() != shape || !out.is_contiguous() {
+        return Err(OpsError::shape(
+            op,
+            format!(
+                "out must be a contiguous {shape:?}, got {:?} with strides {:?}",
+                out.shape(),
+                out.strides()
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        let n = shape[shape.len() - 1];
+        if b.dtype() != out.dtype() {
+            return Err(OpsError::UnsupportedDType {
+                op,
+                dtype: b.dtype(),
+                runtime: "any",
+                detail: format!("bias must have the output's dtype {}", out.dtype()),
+            });
+        }
+        if b.shape() != [n] || !b.is_contiguous() {
+            return Err(OpsError::shape(
+                op,
+                format!("bias is {:?}, expected a contiguous [{n}]", b.shape()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The quantized activation of an 8-bit linear layer: codes `[max_rows, K]` and scales
+/// `[max_rows]`, allocated once so that the `_into` forms allocate nothing (CUDA graphs).
+pub struct ActScratch<R: Runtime> {
+    format: QuantFormat,
+    q: DeviceTensor<R>,
+    scales: DeviceTensor<R>,
+}
+
+impl<R: Runtime> ActScratch<R> {
+    /// Room for up to `max_rows` rows of `k` features in `format`.
+    pub fn new(client: &ComputeClient<R>, max_rows: usize, k: usize, format: QuantFormat) -> Self {
+        let rows = max_rows.max(1);
+        Self {
+            format,
+            q: empty_byte_matrix(client, rows, k.max(1), format.dtype()),
+            scales: DeviceTensor::empty(client, &[rows], DType::F32),
+        }
+    }
+
+    pub fn max_rows(&self) -> usize {
+        self.q.shape()[0]
+    }
+
+    pub fn max_k(&self) -> usize {
+        self.q.shape()[1]
+    }
+
+    /// Views of the first `rows` rows for `k` features (the pitch is that of `k`'s padded rows,
+    /// so the scratch serves any `k <= max_k`).
+    fn views(
+        &self,
+        op: &'static str,
+        rows: usize,
+        k: usize,
+    ) -> Result<(DeviceTensor<R>, DeviceTensor<R>)> {
+        let pitch = crate::format::row_pitch(k);
+        let needed = rows * pitch;
+        let have = self.max_rows() * crate::format::row_pitch(self.max_k());
+        if rows > self.max_rows() || k > self.max_k() || needed > have {
+            return Err(OpsError::shape(
+                op,
+                format!(
+                    "the activation scratch holds [{}, {}], the input needs [{rows}, {k}]",
+                    self.max_rows(),
+                    self.max_k()
+                ),
+            ));
+        }
+        let q = DeviceTensor::from_parts(
+            self.q.handle().clone(),
+            &[rows, k],
+            &[pitch, 1],
+            self.format.dtype(),
+        );
+        let s = DeviceTensor::from_parts(self.scales.handle().clone(), &[rows], &[1], DType::F32);
+        Ok((q, s))
+    }
+}
+
+/// An 8-bit quantized weight on the device: codes `[N, K]` and per-channel scales `[N]`.
+struct Weight8<R: Runtime> {
+    format: QuantFormat,
+    q: DeviceTensor<R>,
+    scales: DeviceTensor<R>,
+    bias: Option<DeviceTensor<R>>,
+}
+
+impl<R: Runtime> Weight8<R> {
+    fn from_dense(
+        client: &ComputeClient<R>,
+        weight: &[f32],
+        shape: [usize; 2],
+        bias: Option<&[f32]>,
+        act_dtype: DType,
+        format: QuantFormat,
+    ) -> Result<Self> {
+        let op = "quantized linear";
+        caps::check_float_dtype(client, op, act_dtype)?;
+        let [n, k] = shape;
+        let w = quantize_weight_8bit(weight, n, k, format)?;
+        let bias = match bias {
+            Some(b) if b.len() != n => {
+                return Err(OpsError::shape(
+                    op,
+                    format!("{} bias values for {n} output features", b.len()),
+                ))
+            }
+            Some(b) => Some(DeviceTensor::from_f32(client, b, &[n], act_dtype)?),
+            None => None,
+        };
+        Ok(Self {
+            format,
+            q: w.q.upload(client, format.dtype()),
+            scales: DeviceTensor::from_f32(client, &w.scales, &[n], DType::F32)?,
+            bias,
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        let b = self
+            .bias
+            .as_ref()
+            .map_or(0, |b| b.numel() * b.dtype().size());
+        self.q.handle().size_in_used() as usize + self.scales.numel() * 4 + b
+    }
+
+    fn forward(&self, client: &ComputeClient<R>, x: &DeviceTensor<R>) -> Result<DeviceTensor<R>> {
+        let out = empty_output(client, x, self.q.shape()[0]);
+        let scratch = ActScratch::new(client, x.rows(), x.last_dim(), self.format);
+        self.forward_into(client, x, &scratch, &out)?;
+        Ok(out)
+    }
+
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        scratch: &ActScratch<R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        linear8_into(
+            client,
+            x,
+            &self.q,
+            &self.scales,
+            self.bias.as_ref(),
+            scratch,
+            out,
+        )
+    }
+}
+
+fn empty_output<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    n: usize,
+) -> DeviceTensor<R> {
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    DeviceTensor::empty(client, &shape, x.dtype())
+}
+
+/// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
+/// weight's format into `scratch`, then the 8-bit GEMM with the dequantizing epilogue.
+fn linear8_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight: &DeviceTensor<R>,
+    w_scale: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    scratch: &ActScratch<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    const OP: &str = "quantized linear";
+    if scratch.format.dtype() != qweight.dtype() {
+        return Err(OpsError::invalid(
+            OP,
+            format!(
+                "the scratch is for {:?} activations, the weight is {}",
+                scratch.format,
+                qweight.dtype()
+            ),
+        ));
+    }
+    caps::check_float_dtype(client, OP, x.dtype())?;
+    if x.rank() == 0 || x.numel() == 0 || !x.is_contiguous() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "x must be a non-empty contiguous tensor, got {:?}",
+                x.shape()
+            ),
+        ));
+    }
+    let (rows, k) = (x.rows(), x.last_dim());
+    check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
+    let n = qweight.shape()[0];
+    if qweight.shape()[1] != k {
+        return Err(OpsError::shape(
+            OP,
+            format!("x {:?} for a weight {:?}", x.shape(), qweight.shape()),
+        ));
+    }
+    let mut want = x.shape().to_vec();
+    *want.last_mut().expect("rank >= 1") = n;
+    check_output(client, OP, out, &want, bias)?;
+    let (q, s) = scratch.views(OP, rows, k)?;
+    quantize_per_row_into(client, &x.reshape(&[rows, k])?, scratch.format, &q, &s)?;
+    let out2 = out.reshape(&[rows, n])?;
+    gemm8_into(
+        client,
+        &q,
+        &s,
+        qweight,
+        w_scale,
+        bias,
+        &out2,
+        KernelChoice::default(),
+    )
+}
+
+/// W8A8: `y = x · wᵀ (+ b)` with `x[.., K]` float (quantized per row to int8 here), `qweight`
+/// an int8 `[N, K]` padded matrix and `w_scale[N]` its per-channel scales.
+pub fn w8a8_linear<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight: &DeviceTensor<R>,
+    w_scale: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+) -> Result<DeviceTensor<R>> {
+    let n = qweight.shape().first().copied().unwrap_or(0);
+    let out = empty_output(client, x, n);
+    let scratch = ActScratch::new(client, x.rows(), x.last_dim(), QuantFormat::Int8);
+    w8a8_linear_into(client, x, qweight, w_scale, bias, &scratch, &out)?;
+    Ok(out)
+}
+
+/// [`w8a8_linear`] into a preallocated `out`, with the quantized activation in `scratch`
+/// (int8, at least `x`'s rows and K): allocates nothing.
+pub fn w8a8_linear_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight: &DeviceTensor<R>,
+    w_scale: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    scratch: &ActScratch<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    if scratch.format != QuantFormat::Int8 || qweight.dtype() != DType::I8 {
+        return Err(OpsError::invalid(
+            "w8a8_linear",
+            "the weight and the activation scratch must be int8",
+        ));
+    }
+    linear8_into(client, x, qweight, w_scale, bias, scratch, out)
+}
+
+macro_rules! linear8_layer {
+    ($name:ident, $format:expr, $what:literal) => {
+        #[doc = concat!("A linear layer with ", $what, " weights and activations, quantized per output channel at")]
+        /// construction from a float weight, which is not kept: there is no way to change the
+        /// weight afterwards, so the quantized copy can never go stale.
+        pub struct $name<R: Runtime> {
+            inner: Weight8<R>,
+        }
+
+        impl<R: Runtime> $name<R> {
+            /// Quantizes `weight[out_features, in_features]` (row-major f32); `act_dtype` is the
+            /// float dtype of `x` and `y`.
+            pub fn from_dense(
+                client: &ComputeClient<R>,
+                weight: &[f32],
+                shape: [usize; 2],
+                bias: Option<&[f32]>,
+                act_dtype: DType,
+            ) -> Result<Self> {
+                let inner = Weight8::from_dense(client, weight, shape, bias, act_dtype, $format)?;
+                Ok(Self { inner })
+            }
+
+            pub fn in_features(&self) -> usize {
+                self.inner.q.shape()[1]
+            }
+
+            pub fn out_features(&self) -> usize {
+                self.inner.q.shape()[0]
+            }
+
+            /// Device bytes of the codes (rows padded to 16 bytes), scales and bias.
+            pub fn weight_bytes(&self) -> usize {
+                self.inner.bytes()
+            }
+
+            /// A scratch for inputs of up to `max_rows` rows.
+            pub fn scratch(&self, client: &ComputeClient<R>, max_rows: usize) -> ActScratch<R> {
+                ActScratch::new(client, max_rows, self.in_features(), $format)
+            }
+
+            /// `x[.., in] -> y[.., out]`, allocating.
+            pub fn forward(
+                &self,
+                client: &ComputeClient<R>,
+                x: &DeviceTensor<R>,
+            ) -> Result<DeviceTensor<R>> {
+                self.inner.forward(client, x)
+            }
+
+            /// Into a preallocated `out`, the activation quantized into `scratch`.
+            pub fn forward_into(
+                &self,
+                client: &ComputeClient<R>,
+                x: &DeviceTensor<R>,
+                scratch: &ActScratch<R>,
+                out: &DeviceTensor<R>,
+            ) -> Result<()> {
+                self.inner.forward_into(client, x, scratch, out)
+            }
+        }
+    };
+}
+
+linear8_layer!(W8A8Linear, QuantFormat::Int8, "int8");
+linear8_layer!(Fp8Linear, QuantFormat::Fp8E4M3, "fp8 e4m3");
