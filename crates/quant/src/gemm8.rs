@@ -210,7 +210,8 @@ fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
             b_s[row * S_STRIDE + w] = vb;
         }
         sync_cube();
-        #[unroll]
+        // Not unrolled: the body is already 64 multiply-adds, and unrolling it 8x makes a shader
+        // that software Vulkan takes many seconds to compile.
         for w in 0..S_BKW {
             let mut aw = Array::<i32>::new(4usize);
             let mut bw = Array::<i32>::new(4usize);
