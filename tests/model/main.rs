@@ -62,10 +62,12 @@ fn load<R: Runtime>(
     });
     if let Ok((m, _)) = &result {
         let compressed = m.projections().filter(|p| !p.is_dense()).count();
-        // A compressed qkv projection also reads its bias group.
+        // A compressed qkv projection also reads its bias group; a compressed tied head is made
+        // from the embedding table's one read.
         let biases = m.layers.iter().filter(|l| !l.qkv_proj.is_dense()).count();
+        let tied_head = m.config().tie_word_embeddings && m.lm_head.is_some();
         assert_eq!(
-            calls,
+            calls + usize::from(tied_head),
             m.weights().len() + compressed + biases,
             "one progress call per tensor"
         );
@@ -515,9 +517,15 @@ fn decode_matches_prefill<R: Runtime>(
     }
 }
 
+/// Bounds on the quantized models' next-token distributions against the float model on the
+/// fixtures (random weights, f32 compute): int8 keeps ~7 bits per value, e4m3 ~4.
+const W8A8_MAX_KL: f64 = 1e-2;
+const FP8_MAX_KL: f64 = 5e-2;
+const MIN_TOP1: f64 = 0.8;
+
 fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
-    use model::Compression;
-    for name in ["qwen2-gqa-untied", "qwen2-4layer"] {
+    use model::{Compression, QuantMode};
+    for name in ["qwen2-gqa-untied", "qwen25-tied-theta1e6"] {
         let dir = fixture(name);
         let r = reference(&dir);
         let runtime = caps::runtime_name(client);
@@ -525,6 +533,27 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
             // No block dropped: the block-sparse kernel must reproduce the float model.
             (Compression::Sparsify { sparsity: 0.0 }, 1e-6),
             (Compression::Sparsify { sparsity: 0.5 }, f64::INFINITY),
+            (
+                Compression::Quant {
+                    mode: QuantMode::W8A8,
+                    lm_head: false,
+                },
+                W8A8_MAX_KL,
+            ),
+            (
+                Compression::Quant {
+                    mode: QuantMode::W8A8,
+                    lm_head: true,
+                },
+                W8A8_MAX_KL,
+            ),
+            (
+                Compression::Quant {
+                    mode: QuantMode::Fp8,
+                    lm_head: true,
+                },
+                FP8_MAX_KL,
+            ),
         ] {
             let what = format!("{name} {compression:?} on {runtime}");
             let opts = LoadOptions {
@@ -538,6 +567,12 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 m.layers.iter().all(|l| !l.gate_up_proj.is_dense()),
                 "{what}"
             );
+            if let Compression::Quant { lm_head, .. } = compression {
+                let head_quantized = m.lm_head.as_ref().is_some_and(|p| !p.is_dense());
+                assert_eq!(head_quantized, lm_head, "{what}");
+                assert!(m.layers.iter().all(|l| !l.qkv_proj.is_dense()), "{what}");
+                assert!(sparse_bytes < report.dense_weight_bytes, "{what}");
+            }
             let mut session = Qwen2Session::new(m).unwrap();
             let got = session
                 .prefill_all_logits(&r.prompt)
@@ -553,6 +588,9 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 report.dense_weight_bytes
             );
             assert!(kl <= max_kl, "{what}: mean KL {kl:.3e}");
+            if max_kl < 1.0 {
+                assert!(top1 >= MIN_TOP1, "{what}: top-1 agreement {top1:.3}");
+            }
             if let Compression::Sparsify { sparsity } = compression {
                 if sparsity == 0.0 {
                     let err = worst_row_error(&got, &r.logits, r.vocab);

@@ -57,7 +57,7 @@ pub fn bench_generate<R: Runtime>(
     let gc = model::GenerationConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir, &config, &gc)?;
     let max_len = args.prompt_len + args.new_tokens + 64;
-    let compression = args.weights.compression();
+    let compression = args.weights.compression()?;
     let options = LoadOptions {
         dtype,
         max_len: Some(max_len),

@@ -177,7 +177,7 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
 
     let bar = ProgressBar::hidden();
     let mut started = false;
-    let compression = args.weights.compression();
+    let compression = args.weights.compression()?;
     let options = LoadOptions {
         dtype,
         max_len: args.max_len,

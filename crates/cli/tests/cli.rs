@@ -159,6 +159,19 @@ fn bad_input_is_one_line_and_a_failure() {
             ],
             "sparsity",
         ),
+        (
+            vec![
+                "--runtime",
+                "wgpu",
+                "generate",
+                "--model",
+                d,
+                "--prompt",
+                "x",
+                "--quant-lm-head",
+            ],
+            "--quant w8a8 or fp8",
+        ),
     ];
     for (args, needle) in cases {
         let o = cli(&args, &home);
@@ -239,6 +252,32 @@ fn sparsify_reports_the_weight_memory() {
     assert!(o.status.success(), "{stderr}");
     assert!(
         stderr.contains("MB dense") && stderr.contains("50% block sparsity"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+#[test]
+fn quant_reports_the_weight_memory() {
+    let home = temp("quant");
+    let o = cli(
+        &[
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "3",
+            "--quant",
+            "fp8",
+        ],
+        &home,
+    );
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("quantized to fp8, LM head in float"),
         "{stderr}"
     );
     std::fs::remove_dir_all(&home).unwrap();

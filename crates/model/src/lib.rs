@@ -36,7 +36,7 @@ pub use generate::{
 pub use kv_cache::KvCache;
 pub use qwen2::{
     choose_dtype, plan_weights, Compression, DecodeBuffers, LoadOptions, LoadProgress, LoadReport,
-    Logits, Qwen2Model, Qwen2Session,
+    Logits, QuantMode, Qwen2Model, Qwen2Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

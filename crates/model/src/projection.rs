@@ -6,8 +6,10 @@
 use cubecl::prelude::*;
 use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
 use ops::{DType, DeviceTensor};
+use quant::{ActScratch, Fp8Linear, QuantFormat, W8A8Linear};
 use sparse::SparseLinear;
 
+use crate::config::Qwen2Config;
 use crate::qwen2::Weight;
 use crate::Result;
 
@@ -15,17 +17,32 @@ use crate::Result;
 pub enum CompressedLayer<R: Runtime> {
     /// Block-sparse (BSR) weight from pruning: an accuracy trade-off the user asked for.
     Sparse(SparseLinear<R>),
+    /// int8 weights per output channel, activations quantized per token (W8A8).
+    W8A8(W8A8Linear<R>),
+    /// fp8 e4m3 weights and activations, the same scaling as W8A8.
+    Fp8(Fp8Linear<R>),
 }
 
 impl<R: Runtime> CompressedLayer<R> {
+    /// The bare product into `out`; the 8-bit layers quantize `x` into the scratch's buffers
+    /// (allocated here when there is no scratch).
     fn forward_into(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
         out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
         match self {
             Self::Sparse(l) => l.forward_into(client, x, out)?,
+            Self::W8A8(l) => match scratch {
+                Some(s) => l.forward_into(client, x, &s.int8, out)?,
+                None => l.forward_into(client, x, &l.scratch(client, x.rows()), out)?,
+            },
+            Self::Fp8(l) => match scratch {
+                Some(s) => l.forward_into(client, x, &s.fp8, out)?,
+                None => l.forward_into(client, x, &l.scratch(client, x.rows()), out)?,
+            },
         }
         Ok(())
     }
@@ -33,6 +50,8 @@ impl<R: Runtime> CompressedLayer<R> {
     fn out_features(&self) -> usize {
         match self {
             Self::Sparse(l) => l.out_features(),
+            Self::W8A8(l) => l.out_features(),
+            Self::Fp8(l) => l.out_features(),
         }
     }
 
@@ -47,6 +66,8 @@ impl<R: Runtime> CompressedLayer<R> {
                     + tensor_bytes(w.col_indices())
                     + b
             }
+            Self::W8A8(l) => l.weight_bytes(),
+            Self::Fp8(l) => l.weight_bytes(),
         }
     }
 
@@ -59,6 +80,8 @@ impl<R: Runtime> CompressedLayer<R> {
                 l.weight.block_size(),
                 l.weight.density()
             ),
+            Self::W8A8(_) => "int8 (W8A8)".into(),
+            Self::Fp8(_) => "fp8 e4m3".into(),
         }
     }
 }
@@ -94,25 +117,27 @@ impl<R: Runtime> std::fmt::Debug for Projection<R> {
 }
 
 /// Intermediates of a compressed projection in the decode step (preallocated, so that the step
-/// stays allocation-free): its bare product before the residual add, and the gate-up product
-/// before SwiGLU.
+/// stays allocation-free): its bare product before the residual add, the gate-up product before
+/// SwiGLU, and the quantized activation of the 8-bit layers.
 pub struct ProjectionScratch<R: Runtime> {
     /// `[1, hidden]`.
     pub product: DeviceTensor<R>,
     /// `[1, 2 * intermediate]`.
     pub gate_up: DeviceTensor<R>,
+    /// One row of the widest projection input, as int8 and as fp8 codes with their scale.
+    pub int8: ActScratch<R>,
+    pub fp8: ActScratch<R>,
 }
 
 impl<R: Runtime> ProjectionScratch<R> {
-    pub fn new(
-        client: &ComputeClient<R>,
-        hidden: usize,
-        intermediate: usize,
-        dtype: DType,
-    ) -> Self {
+    pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Self {
+        let (h, i) = (config.hidden_size, config.intermediate_size);
+        let widest = h.max(i).max(config.q_dim());
         Self {
-            product: DeviceTensor::empty(client, &[1, hidden], dtype),
-            gate_up: DeviceTensor::empty(client, &[1, 2 * intermediate], dtype),
+            product: DeviceTensor::empty(client, &[1, h], dtype),
+            gate_up: DeviceTensor::empty(client, &[1, 2 * i], dtype),
+            int8: ActScratch::new(client, 1, widest, QuantFormat::Int8),
+            fp8: ActScratch::new(client, 1, widest, QuantFormat::Fp8E4M3),
         }
     }
 }
@@ -183,13 +208,13 @@ impl<R: Runtime> Projection<R> {
         match self {
             Self::Dense { weight, bias } => dense_into(client, weight, bias, x, residual, out),
             Self::Compressed { layer, .. } => match residual {
-                None => layer.forward_into(client, x, out),
+                None => layer.forward_into(client, x, out, scratch),
                 Some(r) => {
                     let product = match scratch {
                         Some(s) => s.product.reshape(out.shape())?,
                         None => DeviceTensor::empty(client, out.shape(), out.dtype()),
                     };
-                    layer.forward_into(client, x, &product)?;
+                    layer.forward_into(client, x, &product, scratch)?;
                     ops::elementwise::add_into(client, &product, r, out)?;
                     Ok(())
                 }
@@ -219,7 +244,7 @@ impl<R: Runtime> Projection<R> {
                     Some(s) => s.gate_up.reshape(&shape)?,
                     None => DeviceTensor::empty(client, &shape, x.dtype()),
                 };
-                layer.forward_into(client, x, &gate_up)?;
+                layer.forward_into(client, x, &gate_up, scratch)?;
                 ops::elementwise::swiglu_concat_into(client, &gate_up, out)?;
             }
         }

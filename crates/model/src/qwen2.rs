@@ -273,6 +273,28 @@ pub enum Compression {
     /// norm, 32x32 blocks where the shapes allow, else 16x16) and run them block-sparse. This
     /// changes the model's outputs: an accuracy-for-speed trade-off.
     Sparsify { sparsity: f64 },
+    /// Quantize every linear projection (q/k/v, o, gate/up, down; not the embeddings or the
+    /// norms) at load, and the LM head too when `lm_head` is set (a tied head gets its own
+    /// quantized copy; the embedding table stays float).
+    Quant { mode: QuantMode, lm_head: bool },
+}
+
+/// The quantized weight formats of [`Compression::Quant`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMode {
+    /// int8 weights per output channel, int8 activations per token, i32 accumulation.
+    W8A8,
+    /// fp8 e4m3 weights and activations with the same scaling, f32 accumulation.
+    Fp8,
+}
+
+impl QuantMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::W8A8 => "w8a8",
+            Self::Fp8 => "fp8",
+        }
+    }
 }
 
 impl Compression {
@@ -280,12 +302,13 @@ impl Compression {
         match self {
             Self::None => false,
             Self::Sparsify { .. } => slot == Slot::Mlp,
+            Self::Quant { lm_head, .. } => slot != Slot::LmHead || *lm_head,
         }
     }
 
     fn check(&self) -> Result<()> {
         match *self {
-            Self::None => Ok(()),
+            Self::None | Self::Quant { .. } => Ok(()),
             Self::Sparsify { sparsity } if (0.0..1.0).contains(&sparsity) => Ok(()),
             Self::Sparsify { sparsity } => Err(ModelError::param(
                 "sparsify",
@@ -333,6 +356,22 @@ impl Compression {
                 )?;
                 Ok(CompressedLayer::Sparse(layer))
             }
+            Self::Quant { mode, .. } => Ok(match mode {
+                QuantMode::W8A8 => CompressedLayer::W8A8(quant::W8A8Linear::from_dense(
+                    client,
+                    &w.data,
+                    [n, k],
+                    bias,
+                    dtype,
+                )?),
+                QuantMode::Fp8 => CompressedLayer::Fp8(quant::Fp8Linear::from_dense(
+                    client,
+                    &w.data,
+                    [n, k],
+                    bias,
+                    dtype,
+                )?),
+            }),
         }
     }
 }
@@ -413,7 +452,8 @@ pub struct Qwen2Model<R: Runtime> {
     pub embed_tokens: Weight<R>,
     pub layers: Vec<Qwen2Layer<R>>,
     pub norm: Weight<R>,
-    /// `None` when the embeddings are tied: the logits use `embed_tokens`.
+    /// `None` when the embeddings are tied (the logits use `embed_tokens`), unless the head is
+    /// compressed: then its own compressed copy.
     pub lm_head: Option<Projection<R>>,
     /// RoPE cos/sin for every position below `max_len`.
     pub rope: RopeCache<R>,
@@ -554,7 +594,22 @@ impl<R: Runtime> Qwen2Model<R> {
         };
         let attn = compression.applies_to(Slot::Attention);
         let mlp = compression.applies_to(Slot::Mlp);
-        let embed_tokens = read(0, false)?.dense();
+        // A tied LM head that is compressed: its own copy from the embedding table, built while
+        // the table is on the host (then the table is uploaded dense for the lookups).
+        let (embed_tokens, tied_head) = if plan.tied && compression.applies_to(Slot::LmHead) {
+            let Upload::Host(table) = read(0, true)? else {
+                unreachable!("read to the host")
+            };
+            let tensor = DeviceTensor::from_f32(client, &table.data, &table.shape, dtype)?;
+            let embed = Weight {
+                name: table.parts.join(" + "),
+                parts: table.parts.clone(),
+                tensor,
+            };
+            (embed, Some(projection(Upload::Host(table), None)?))
+        } else {
+            (read(0, false)?.dense(), None)
+        };
         let mut layers = Vec::with_capacity(layers_n);
         for l in 0..layers_n {
             let g = 1 + l * LAYER_UPLOADS.len();
@@ -572,7 +627,7 @@ impl<R: Runtime> Qwen2Model<R> {
         let g = 1 + layers_n * LAYER_UPLOADS.len();
         let norm = read(g, false)?.dense();
         let lm_head = if plan.tied {
-            None
+            tied_head
         } else {
             let head = read(g + 1, compression.applies_to(Slot::LmHead))?;
             Some(projection(head, None)?)
@@ -988,7 +1043,7 @@ impl<R: Runtime> DecodeBuffers<R> {
             logits: DeviceTensor::empty(client, &[1, v], dtype),
             next_token: scalar()?,
             workspace: AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len),
-            scratch: ProjectionScratch::new(client, h, i, dtype),
+            scratch: ProjectionScratch::new(client, config, dtype),
         })
     }
 
