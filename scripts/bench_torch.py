@@ -174,8 +174,37 @@ def attention_cases():
                    4.0 * hq * lk * d)
 
 
+def quant_cases():
+    """Peers of cubellm::bench::quant (bf16 activations): W8A8 as per-row int8 quantization of x,
+    torch._int_mm and the float dequantization (the same work as ours; _int_mm needs M > 16, so
+    the decode cases compare with our own bf16 GEMV instead), and torch._scaled_mm on e4m3
+    operands quantized beforehand with per-row / per-column scales."""
+    dt = torch.bfloat16
+    for m in [512, 4096]:
+        k = n = 4096
+        x = torch.randn(m, k, device="cuda", dtype=dt)
+        wq = torch.randint(-127, 128, (n, k), device="cuda", dtype=torch.int8)
+        wt = wq.t()  # [K, N] column-major, what cuBLASLt's int8 GEMM wants
+        sw = torch.rand(n, device="cuda") / 127
+
+        def w8a8(x=x, wt=wt, sw=sw):
+            s = x.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 127
+            xq = (x.float() / s).round().clamp(-127, 127).to(torch.int8)
+            return (torch._int_mm(xq, wt).float() * s * sw).to(dt)
+        yield (f"w8a8 {m}x{k}x{n}", "bf16", 2 * (m * k + m * n) + n * k + 4 * n, w8a8, 2.0 * m * n * k)
+    for m in [4096, 512]:
+        k = n = 4096
+        a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+        sa = torch.rand(m, 1, device="cuda")
+        sb = torch.rand(1, n, device="cuda")
+        yield (f"fp8_gemm {m}x{k}x{n}", "bf16", m * k + n * k + 2 * m * n,
+               lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=dt),
+               2.0 * m * n * k)
+
+
 FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases, "attention": attention_cases,
-            "sparse": sparse_cases}
+            "sparse": sparse_cases, "quant": quant_cases}
 
 
 def main():

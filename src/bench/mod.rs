@@ -139,7 +139,7 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention", "sparse"];
+pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention", "sparse", "quant"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
@@ -149,6 +149,7 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "matmul" => matmul::cases(client),
         "attention" => attention::cases(client),
         "sparse" => sparse::cases(client),
+        "quant" => quant::cases(client),
         _ => Vec::new(),
     }
 }
@@ -157,4 +158,5 @@ pub mod attention;
 pub mod core;
 pub mod matmul;
 pub mod norm;
+pub mod quant;
 pub mod sparse;
