@@ -13,6 +13,8 @@ pub mod host;
 pub mod layout;
 pub mod reference;
 pub mod rowquant;
+pub mod w4a16;
 
 pub use format::QuantFormat;
 pub use rowquant::{quantize_per_row, quantize_per_row_into};
+pub use w4a16::{w4a16_linear, w4a16_linear_into, W4A16Linear, W4a16Kernel};
