@@ -11,6 +11,7 @@ mod matmul;
 mod norm;
 mod qkv;
 mod quant;
+mod quant_w4a16;
 mod rope;
 mod softmax;
 mod sparse;
