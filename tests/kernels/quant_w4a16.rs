@@ -133,6 +133,15 @@ fn explicit_kernels_case<R: Runtime>(client: &ComputeClient<R>) {
                 check_case(client, dtype, c, kernel, None, seed);
             }
         }
+        // A wide N, where Auto may give each GEMV unit several columns (K = 8 keeps it cheap).
+        let wide = Case {
+            m: 2,
+            k: 8,
+            n: 4500,
+            group: None,
+            bias: true,
+        };
+        check_case(client, dtype, wide, W4a16Kernel::Auto, None, 150);
         // x of rank 3: rows are all leading dimensions.
         let c = Case {
             m: 6,
