@@ -12,6 +12,7 @@ mod norm;
 mod qkv;
 mod quant;
 mod quant_gemm8;
+mod quant_w4a16;
 mod rope;
 mod softmax;
 mod sparse;

@@ -188,7 +188,7 @@ pub fn check_int4_shape(
             format!("empty int4 weight K={k}, N={n}"),
         ));
     }
-    if k % 8 != 0 {
+    if !k.is_multiple_of(8) {
         return Err(OpsError::shape(
             op,
             format!("K={k} is not a multiple of 8: int4 packs 8 values of K per i32"),
@@ -201,7 +201,7 @@ pub fn check_int4_shape(
                 format!("group size {g} must be a positive multiple of 8 (64 or 128 are usual)"),
             ));
         }
-        if k % g != 0 {
+        if !k.is_multiple_of(g) {
             return Err(OpsError::shape(
                 op,
                 format!("K={k} is not a multiple of the group size {g}"),
