@@ -1,6 +1,6 @@
 //! Cases for `quant`: the W8A8 linear (activation quantization pre-pass + int8 GEMM + dequant
 //! epilogue, as the model runs it) at the issue's GEMM shapes and at the 1.5B model's decode
-//! shapes, and the e4m3 GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names
+//! shapes, W4A16 at the same shapes, and the e4m3 GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names
 //! match `scripts/bench_torch.py`'s peers; the decode cases compare with this run's own bf16
 //! GEMVs (`matmul` family, `gemv <name> 1x<k>x<n>`), as the issue asks.
 //!
@@ -9,7 +9,7 @@
 
 use cubecl::prelude::*;
 use ops::{caps, DType, DeviceTensor};
-use quant::{gemm8_into, Fp8Linear, KernelChoice, QuantFormat, W8A8Linear};
+use quant::{gemm8_into, Fp8Linear, KernelChoice, QuantFormat, W4A16Linear, W8A8Linear};
 
 use super::matmul::MODEL_SHAPES;
 use super::Case;
@@ -84,6 +84,28 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 .unwrap()
             }),
         });
+    }
+    // W4A16 (group 128): decode shapes against this run's bf16 GEMVs, and M = 4096 against
+    // cuBLAS bf16 (`matmul` family `gemm 4096x4096x4096` in the PyTorch run).
+    let mut w4a16 = |name: String, m: usize, k: usize, n: usize| {
+        let w = pseudo_random(n * k, 7);
+        let layer = W4A16Linear::from_dense(client, &w, [n, k], None, dtype, Some(128))
+            .expect("bench weight");
+        let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 8), &[m, k], dtype).unwrap();
+        let y = DeviceTensor::empty(client, &[m, n], dtype);
+        out.push(Case {
+            name,
+            dtype,
+            bytes: e * (m * k + m * n) as f64 + (n * k / 2 + 4 * n * k / 128) as f64,
+            flops: 2.0 * (m * n * k) as f64,
+            run: Box::new(move || layer.forward_into(client, &x, &y).unwrap()),
+        });
+    };
+    w4a16("w4a16 4096x4096x4096".into(), 4096, 4096, 4096);
+    for (name, k, n) in MODEL_SHAPES {
+        for m in [1, 16] {
+            w4a16(format!("w4a16 {name} {m}x{k}x{n}"), m, k, n);
+        }
     }
     // The FP8 layer at decode (activation quantization included).
     for (name, k, n) in MODEL_SHAPES {

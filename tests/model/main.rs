@@ -518,27 +518,33 @@ fn decode_matches_prefill<R: Runtime>(
 }
 
 /// Bounds on the quantized models' next-token distributions against the float model on the
-/// fixtures (random weights, f32 compute): int8 keeps ~7 bits per value, e4m3 ~4.
+/// fixtures (random weights, f32 compute, measured on wgpu: W8A8 KL 5e-4..2e-3, FP8 7e-3..3e-2,
+/// W4A16 6e-2..0.36): int8 keeps ~7 bits per value, e4m3 ~4, int4 ~3.
 const W8A8_MAX_KL: f64 = 1e-2;
 const FP8_MAX_KL: f64 = 5e-2;
-const MIN_TOP1: f64 = 0.8;
+const W4A16_MAX_KL: f64 = 0.5;
+/// Minimum top-1 agreement (teacher-forced, over the prompt positions) per format.
+const W8A8_MIN_TOP1: f64 = 0.85;
+const FP8_MIN_TOP1: f64 = 0.8;
+const W4A16_MIN_TOP1: f64 = 0.4;
 
 fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
-    use model::{Compression, QuantMode};
+    use model::{Compression, Int4Group, QuantMode};
     for name in ["qwen2-gqa-untied", "qwen25-tied-theta1e6"] {
         let dir = fixture(name);
         let r = reference(&dir);
         let runtime = caps::runtime_name(client);
-        for (compression, max_kl) in [
+        for (compression, max_kl, min_top1) in [
             // No block dropped: the block-sparse kernel must reproduce the float model.
-            (Compression::Sparsify { sparsity: 0.0 }, 1e-6),
-            (Compression::Sparsify { sparsity: 0.5 }, f64::INFINITY),
+            (Compression::Sparsify { sparsity: 0.0 }, 1e-6, 1.0),
+            (Compression::Sparsify { sparsity: 0.5 }, f64::INFINITY, 0.0),
             (
                 Compression::Quant {
                     mode: QuantMode::W8A8,
                     lm_head: false,
                 },
                 W8A8_MAX_KL,
+                W8A8_MIN_TOP1,
             ),
             (
                 Compression::Quant {
@@ -546,6 +552,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                     lm_head: true,
                 },
                 W8A8_MAX_KL,
+                W8A8_MIN_TOP1,
             ),
             (
                 Compression::Quant {
@@ -553,6 +560,27 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                     lm_head: true,
                 },
                 FP8_MAX_KL,
+                FP8_MIN_TOP1,
+            ),
+            (
+                Compression::Quant {
+                    mode: QuantMode::W4A16 {
+                        group: Int4Group::Auto,
+                    },
+                    lm_head: true,
+                },
+                W4A16_MAX_KL,
+                W4A16_MIN_TOP1,
+            ),
+            (
+                Compression::Quant {
+                    mode: QuantMode::W4A16 {
+                        group: Int4Group::PerChannel,
+                    },
+                    lm_head: false,
+                },
+                W4A16_MAX_KL,
+                W4A16_MIN_TOP1,
             ),
         ] {
             let what = format!("{name} {compression:?} on {runtime}");
@@ -588,9 +616,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 report.dense_weight_bytes
             );
             assert!(kl <= max_kl, "{what}: mean KL {kl:.3e}");
-            if max_kl < 1.0 {
-                assert!(top1 >= MIN_TOP1, "{what}: top-1 agreement {top1:.3}");
-            }
+            assert!(top1 >= min_top1, "{what}: top-1 agreement {top1:.3}");
             if let Compression::Sparsify { sparsity } = compression {
                 if sparsity == 0.0 {
                     let err = worst_row_error(&got, &r.logits, r.vocab);

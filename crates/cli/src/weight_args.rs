@@ -1,7 +1,7 @@
 //! The weight-format flags shared by `generate` and `bench-generate`.
 
 use clap::Args;
-use cubellm::model::{Compression, LoadReport, QuantMode};
+use cubellm::model::{Compression, Int4Group, LoadReport, QuantMode};
 
 #[derive(Args, Debug, Clone)]
 pub struct WeightArgs {
@@ -16,9 +16,14 @@ pub struct WeightArgs {
     )]
     pub sparsify: Option<f64>,
     /// Quantize the linear layers at load (not the embeddings or norms): w8a8 = int8 weights
-    /// and activations, fp8 = e4m3 weights and activations. Lossy: the output changes a little.
-    #[arg(long, value_parser = ["none", "w8a8", "fp8"], default_value = "none")]
+    /// and activations, fp8 = e4m3 weights and activations, w4a16 = int4 weights with float
+    /// activations. Lossy: the output changes a little.
+    #[arg(long, value_parser = ["none", "w8a8", "fp8", "w4a16"], default_value = "none")]
     pub quant: String,
+    /// Int4 scale groups along K for --quant w4a16: `auto` (128 where K allows, else 64, 32,
+    /// else per channel), `channel`, or a size (a multiple of 8 dividing every K).
+    #[arg(long, default_value = "auto")]
+    pub quant_group: String,
     /// Quantize the LM head too (with --quant).
     #[arg(long)]
     pub quant_lm_head: bool,
@@ -26,13 +31,24 @@ pub struct WeightArgs {
 
 impl WeightArgs {
     pub fn compression(&self) -> anyhow::Result<Compression> {
+        let group = match self.quant_group.as_str() {
+            "auto" => Int4Group::Auto,
+            "channel" => Int4Group::PerChannel,
+            g => Int4Group::Size(g.parse().map_err(|_| {
+                anyhow::anyhow!("--quant-group: expected auto, channel or a size, got '{g}'")
+            })?),
+        };
         let mode = match self.quant.as_str() {
             "w8a8" => Some(QuantMode::W8A8),
             "fp8" => Some(QuantMode::Fp8),
+            "w4a16" => Some(QuantMode::W4A16 { group }),
             _ => None,
         };
         if self.quant_lm_head && mode.is_none() {
-            anyhow::bail!("--quant-lm-head needs --quant w8a8 or fp8");
+            anyhow::bail!("--quant-lm-head needs --quant w8a8, fp8 or w4a16");
+        }
+        if self.quant_group != "auto" && !matches!(mode, Some(QuantMode::W4A16 { .. })) {
+            anyhow::bail!("--quant-group applies to --quant w4a16 only");
         }
         Ok(match (self.sparsify, mode) {
             (Some(sparsity), _) => Compression::Sparsify { sparsity },

@@ -170,7 +170,7 @@ fn bad_input_is_one_line_and_a_failure() {
                 "x",
                 "--quant-lm-head",
             ],
-            "--quant w8a8 or fp8",
+            "--quant w8a8, fp8 or w4a16",
         ),
     ];
     for (args, needle) in cases {

@@ -35,8 +35,8 @@ pub use generate::{
 };
 pub use kv_cache::KvCache;
 pub use qwen2::{
-    choose_dtype, plan_weights, Compression, DecodeBuffers, LoadOptions, LoadProgress, LoadReport,
-    Logits, QuantMode, Qwen2Model, Qwen2Session,
+    choose_dtype, plan_weights, Compression, DecodeBuffers, Int4Group, LoadOptions, LoadProgress,
+    LoadReport, Logits, QuantMode, Qwen2Model, Qwen2Session,
 };
 pub use sampling::{Sampler, SamplingParams};
 pub use tokenizer::{ChatMessage, ChatTemplate, StreamDecoder, Tokenizer};

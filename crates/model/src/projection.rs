@@ -6,7 +6,7 @@
 use cubecl::prelude::*;
 use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
 use ops::{DType, DeviceTensor};
-use quant::{ActScratch, Fp8Linear, QuantFormat, W8A8Linear};
+use quant::{ActScratch, Fp8Linear, QuantFormat, W4A16Linear, W8A8Linear};
 use sparse::SparseLinear;
 
 use crate::config::Qwen2Config;
@@ -21,6 +21,8 @@ pub enum CompressedLayer<R: Runtime> {
     W8A8(W8A8Linear<R>),
     /// fp8 e4m3 weights and activations, the same scaling as W8A8.
     Fp8(Fp8Linear<R>),
+    /// int4 weights (per channel or per group along K), float activations.
+    W4A16(W4A16Linear<R>),
 }
 
 impl<R: Runtime> CompressedLayer<R> {
@@ -43,6 +45,7 @@ impl<R: Runtime> CompressedLayer<R> {
                 Some(s) => l.forward_into(client, x, &s.fp8, out)?,
                 None => l.forward_into(client, x, &l.scratch(client, x.rows()), out)?,
             },
+            Self::W4A16(l) => l.forward_into(client, x, out)?,
         }
         Ok(())
     }
@@ -52,6 +55,7 @@ impl<R: Runtime> CompressedLayer<R> {
             Self::Sparse(l) => l.out_features(),
             Self::W8A8(l) => l.out_features(),
             Self::Fp8(l) => l.out_features(),
+            Self::W4A16(l) => l.out_features(),
         }
     }
 
@@ -68,6 +72,7 @@ impl<R: Runtime> CompressedLayer<R> {
             }
             Self::W8A8(l) => l.weight_bytes(),
             Self::Fp8(l) => l.weight_bytes(),
+            Self::W4A16(l) => l.weight_bytes(),
         }
     }
 
@@ -82,6 +87,10 @@ impl<R: Runtime> CompressedLayer<R> {
             ),
             Self::W8A8(_) => "int8 (W8A8)".into(),
             Self::Fp8(_) => "fp8 e4m3".into(),
+            Self::W4A16(l) => match l.group_size() {
+                Some(g) => format!("int4, group {g} (W4A16)"),
+                None => "int4, per channel (W4A16)".into(),
+            },
         }
     }
 }

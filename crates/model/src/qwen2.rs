@@ -286,13 +286,44 @@ pub enum QuantMode {
     W8A8,
     /// fp8 e4m3 weights and activations with the same scaling, f32 accumulation.
     Fp8,
+    /// int4 weights with float activations (dequantized in registers).
+    W4A16 { group: Int4Group },
+}
+
+/// Where the scales of int4 weights change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Int4Group {
+    /// Per group of 128 input features where K allows, else 64, else 32, else per channel
+    /// (group-wise because per-channel int4 loses too much on real models).
+    #[default]
+    Auto,
+    /// One scale per output channel.
+    PerChannel,
+    /// Groups of this many input features (K must be a multiple).
+    Size(usize),
+}
+
+impl Int4Group {
+    /// The group size for an input dimension `k` (`None`: per channel).
+    fn for_k(self, k: usize) -> Option<usize> {
+        match self {
+            Self::Auto => [128, 64, 32].into_iter().find(|g| k % g == 0),
+            Self::PerChannel => None,
+            Self::Size(g) => Some(g),
+        }
+    }
 }
 
 impl QuantMode {
-    pub fn name(self) -> &'static str {
+    pub fn name(self) -> String {
         match self {
-            Self::W8A8 => "w8a8",
-            Self::Fp8 => "fp8",
+            Self::W8A8 => "w8a8".into(),
+            Self::Fp8 => "fp8".into(),
+            Self::W4A16 { group } => match group {
+                Int4Group::Auto => "w4a16 (group 128 where K allows)".into(),
+                Int4Group::PerChannel => "w4a16 (per channel)".into(),
+                Int4Group::Size(g) => format!("w4a16 (group {g})"),
+            },
         }
     }
 }
@@ -371,6 +402,16 @@ impl Compression {
                     bias,
                     dtype,
                 )?),
+                QuantMode::W4A16 { group } => {
+                    CompressedLayer::W4A16(quant::W4A16Linear::from_dense(
+                        client,
+                        &w.data,
+                        [n, k],
+                        bias,
+                        dtype,
+                        group.for_k(k),
+                    )?)
+                }
             }),
         }
     }
