@@ -47,3 +47,78 @@ fn rms_norm_on_burn_matches_burn_arithmetic() {
 
     assert_close("burn rms_norm", &to_vec(ours), &to_vec(want), 1e-5);
 }
+
+#[test]
+fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
+    assert!(
+        cubellm::runtime::probe_wgpu().is_ok(),
+        "the Burn interop test needs the wgpu runtime (install mesa-vulkan-drivers)"
+    );
+    let device = WgpuDevice::default();
+    let mut rng = rng(8);
+    let (b, s, heads, d) = (2, 5, 3, 16);
+    let h = heads * d;
+    let x = random(&mut rng, b * s * h, 2.0);
+    let w = random(&mut rng, h, 1.0);
+    // Hugging Face's tables: the angle of frequency j repeated in both halves of the head.
+    let (mut cos, mut sin) = (Vec::new(), Vec::new());
+    for pos in 0..s {
+        for i in 0..d {
+            let j = i % (d / 2);
+            let angle = pos as f32 * 10000f32.powf(-2.0 * j as f32 / d as f32);
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    let eps = 1e-6;
+    let xt = B::float_from_data(TensorData::new(x, [b, s, h]), &device);
+    let wt = B::float_from_data(TensorData::new(w, [h]), &device);
+    let ct = B::float_from_data(TensorData::new(cos, [s, d]), &device);
+    let st = B::float_from_data(TensorData::new(sin, [s, d]), &device);
+
+    let ours =
+        ops::burn::fused_rmsnorm_rope(xt.clone(), wt.clone(), ct.clone(), st.clone(), eps, None)
+            .expect("fused_rmsnorm_rope on burn");
+
+    // Burn's own arithmetic: RMSNorm over h, then per head x * cos + rotate_half(x) * sin.
+    let ms = B::float_mean_dim(B::float_powi_scalar(xt.clone(), Scalar::Int(2)), 2);
+    let inv = B::float_recip(B::float_sqrt(B::float_add_scalar(
+        ms,
+        Scalar::Float(eps as f64),
+    )));
+    let normed = B::float_mul(
+        B::float_mul(xt, inv),
+        B::float_reshape(wt, [1, 1, h].into()),
+    );
+    let q = B::float_reshape(normed, [b, s, heads, d].into());
+    let first = B::float_slice(
+        q.clone(),
+        &[
+            (0..b).into(),
+            (0..s).into(),
+            (0..heads).into(),
+            (0..d / 2).into(),
+        ],
+    );
+    let second = B::float_slice(
+        q.clone(),
+        &[
+            (0..b).into(),
+            (0..s).into(),
+            (0..heads).into(),
+            (d / 2..d).into(),
+        ],
+    );
+    let rotated = B::float_cat(vec![B::float_neg(second), first], 3);
+    let c = B::float_reshape(ct, [1, s, 1, d].into());
+    let sn = B::float_reshape(st, [1, s, 1, d].into());
+    let want = B::float_add(B::float_mul(q, c), B::float_mul(rotated, sn));
+    let want = B::float_reshape(want, [b, s, h].into());
+
+    assert_close(
+        "burn fused_rmsnorm_rope",
+        &to_vec(ours),
+        &to_vec(want),
+        1e-5,
+    );
+}

@@ -78,3 +78,23 @@ pub fn rms_norm<R: CubeRuntime>(
     let out = crate::norm::rms_norm(&x.client, &xd, &wd, eps)?;
     Ok(from_device_tensor(out, &x))
 }
+
+/// [`crate::rope::fused_rmsnorm_rope`] on Burn primitives: `x[b, s, h]`, `weight[h]`, `cos` and
+/// `sin` of shape `[s, head_dim]` or `[1, s, 1, head_dim]` (Hugging Face's full-width tables, in
+/// x's dtype); `num_heads` inferred as `h / head_dim` when `None`.
+pub fn fused_rmsnorm_rope<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    weight: CubeTensor<R>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    eps: f32,
+    num_heads: Option<usize>,
+) -> Result<CubeTensor<R>> {
+    const OP: &str = "fused_rmsnorm_rope";
+    let (xd, x) = to_device_tensor(OP, x)?;
+    let (wd, _w) = to_device_tensor(OP, weight)?;
+    let (cd, _c) = to_device_tensor(OP, cos)?;
+    let (sd, _s) = to_device_tensor(OP, sin)?;
+    let out = crate::rope::fused_rmsnorm_rope(&x.client, &xd, &wd, &cd, &sd, eps, num_heads)?;
+    Ok(from_device_tensor(out, &x))
+}
