@@ -231,54 +231,40 @@ fn without_a_model_the_demo_model_is_used() {
     std::fs::remove_dir_all(&home).unwrap();
 }
 
+/// Generates 3 tokens from the demo model with `flags`; returns stderr after checking success.
+fn generate_ok(name: &str, flags: &[&str]) -> String {
+    let home = temp(name);
+    let mut args = vec![
+        "--runtime",
+        "wgpu",
+        "generate",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "3",
+    ];
+    args.extend_from_slice(flags);
+    let o = cli(&args, &home);
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{stderr}");
+    std::fs::remove_dir_all(&home).unwrap();
+    stderr
+}
+
 #[test]
 fn sparsify_reports_the_weight_memory() {
-    let home = temp("sparsify");
-    let o = cli(
-        &[
-            "--runtime",
-            "wgpu",
-            "generate",
-            "--prompt",
-            "Hello",
-            "--max-new-tokens",
-            "3",
-            "--sparsify",
-            "0.5",
-        ],
-        &home,
-    );
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
+    let stderr = generate_ok("sparsify", &["--sparsify", "0.5"]);
     assert!(
         stderr.contains("MB dense") && stderr.contains("50% block sparsity"),
         "{stderr}"
     );
-    std::fs::remove_dir_all(&home).unwrap();
 }
 
 #[test]
 fn quant_reports_the_weight_memory() {
-    let home = temp("quant");
-    let o = cli(
-        &[
-            "--runtime",
-            "wgpu",
-            "generate",
-            "--prompt",
-            "Hello",
-            "--max-new-tokens",
-            "3",
-            "--quant",
-            "fp8",
-        ],
-        &home,
-    );
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{stderr}");
+    let stderr = generate_ok("quant", &["--quant", "fp8"]);
     assert!(
         stderr.contains("quantized to fp8, LM head in float"),
         "{stderr}"
     );
-    std::fs::remove_dir_all(&home).unwrap();
 }

@@ -35,6 +35,15 @@ fn add_kernel<F: Float, N: Size>(
     }
 }
 
+/// `silu(g) * u`, computed in f32.
+#[cube]
+fn silu_times<F: Float, N: Size>(g: Vector<F, N>, u: Vector<F, N>) -> Vector<F, N> {
+    let g = Vector::<f32, N>::cast_from(g);
+    let u = Vector::<f32, N>::cast_from(u);
+    let silu = g / (Vector::new(1f32) + Vector::exp(-g));
+    Vector::<F, N>::cast_from(silu * u)
+}
+
 #[cube(launch_unchecked)]
 fn swiglu_kernel<F: Float, N: Size>(
     gate: &[Vector<F, N>],
@@ -48,10 +57,7 @@ fn swiglu_kernel<F: Float, N: Size>(
     for k in 0..PER_UNIT {
         let i = ABSOLUTE_POS + k * stride;
         if i < len {
-            let g = Vector::<f32, N>::cast_from(gate[i]);
-            let u = Vector::<f32, N>::cast_from(up[i]);
-            let silu = g / (Vector::new(1f32) + Vector::exp(-g));
-            out[i] = Vector::<F, N>::cast_from(silu * u);
+            out[i] = silu_times::<F, N>(gate[i], up[i]);
         }
     }
 }
@@ -73,10 +79,7 @@ fn swiglu_concat_kernel<F: Float, N: Size>(
         if i < len {
             let row = i / half;
             let g_at = i + row * half;
-            let g = Vector::<f32, N>::cast_from(gate_up[g_at]);
-            let u = Vector::<f32, N>::cast_from(gate_up[g_at + half]);
-            let silu = g / (Vector::new(1f32) + Vector::exp(-g));
-            out[i] = Vector::<F, N>::cast_from(silu * u);
+            out[i] = silu_times::<F, N>(gate_up[g_at], gate_up[g_at + half]);
         }
     }
 }
