@@ -12,7 +12,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::cube_count_1d;
-use ops::reduce::ReducePlan;
+use ops::reduce::{cube_max, ReducePlan};
 use ops::{caps, DeviceTensor, OpsError, Result};
 
 use crate::codec::{encode_e4m3, encode_int8};
@@ -34,41 +34,6 @@ pub(crate) fn encode(v: f32, #[comptime] fp8: bool) -> u32 {
     } else {
         encode_int8(v)
     }
-}
-
-/// The maximum of a non-negative `value` over the cube. `ops::reduce::cube_max` starts from
-/// `-inf`, which the WGSL backend prints as an undefined identifier `Inf`; a max of magnitudes
-/// can start from zero instead.
-#[cube]
-pub(crate) fn cube_max_nonneg(value: f32, #[comptime] plan: ReducePlan) -> f32 {
-    let mut out = 0f32;
-    if comptime![plan.use_plane] {
-        let partial = plane_max(value);
-        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.max_planes() as usize]);
-        if UNIT_POS_PLANE == 0 {
-            shared[PLANE_POS as usize] = partial;
-        }
-        sync_cube();
-        let num_planes = CUBE_DIM / PLANE_DIM;
-        for i in 0..num_planes {
-            out = max(out, shared[i as usize]);
-        }
-    } else {
-        let mut shared = Shared::<[f32]>::new_slice(comptime![plan.cube_dim as usize]);
-        shared[UNIT_POS as usize] = value;
-        sync_cube();
-        #[unroll]
-        for step in 0..plan.tree_steps() {
-            let stride = comptime![(plan.cube_dim >> (step + 1)) as usize];
-            if (UNIT_POS as usize) < stride {
-                let other = shared[UNIT_POS as usize + stride];
-                shared[UNIT_POS as usize] = max(shared[UNIT_POS as usize], other);
-            }
-            sync_cube();
-        }
-        out = shared[0];
-    }
-    out
 }
 
 #[cube(launch_unchecked)]
@@ -108,7 +73,7 @@ fn quantize_row<F: Float, N: Size>(
             amax = max(amax, f32::abs(f32::cast_from(v.extract(l))));
         }
     }
-    let amax = cube_max_nonneg(amax, plan.reduce);
+    let amax = cube_max(amax, plan.reduce);
     let qmax = select(plan.fp8, 448.0f32, 127.0f32);
     let s = max(amax / qmax, SCALE_FLOOR);
     if UNIT_POS == 0 {
