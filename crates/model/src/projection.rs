@@ -14,6 +14,8 @@ use crate::qwen2::Weight;
 use crate::Result;
 
 /// A linear layer whose weight is not a dense matrix; it owns its bias.
+// Held once per projection (four per layer): the variant sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum CompressedLayer<R: Runtime> {
     /// Block-sparse (BSR) weight from pruning: an accuracy trade-off the user asked for.
     Sparse(SparseLinear<R>),

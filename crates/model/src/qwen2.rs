@@ -307,7 +307,7 @@ impl Int4Group {
     /// The group size for an input dimension `k` (`None`: per channel).
     fn for_k(self, k: usize) -> Option<usize> {
         match self {
-            Self::Auto => [128, 64, 32].into_iter().find(|g| k % g == 0),
+            Self::Auto => [128, 64, 32].into_iter().find(|g| k.is_multiple_of(*g)),
             Self::PerChannel => None,
             Self::Size(g) => Some(g),
         }
