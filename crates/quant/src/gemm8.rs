@@ -470,8 +470,9 @@ impl<R: Runtime> Gemm8<'_, R> {
         };
         let acc = if self.fp8 { DType::F32 } else { DType::I32 };
         let dtypes = [self.out.dtype().elem_type(), acc.elem_type()];
-        // Without a bias the kernel never reads it: any small buffer of the output dtype will do.
-        let bias = self.bias.unwrap_or(self.out);
+        // Without a bias the kernel never reads it, but something must be bound: an input (the
+        // row scales), never the output, which WebGPU forbids to alias another binding.
+        let bias = self.bias.unwrap_or(self.sa);
         let tc = choice == KernelChoice::TensorCore && has_mma8(client, self.fp8);
         unsafe {
             if tc {

@@ -1,6 +1,7 @@
 //! Quantized inference kernels: per-row int8 / fp8 (e4m3) activation quantization, W8A8 and
-//! FP8 GEMMs with integer / fp8 tensor cores where CubeCL exposes them, W4A16 GEMM/GEMV with int4
-//! weights packed 8 per i32, and the quantized linear layers built on them.
+//! FP8 GEMMs (a portable kernel everywhere; an `mma.sync` tensor-core kernel that is opt-in until
+//! verified on a GPU), W4A16 GEMM/GEMV with int4 weights packed 8 per i32, and the quantized
+//! linear layers built on them.
 //!
 //! Semantics are DESIGN §5's (symmetric, `s = max|r| / Qmax`, per-token activation scales,
 //! per-output-channel weight scales, group-wise int4 as an option); the exact rules live in
