@@ -7,7 +7,7 @@
 //! [`empty_byte_matrix`], [`crate::host::ByteMatrix::upload`] and the quantize kernels.
 
 use cubecl::prelude::*;
-use ops::{DType, DeviceTensor, OpsError, Result};
+use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::row_pitch;
 
@@ -120,4 +120,52 @@ pub fn check_scales<R: Runtime>(
 pub(crate) unsafe fn words_arg<R: Runtime>(t: &DeviceTensor<R>) -> BufferArg<R> {
     let words = t.handle().size_in_used() as usize / 4;
     unsafe { BufferArg::from_raw_parts(t.handle().clone(), words) }
+}
+
+/// Checks a float output `[.., N]` of the expected shape and its optional bias `[N]`.
+pub(crate) fn check_output<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    out: &DeviceTensor<R>,
+    shape: &[usize],
+    bias: Option<&DeviceTensor<R>>,
+) -> Result<()> {
+    caps::check_float_dtype(client, op, out.dtype())?;
+    if out.shape() != shape || !out.is_contiguous() {
+        return Err(OpsError::shape(
+            op,
+            format!(
+                "out must be a contiguous {shape:?}, got {:?} with strides {:?}",
+                out.shape(),
+                out.strides()
+            ),
+        ));
+    }
+    if let Some(b) = bias {
+        let n = shape[shape.len() - 1];
+        if b.dtype() != out.dtype() {
+            return Err(OpsError::UnsupportedDType {
+                op,
+                dtype: b.dtype(),
+                runtime: "any",
+                detail: format!("bias must have the output's dtype {}", out.dtype()),
+            });
+        }
+        if b.shape() != [n] || !b.is_contiguous() {
+            return Err(OpsError::shape(
+                op,
+                format!("bias is {:?}, expected a contiguous [{n}]", b.shape()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The shape of a linear layer's output for input `x[.., K]`: `[.., n]`.
+pub(crate) fn output_shape<R: Runtime>(x: &DeviceTensor<R>, n: usize) -> Vec<usize> {
+    let mut shape = x.shape().to_vec();
+    if let Some(last) = shape.last_mut() {
+        *last = n;
+    }
+    shape
 }

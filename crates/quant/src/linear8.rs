@@ -14,7 +14,9 @@ use ops::{caps, DType, DeviceTensor, OpsError, Result};
 use crate::format::QuantFormat;
 use crate::gemm8::{Gemm8, KernelChoice};
 use crate::host::quantize_weight_8bit;
-use crate::layout::{check_byte_matrix, check_scales, empty_byte_matrix};
+use crate::layout::{
+    check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
+};
 use crate::rowquant::quantize_per_row_into;
 
 /// `out[M, N] = (A · Bᵀ) · sa · sb (+ bias)` for 8-bit matrices `a[M, K]` and `b[N, K]` of the
@@ -75,45 +77,6 @@ pub fn gemm8_into<R: Runtime>(
         fp8: format == QuantFormat::Fp8E4M3,
     }
     .launch(client, choice);
-    Ok(())
-}
-
-/// Checks a float output `[.., N]` of the expected shape and its optional bias `[N]`.
-pub(crate) fn check_output<R: Runtime>(
-    client: &ComputeClient<R>,
-    op: &'static str,
-    out: &DeviceTensor<R>,
-    shape: &[usize],
-    bias: Option<&DeviceTensor<R>>,
-) -> Result<()> {
-    caps::check_float_dtype(client, op, out.dtype())?;
-    if out.shape() != shape || !out.is_contiguous() {
-        return Err(OpsError::shape(
-            op,
-            format!(
-                "out must be a contiguous {shape:?}, got {:?} with strides {:?}",
-                out.shape(),
-                out.strides()
-            ),
-        ));
-    }
-    if let Some(b) = bias {
-        let n = shape[shape.len() - 1];
-        if b.dtype() != out.dtype() {
-            return Err(OpsError::UnsupportedDType {
-                op,
-                dtype: b.dtype(),
-                runtime: "any",
-                detail: format!("bias must have the output's dtype {}", out.dtype()),
-            });
-        }
-        if b.shape() != [n] || !b.is_contiguous() {
-            return Err(OpsError::shape(
-                op,
-                format!("bias is {:?}, expected a contiguous [{n}]", b.shape()),
-            ));
-        }
-    }
     Ok(())
 }
 
@@ -224,7 +187,7 @@ impl<R: Runtime> Weight8<R> {
     }
 
     fn forward(&self, client: &ComputeClient<R>, x: &DeviceTensor<R>) -> Result<DeviceTensor<R>> {
-        let out = empty_output(client, x, self.q.shape()[0]);
+        let out = DeviceTensor::empty(client, &output_shape(x, self.q.shape()[0]), x.dtype());
         let scratch = ActScratch::new(client, x.rows(), x.last_dim(), self.format);
         self.forward_into(client, x, &scratch, &out)?;
         Ok(out)
@@ -247,18 +210,6 @@ impl<R: Runtime> Weight8<R> {
             out,
         )
     }
-}
-
-fn empty_output<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    n: usize,
-) -> DeviceTensor<R> {
-    let mut shape = x.shape().to_vec();
-    if let Some(last) = shape.last_mut() {
-        *last = n;
-    }
-    DeviceTensor::empty(client, &shape, x.dtype())
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
@@ -302,9 +253,7 @@ fn linear8_into<R: Runtime>(
             format!("x {:?} for a weight {:?}", x.shape(), qweight.shape()),
         ));
     }
-    let mut want = x.shape().to_vec();
-    *want.last_mut().expect("rank >= 1") = n;
-    check_output(client, OP, out, &want, bias)?;
+    check_output(client, OP, out, &output_shape(x, n), bias)?;
     let (q, s) = scratch.views(OP, rows, k)?;
     quantize_per_row_into(client, &x.reshape(&[rows, k])?, scratch.format, &q, &s)?;
     let out2 = out.reshape(&[rows, n])?;
@@ -330,7 +279,7 @@ pub fn w8a8_linear<R: Runtime>(
     bias: Option<&DeviceTensor<R>>,
 ) -> Result<DeviceTensor<R>> {
     let n = qweight.shape().first().copied().unwrap_or(0);
-    let out = empty_output(client, x, n);
+    let out = DeviceTensor::empty(client, &output_shape(x, n), x.dtype());
     let scratch = ActScratch::new(client, x.rows(), x.last_dim(), QuantFormat::Int8);
     w8a8_linear_into(client, x, qweight, w_scale, bias, &scratch, &out)?;
     Ok(out)

@@ -23,6 +23,7 @@ use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::codec::sext_nibble;
 use crate::host::check_int4_shape;
+use crate::layout::{check_output, output_shape};
 
 const OP: &str = "w4a16_linear";
 
@@ -310,7 +311,7 @@ pub fn w4a16_linear<R: Runtime>(
     bias: Option<&DeviceTensor<R>>,
 ) -> Result<DeviceTensor<R>> {
     let (_, n) = check_operands(client, x, qweight, scales, group_size, bias)?;
-    let out = DeviceTensor::empty(client, &out_shape(x, n), x.dtype());
+    let out = DeviceTensor::empty(client, &output_shape(x, n), x.dtype());
     w4a16_linear_into_with(
         client,
         x,
@@ -360,17 +361,8 @@ pub fn w4a16_linear_into_with<R: Runtime>(
 ) -> Result<()> {
     let (k, n) = check_operands(client, x, qweight, scales, group_size, bias)?;
     check_same_dtype(OP, x, out)?;
-    let want = out_shape(x, n);
-    if out.shape() != want.as_slice() || !out.is_contiguous() {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "out is {:?} (strides {:?}), expected a contiguous {want:?}",
-                out.shape(),
-                out.strides()
-            ),
-        ));
-    }
+    // The bias was checked with the operands.
+    check_output(client, OP, out, &output_shape(x, n), None)?;
     let m = x.rows();
     let kernel = match kernel {
         W4a16Kernel::Auto if m <= GEMV_MAX_M => W4a16Kernel::Gemv {
@@ -472,12 +464,6 @@ fn auto_cols_per_unit<R: Runtime>(client: &ComputeClient<R>, n: usize) -> u32 {
         .into_iter()
         .find(|&c| n >= 32 * c as usize * sms)
         .unwrap_or(1)
-}
-
-fn out_shape<R: Runtime>(x: &DeviceTensor<R>, n: usize) -> Vec<usize> {
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rank >= 1 checked") = n;
-    shape
 }
 
 /// Validates x, qweight, scales and bias; returns (K, N).
