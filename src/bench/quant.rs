@@ -33,9 +33,10 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     let dtype = act_dtype(client);
     let e = dtype.size() as f64;
     let mut out = Vec::new();
-    let mut w8a8 = |name: String, m: usize, k: usize, n: usize| {
+    let mut w8a8 = |name: String, m: usize, k: usize, n: usize, choice: KernelChoice| {
         let layer = W8A8Linear::from_dense(client, &pseudo_random(n * k, 1), [n, k], None, dtype)
-            .expect("bench weight");
+            .expect("bench weight")
+            .with_kernel(choice);
         let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 2), &[m, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[m, n], dtype);
         let scratch = layer.scratch(client, m);
@@ -47,19 +48,41 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             run: Box::new(move || layer.forward_into(client, &x, &scratch, &y).unwrap()),
         });
     };
+    // "simt": the portable kernel, beside the default (tensor cores on CUDA).
     for m in [512, 4096] {
-        w8a8(format!("w8a8 {m}x4096x4096"), m, 4096, 4096);
+        w8a8(
+            format!("w8a8 {m}x4096x4096"),
+            m,
+            4096,
+            4096,
+            KernelChoice::Auto,
+        );
     }
+    w8a8(
+        "w8a8 512x4096x4096 simt".into(),
+        512,
+        4096,
+        4096,
+        KernelChoice::Portable,
+    );
     for (name, k, n) in MODEL_SHAPES {
         for m in [1, 16] {
-            w8a8(format!("w8a8 {name} {m}x{k}x{n}"), m, k, n);
+            w8a8(
+                format!("w8a8 {name} {m}x{k}x{n}"),
+                m,
+                k,
+                n,
+                KernelChoice::Auto,
+            );
         }
     }
     // e4m3 x e4m3 on operands quantized beforehand (the layer's weight, a quantized activation).
-    for (name, m, k, n) in [
-        ("fp8_gemm 4096x4096x4096".to_string(), 4096, 4096, 4096),
-        ("fp8_gemm 512x4096x4096".to_string(), 512, 4096, 4096),
+    for (m, choice, suffix) in [
+        (4096, KernelChoice::Auto, ""),
+        (512, KernelChoice::Auto, ""),
+        (512, KernelChoice::Portable, " simt"),
     ] {
+        let (name, k, n) = (format!("fp8_gemm {m}x4096x4096{suffix}"), 4096, 4096);
         let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 3), &[m, k], dtype).unwrap();
         let (qa, sa) = quant::quantize_per_row(client, &x, QuantFormat::Fp8E4M3).unwrap();
         let w = DeviceTensor::from_f32(client, &pseudo_random(n * k, 4), &[n, k], dtype).unwrap();
@@ -71,17 +94,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             bytes: (m * k + n * k) as f64 + e * (m * n) as f64,
             flops: 2.0 * (m * n * k) as f64,
             run: Box::new(move || {
-                gemm8_into(
-                    client,
-                    &qa,
-                    &sa,
-                    &qb,
-                    &sb,
-                    None,
-                    &y,
-                    KernelChoice::default(),
-                )
-                .unwrap()
+                gemm8_into(client, &qa, &sa, &qb, &sb, None, &y, choice).unwrap()
             }),
         });
     }
@@ -120,6 +133,42 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             bytes: e * (k + n) as f64 + (n * k + 4 * n) as f64,
             flops: 2.0 * (n * k) as f64,
             run: Box::new(move || layer.forward_into(client, &x, &scratch, &y).unwrap()),
+        });
+    }
+    // The two halves of an 8-bit decode projection apart: the activation quantization pre-pass
+    // and the skinny GEMM on pre-quantized operands.
+    for fmt in [QuantFormat::Int8, QuantFormat::Fp8E4M3] {
+        let tag = if fmt == QuantFormat::Int8 {
+            "int8"
+        } else {
+            "fp8"
+        };
+        for k in [1536, 8960] {
+            let x = DeviceTensor::from_f32(client, &pseudo_random(k, 9), &[1, k], dtype).unwrap();
+            out.push(Case {
+                name: format!("quantize_per_row {tag} 1x{k}"),
+                dtype,
+                bytes: (e + 1.0) * k as f64,
+                flops: 0.0,
+                run: Box::new(move || {
+                    quant::quantize_per_row(client, &x, fmt).unwrap();
+                }),
+            });
+        }
+        let (k, n) = (8960, 1536);
+        let x = DeviceTensor::from_f32(client, &pseudo_random(k, 10), &[1, k], dtype).unwrap();
+        let (qa, sa) = quant::quantize_per_row(client, &x, fmt).unwrap();
+        let w = DeviceTensor::from_f32(client, &pseudo_random(n * k, 11), &[n, k], dtype).unwrap();
+        let (qb, sb) = quant::quantize_per_row(client, &w, fmt).unwrap();
+        let y = DeviceTensor::empty(client, &[1, n], dtype);
+        out.push(Case {
+            name: format!("gemm8 {tag} 1x{k}x{n}"),
+            dtype,
+            bytes: (k + n * k) as f64 + e * n as f64,
+            flops: 2.0 * (n * k) as f64,
+            run: Box::new(move || {
+                gemm8_into(client, &qa, &sa, &qb, &sb, None, &y, KernelChoice::Auto).unwrap()
+            }),
         });
     }
     out

@@ -34,9 +34,12 @@ fn assert_rows_close(what: &str, got: &[f64], want: &[f64], n: usize, tol: f64) 
 
 /// Relative tolerance of a dequantized output in `dtype` (the accumulation is exact for int8
 /// and exact products summed in f32 for fp8).
+/// The 1e-3 holds for f32 and f16 outputs; a bf16 output alone rounds by up to 2^-8
+/// relative (7 stored mantissa bits), so there the bound is that rounding.
 fn dequant_tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 2e-5,
+        DType::BF16 => 4e-3,
         _ => 1e-3,
     }
 }
@@ -115,6 +118,63 @@ fn gemm8_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// Both kernel choices (on CUDA, `Auto` is the skinny tensor-core kernel for M <= 16 and the
+/// tile one above; elsewhere both are the portable kernel) on shapes that cross the 128x128
+/// tiles, the 16-row limit, the 64-byte K chunks and the K split: int8 accumulators exact, fp8
+/// within the f32-summation tolerance, and the scaled epilogue with a bias.
+fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(82);
+    for fmt in FORMATS {
+        for (m, n, k) in [
+            (1, 8, 32),
+            (1, 300, 8960),
+            (5, 200, 96),
+            (9, 17, 1100),
+            (16, 77, 1000),
+            (17, 64, 64),
+            (130, 257, 200),
+            (256, 128, 64),
+            (129, 300, 1000),
+            // Wide N: several 8-column tiles per cube, fewer (down to one) warps per tile.
+            (1, 9000, 64),
+            (3, 40000, 32),
+        ] {
+            let a = rows_with_outliers(&mut rng, m, k);
+            let b = random(&mut rng, n * k, 1.0);
+            let (at, ah) = upload(client, &a, &[m, k], DType::F32);
+            let (bt, bh) = upload(client, &b, &[n, k], DType::F32);
+            let (qa, sa) = quant::quantize_per_row(client, &at, fmt).unwrap();
+            let (qb, sb) = quant::quantize_per_row(client, &bt, fmt).unwrap();
+            let (ca, sah) = qref::quantize_rows(&ah, m, k, fmt);
+            let (cb, sbh) = qref::quantize_rows(&bh, n, k, fmt);
+            let acc = qref::gemm_nt_codes(&ca, &cb, m, n, k, fmt);
+            let (bias, biash) = upload(client, &random(&mut rng, n, 1.0), &[n], DType::F32);
+            for choice in [KernelChoice::Portable, KernelChoice::Auto] {
+                let what = format!("gemm8 {choice:?} {fmt:?} {m}x{n}x{k}");
+                let one = DeviceTensor::from_f32(client, &[1.0], &[1], DType::F32).unwrap();
+                let out = poisoned(client, &[m, n], DType::F32);
+                gemm8_into(client, &qa, &one, &qb, &one, None, &out, choice).unwrap();
+                let got = out.to_f64_vec(client).unwrap();
+                if fmt == QuantFormat::Int8 {
+                    assert_exact(&format!("{what} accumulators"), &got, &acc);
+                } else {
+                    assert_rows_close(&what, &got, &acc, n, dequant_tolerance(DType::F32));
+                }
+                let out = poisoned(client, &[m, n], DType::F32);
+                gemm8_into(client, &qa, &sa, &qb, &sb, Some(&bias), &out, choice).unwrap();
+                let want = qref::dequant_epilogue(&acc, m, n, &sah, &sbh, Some(biash.as_slice()));
+                assert_rows_close(
+                    &format!("{what} bias"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    n,
+                    dequant_tolerance(DType::F32),
+                );
+            }
+        }
+    }
+}
+
 /// The largest error of a code times its scale for a value `v` of a row with scale `s`.
 fn code_error(fmt: QuantFormat, v: f64, s: f64) -> f64 {
     match fmt {
@@ -165,7 +225,18 @@ fn linear8_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(82);
     for fmt in FORMATS {
         for dtype in float_dtypes(client) {
-            for (m, n, k) in [(1, 33, 127), (3, 100, 64), (17, 40, 300)] {
+            // On CUDA: M <= 16 with at most 16 KB of codes quantizes inside the skinny GEMM
+            // (1x..x8960, 16x..x1000), (2, .., 8960) takes the pre-pass + skinny GEMM, M = 17
+            // the pre-pass + tile GEMM.
+            for (m, n, k) in [
+                (1, 33, 127),
+                (3, 100, 64),
+                (1, 65, 8960),
+                (16, 24, 1000),
+                (2, 40, 8960),
+                (1, 9000, 64),
+                (17, 40, 300),
+            ] {
                 let x = rows_with_outliers(&mut rng, m, k);
                 let w = random(&mut rng, n * k, 0.5);
                 let bias = random(&mut rng, n, 1.0);
@@ -401,6 +472,11 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn gemm8_matches_the_quantized_reference() {
     on_each_runtime!(gemm8_case);
+}
+
+#[test]
+fn gemm8_kernel_choices_match_the_reference() {
+    on_each_runtime!(gemm8_kernel_choices_case);
 }
 
 #[test]

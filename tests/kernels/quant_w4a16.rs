@@ -227,8 +227,16 @@ fn error_bound_case<R: Runtime>(client: &ComputeClient<R>) {
 fn layer_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(400);
     for dtype in float_dtypes(client) {
-        for (group, with_bias) in [(None, true), (Some(128), false)] {
-            let (m, k, n) = (5usize, 256usize, 70usize);
+        // The layer's own layout and kernels: the column-major GEMV for M <= 16 (K/8 odd: one
+        // word per load; group 8: a scale per word), the tiled kernel above.
+        for (m, k, n, group, with_bias) in [
+            (5usize, 256usize, 70usize, None, true),
+            (5, 256, 70, Some(128), false),
+            (1, 264, 33, Some(8), true),
+            (16, 1536, 9, Some(64), false),
+            (17, 256, 70, Some(128), true),
+            (40, 136, 65, None, false),
+        ] {
             let w = random(&mut rng, n * k, 0.5);
             let bias = random(&mut rng, n, 1.0);
             let layer = W4A16Linear::from_dense(
@@ -254,7 +262,7 @@ fn layer_case<R: Runtime>(client: &ComputeClient<R>) {
             let want = qref::w4a16(&xr, m, &qw, with_bias.then_some(&br[..]));
             let out = poisoned(client, &[m, n], dtype);
             layer.forward_into(client, &x, &out).unwrap();
-            let what = format!("layer {dtype} group {group:?}");
+            let what = format!("layer {dtype} {m}x{k}x{n} group {group:?}");
             assert_close(
                 &what,
                 &out.to_f64_vec(client).unwrap(),

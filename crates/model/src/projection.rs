@@ -174,6 +174,20 @@ impl<R: Runtime> Projection<R> {
         matches!(self, Self::Dense { .. })
     }
 
+    /// Whether the decode step's launches for this projection allocate nothing, so that they
+    /// can be captured in a CUDA graph: all but the sparse layer, whose kernel allocates its
+    /// split-row partials per call (a replayed graph would keep writing to memory the pool has
+    /// since handed to someone else). The quantized layers run from the step's scratch.
+    pub fn graph_safe(&self) -> bool {
+        !matches!(
+            self,
+            Self::Compressed {
+                layer: CompressedLayer::Sparse(_),
+                ..
+            }
+        )
+    }
+
     /// Device bytes of the weight (and bias, scales, indices).
     pub fn bytes(&self) -> usize {
         match self {

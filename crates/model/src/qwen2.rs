@@ -1144,12 +1144,10 @@ impl<R: Runtime> Qwen2Session<R> {
     pub fn new(model: Qwen2Model<R>) -> Result<Self> {
         let cache = model.new_cache()?;
         let step = model.new_decode_buffers()?;
-        // Compressed projections run eagerly: their kernels may allocate per call (the sparse
-        // kernel's split-row partials), which a replayed graph would keep writing after the
-        // memory pool has handed the buffer to someone else.
-        let all_dense = model.projections().all(Projection::is_dense);
+        // Block-sparse projections run eagerly (see `Projection::graph_safe`).
+        let graph_safe = model.projections().all(Projection::graph_safe);
         let graphs = caps::runtime_name(&model.client) == "cuda"
-            && all_dense
+            && graph_safe
             && std::env::var("CUBELLM_NO_GRAPH").map_or(true, |v| v.is_empty() || v == "0");
         Ok(Self {
             model,

@@ -40,6 +40,36 @@ impl ReducePlan {
     }
 }
 
+/// The sum of `value` over the `lanes` units along x of each of the `rows` rows of a
+/// `(lanes, rows)` cube (a GEMV's one-column-per-plane layout), valid in the unit with x = 0.
+/// With `use_plane` the rows must be planes (`lanes` = the plane size); otherwise a shared-memory
+/// pass, which every runtime has. Every unit must call it (it may synchronise the cube).
+#[cube]
+pub fn row_sum(
+    value: f32,
+    #[comptime] lanes: u32,
+    #[comptime] rows: u32,
+    #[comptime] use_plane: bool,
+) -> f32 {
+    let mut out = 0f32;
+    if comptime![use_plane] {
+        out = plane_sum(value);
+    } else {
+        let mut shared = Shared::<[f32]>::new_slice(comptime![(lanes * rows) as usize]);
+        let base = (UNIT_POS_Y * lanes) as usize;
+        shared[base + UNIT_POS_X as usize] = value;
+        sync_cube();
+        if UNIT_POS_X == 0 {
+            #[unroll]
+            for i in 0..lanes {
+                out += shared[base + i as usize];
+            }
+        }
+        sync_cube();
+    }
+    out
+}
+
 /// The sum of `value` over all units of the cube, returned to every unit.
 #[cube]
 pub fn cube_sum(value: f32, #[comptime] plan: ReducePlan) -> f32 {

@@ -1,6 +1,6 @@
 //! Quantized inference kernels: per-row int8 / fp8 (e4m3) activation quantization, W8A8 and
-//! FP8 GEMMs (a portable kernel everywhere; an `mma.sync` tensor-core kernel that is opt-in until
-//! verified on a GPU), W4A16 GEMM/GEMV with int4 weights packed 8 per i32, and the quantized
+//! FP8 GEMMs (`mma.sync` tensor-core kernels on CUDA, verified on an H100; a portable kernel
+//! everywhere else), W4A16 GEMM/GEMV with int4 weights packed 8 per i32, and the quantized
 //! linear layers built on them.
 //!
 //! Semantics are DESIGN §5's (symmetric, `s = max|r| / Qmax`, per-token activation scales,
@@ -19,6 +19,7 @@ pub mod reference;
 pub mod rowquant;
 pub mod transpose;
 pub mod w4a16;
+mod w4a16_nk;
 
 pub use format::QuantFormat;
 pub use fp8::fp8_gemm;

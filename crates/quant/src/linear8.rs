@@ -4,9 +4,11 @@
 //! channel weight scales (DESIGN §5).
 //!
 //! The activation is quantized by a pre-pass ([`crate::rowquant`]: one launch, `M·K` bytes out)
-//! rather than inside the GEMM's tile loader: a per-row scale needs the whole row's maximum
-//! before the first code can be written, which the tile loader does not have. The pre-pass moves
-//! `M·K·(2 + 1)` bytes, negligible beside the weight's `N·K` at decode.
+//! for prefill-sized inputs: a per-row scale needs the whole row's maximum before the first code
+//! can be written, which a GEMM tile loader does not have. At decode (M <= 16 and at most 16 KB
+//! of codes, CUDA) the skinny tensor-core GEMM does it itself instead: every cube computes the
+//! row scales and stages the codes in shared memory with the pre-pass's own functions (the same
+//! bytes), which saves a launch per projection for `N / 8` redundant passes over a few KB.
 
 use cubecl::prelude::*;
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
@@ -145,6 +147,7 @@ struct Weight8<R: Runtime> {
     q: DeviceTensor<R>,
     scales: DeviceTensor<R>,
     bias: Option<DeviceTensor<R>>,
+    choice: KernelChoice,
 }
 
 impl<R: Runtime> Weight8<R> {
@@ -175,6 +178,7 @@ impl<R: Runtime> Weight8<R> {
             q: w.q.upload(client, format.dtype()),
             scales: DeviceTensor::from_f32(client, &w.scales, &[n], DType::F32)?,
             bias,
+            choice: KernelChoice::default(),
         })
     }
 
@@ -208,12 +212,14 @@ impl<R: Runtime> Weight8<R> {
             self.bias.as_ref(),
             scratch,
             out,
+            self.choice,
         )
     }
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
 /// weight's format into `scratch`, then the 8-bit GEMM with the dequantizing epilogue.
+#[allow(clippy::too_many_arguments)]
 fn linear8_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
@@ -222,6 +228,7 @@ fn linear8_into<R: Runtime>(
     bias: Option<&DeviceTensor<R>>,
     scratch: &ActScratch<R>,
     out: &DeviceTensor<R>,
+    choice: KernelChoice,
 ) -> Result<()> {
     const OP: &str = "quantized linear";
     if scratch.format.dtype() != qweight.dtype() {
@@ -255,18 +262,34 @@ fn linear8_into<R: Runtime>(
     }
     check_output(client, OP, out, &output_shape(x, n), bias)?;
     let (q, s) = scratch.views(OP, rows, k)?;
-    quantize_per_row_into(client, &x.reshape(&[rows, k])?, scratch.format, &q, &s)?;
+    let x2 = x.reshape(&[rows, k])?;
     let out2 = out.reshape(&[rows, n])?;
-    gemm8_into(
-        client,
-        &q,
-        &s,
-        qweight,
-        w_scale,
-        bias,
-        &out2,
-        KernelChoice::default(),
-    )
+    let fp8 = scratch.format == QuantFormat::Fp8E4M3;
+    if choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
+        // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
+        // scratch is not written).
+        let w_pitch = check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
+        Gemm8 {
+            a: &q,
+            a_pitch: crate::format::row_pitch(k),
+            b: qweight,
+            b_pitch: w_pitch,
+            sa: &s,
+            sa_scalar: false,
+            sb: w_scale,
+            sb_scalar: check_scales(OP, "w_scale", w_scale, n, true)?,
+            bias,
+            out: &out2,
+            m: rows,
+            n,
+            k,
+            fp8,
+        }
+        .launch_fused(client, &x2);
+        return Ok(());
+    }
+    quantize_per_row_into(client, &x2, scratch.format, &q, &s)?;
+    gemm8_into(client, &q, &s, qweight, w_scale, bias, &out2, choice)
 }
 
 /// W8A8: `y = x · wᵀ (+ b)` with `x[.., K]` float (quantized per row to int8 here), `qweight`
@@ -302,7 +325,16 @@ pub fn w8a8_linear_into<R: Runtime>(
             "the weight and the activation scratch must be int8",
         ));
     }
-    linear8_into(client, x, qweight, w_scale, bias, scratch, out)
+    linear8_into(
+        client,
+        x,
+        qweight,
+        w_scale,
+        bias,
+        scratch,
+        out,
+        KernelChoice::default(),
+    )
 }
 
 macro_rules! linear8_layer {
@@ -326,6 +358,12 @@ macro_rules! linear8_layer {
             ) -> Result<Self> {
                 let inner = Weight8::from_dense(client, weight, shape, bias, act_dtype, $format)?;
                 Ok(Self { inner })
+            }
+
+            /// Runs the GEMM with `choice` instead of the default kernel.
+            pub fn with_kernel(mut self, choice: KernelChoice) -> Self {
+                self.inner.choice = choice;
+                self
             }
 
             pub fn in_features(&self) -> usize {

@@ -27,6 +27,27 @@ pub(crate) struct RowQuantPlan {
     pub vector: usize,
 }
 
+impl RowQuantPlan {
+    /// The plan for rows of `x` quantized to `format` by a cube of `cube_dim` units.
+    pub(crate) fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        format: QuantFormat,
+        cube_dim: u32,
+    ) -> Self {
+        let k = x.last_dim();
+        let vector = [4usize, 2, 1]
+            .into_iter()
+            .find(|&v| k.is_multiple_of(v) && caps::vector_size_for(client, x.dtype(), v) == v)
+            .unwrap_or(1);
+        Self {
+            reduce: ReducePlan::new(client, cube_dim),
+            fp8: format == QuantFormat::Fp8E4M3,
+            vector,
+        }
+    }
+}
+
 #[cube]
 pub(crate) fn encode(v: f32, #[comptime] fp8: bool) -> u32 {
     if comptime![fp8] {
@@ -53,16 +74,15 @@ fn quantize_rows_kernel<F: Float, N: Size>(
     }
 }
 
+/// The scale of row `row` of `x` (`[.., k]` in vectors of `plan.vector`), returned to every
+/// unit: a cube-wide max, so every unit of the cube must call it.
 #[cube]
-fn quantize_row<F: Float, N: Size>(
+pub(crate) fn row_scale<F: Float, N: Size>(
     x: &[Vector<F, N>],
-    q: &mut [u32],
-    scales: &mut [f32],
     row: usize,
     k: usize,
-    pitch_words: usize,
     #[comptime] plan: RowQuantPlan,
-) {
+) -> f32 {
     let row_vectors = k / plan.vector;
     let base = row * row_vectors;
     let mut amax = 0f32;
@@ -75,26 +95,52 @@ fn quantize_row<F: Float, N: Size>(
     }
     let amax = cube_max(amax, plan.reduce);
     let qmax = select(plan.fp8, 448.0f32, 127.0f32);
-    let s = max(amax / qmax, SCALE_FLOOR);
+    max(amax / qmax, SCALE_FLOOR)
+}
+
+/// Word `w` of row `row`'s codes at scale `s`: elements `4w .. 4w + 4`, zero past `k`.
+#[cube]
+pub(crate) fn encode_word<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    row: usize,
+    w: usize,
+    k: usize,
+    s: f32,
+    #[comptime] plan: RowQuantPlan,
+) -> u32 {
+    let base = row * (k / plan.vector);
+    let mut word = 0u32;
+    #[unroll]
+    for c in 0..comptime![4 / plan.vector] {
+        let k0 = w * 4 + c * plan.vector;
+        if k0 < k {
+            let v = x[base + k0 / plan.vector];
+            #[unroll]
+            for l in 0..plan.vector {
+                let code = encode(f32::cast_from(v.extract(l)) / s, plan.fp8);
+                word |= code << comptime![(8 * (c * plan.vector + l)) as u32];
+            }
+        }
+    }
+    word
+}
+
+#[cube]
+fn quantize_row<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    q: &mut [u32],
+    scales: &mut [f32],
+    row: usize,
+    k: usize,
+    pitch_words: usize,
+    #[comptime] plan: RowQuantPlan,
+) {
+    let s = row_scale::<F, N>(x, row, k, plan);
     if UNIT_POS == 0 {
         scales[row] = s;
     }
-    let per_word = comptime![4 / plan.vector];
     for w in range_stepped(UNIT_POS as usize, pitch_words, CUBE_DIM as usize) {
-        let mut word = 0u32;
-        #[unroll]
-        for c in 0..per_word {
-            let k0 = w * 4 + c * plan.vector;
-            if k0 < k {
-                let v = x[base + k0 / plan.vector];
-                #[unroll]
-                for l in 0..plan.vector {
-                    let code = encode(f32::cast_from(v.extract(l)) / s, plan.fp8);
-                    word |= code << comptime![(8 * (c * plan.vector + l)) as u32];
-                }
-            }
-        }
-        q[row * pitch_words + w] = word;
+        q[row * pitch_words + w] = encode_word::<F, N>(x, row, w, k, s, plan);
     }
 }
 
@@ -169,17 +215,10 @@ pub(crate) fn launch_rows<R: Runtime>(
     scales: &DeviceTensor<R>,
 ) {
     let (rows, k) = (x.rows(), x.last_dim());
-    let vector = [4usize, 2, 1]
-        .into_iter()
-        .find(|&v| k % v == 0 && caps::vector_size_for(client, x.dtype(), v) == v)
-        .unwrap_or(1);
     let pitch_words = pitch / 4;
     let cube_dim = (pitch_words as u32).next_power_of_two().clamp(32, 256);
-    let plan = RowQuantPlan {
-        reduce: ReducePlan::new(client, cube_dim),
-        fp8: format == QuantFormat::Fp8E4M3,
-        vector,
-    };
+    let plan = RowQuantPlan::new(client, x, format, cube_dim);
+    let vector = plan.vector;
     unsafe {
         quantize_rows_kernel::launch_unchecked::<R>(
             client,

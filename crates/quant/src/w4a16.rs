@@ -172,6 +172,9 @@ struct TilePlan {
     tm: u32,
     tn: u32,
     has_bias: bool,
+    /// The layer's column-major layout (`qweight[N, K/8]`, `scales[N, groups]`, see
+    /// [`crate::w4a16_nk`]) instead of the course's `[K/8, N]` / `[groups, N]`.
+    nk: bool,
 }
 
 impl TilePlan {
@@ -239,19 +242,30 @@ fn w4a16_tiled_kernel<F: Float>(
             }
         }
         // Weight tile: one packed word (8 consecutive k of one column) per index, dequantized.
+        // Consecutive units take consecutive words in memory (coalesced in either layout).
         #[unroll]
         for i in 0..comptime![((plan.bk / 8) * plan.bn).div_ceil(plan.units()) as usize] {
             let idx = UNIT_POS as usize + i * units;
             if idx < (bk / 8) * bn {
-                let r = idx / bn;
-                let c = idx % bn;
+                let mut r = idx / bn;
+                let mut c = idx % bn;
+                if comptime![plan.nk] {
+                    r = idx % (bk / 8);
+                    c = idx / (bk / 8);
+                }
                 let kw = k0 / 8 + r;
                 let col = n0 + c;
                 let mut word = 0i32;
                 let mut s = 0f32;
                 if kw < k_words && col < n {
-                    word = qweight[kw * n + col];
-                    s = scales[(kw * 8 / group) * n + col];
+                    let g = kw * 8 / group;
+                    if comptime![plan.nk] {
+                        word = qweight[col * k_words + kw];
+                        s = scales[col * (k / group) + g];
+                    } else {
+                        word = qweight[kw * n + col];
+                        s = scales[g * n + col];
+                    }
                 }
                 #[unroll]
                 for j in 0..8 {
@@ -423,37 +437,64 @@ pub fn w4a16_linear_into_with<R: Runtime>(
                 );
             }
         }
-        _ => {
-            let plan = TilePlan {
-                bm: 64,
-                bn: 64,
-                bk: 16,
-                tm: 4,
-                tn: 4,
-                has_bias: bias.is_some(),
-            };
-            let tiles = m.div_ceil(plan.bm as usize) * n.div_ceil(plan.bn as usize);
-            unsafe {
-                w4a16_tiled_kernel::launch_unchecked::<R>(
-                    client,
-                    cube_count_1d(client, tiles as u32),
-                    CubeDim::new_1d(plan.units()),
-                    x.as_buffer_arg(),
-                    qweight.as_buffer_arg(),
-                    scales.as_buffer_arg(),
-                    bias_arg.as_buffer_arg(),
-                    out.as_buffer_arg(),
-                    m,
-                    n,
-                    k,
-                    group,
-                    plan,
-                    dtype,
-                );
-            }
-        }
+        _ => launch_tiled(
+            client,
+            x,
+            qweight,
+            scales,
+            group,
+            bias,
+            out,
+            [m, n, k],
+            false,
+        ),
     }
     Ok(())
+}
+
+/// The tiled kernel on validated operands, in the course layout or the layer's `nk` one.
+#[allow(clippy::too_many_arguments)]
+fn launch_tiled<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight: &DeviceTensor<R>,
+    scales: &DeviceTensor<R>,
+    group: usize,
+    bias: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    [m, n, k]: [usize; 3],
+    nk: bool,
+) {
+    let plan = TilePlan {
+        bm: 64,
+        bn: 64,
+        bk: 16,
+        tm: 4,
+        tn: 4,
+        has_bias: bias.is_some(),
+        nk,
+    };
+    let tiles = m.div_ceil(plan.bm as usize) * n.div_ceil(plan.bn as usize);
+    // An absent bias is bound to x (same dtype), never read: the comptime flag skips it.
+    let bias = bias.unwrap_or(x);
+    unsafe {
+        w4a16_tiled_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, tiles as u32),
+            CubeDim::new_1d(plan.units()),
+            x.as_buffer_arg(),
+            qweight.as_buffer_arg(),
+            scales.as_buffer_arg(),
+            bias.as_buffer_arg(),
+            out.as_buffer_arg(),
+            m,
+            n,
+            k,
+            group,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
 }
 
 /// Columns per GEMV unit: more columns reuse each loaded x value more, but fewer cubes then cover
@@ -627,13 +668,11 @@ impl<R: Runtime> W4A16Linear<R> {
             }
             None => None,
         };
-        let qweight =
-            DeviceTensor::from_slice(client, &q.packed, &[in_features / 8, out_features])?;
-        let scales_shape = match group_size {
-            None => vec![out_features],
-            Some(g) => vec![in_features / g, out_features],
-        };
-        let scales = DeviceTensor::from_slice(client, &q.scales, &scales_shape)?;
+        // Stored column-major (see `crate::w4a16_nk`): the decode GEMV's layout.
+        let (packed, scales) = crate::w4a16_nk::transpose_to_nk(&q);
+        let groups = scales.len() / out_features;
+        let qweight = DeviceTensor::from_slice(client, &packed, &[out_features, in_features / 8])?;
+        let scales = DeviceTensor::from_slice(client, &scales, &[out_features, groups])?;
         Ok(Self {
             qweight,
             scales,
@@ -679,14 +718,9 @@ impl<R: Runtime> W4A16Linear<R> {
         x: &DeviceTensor<R>,
     ) -> Result<DeviceTensor<R>> {
         self.check_x(x)?;
-        w4a16_linear(
-            client,
-            x,
-            &self.qweight,
-            &self.scales,
-            self.group_size,
-            self.bias.as_ref(),
-        )
+        let out = DeviceTensor::empty(client, &output_shape(x, self.out_features), x.dtype());
+        self.forward_into(client, x, &out)?;
+        Ok(out)
     }
 
     /// [`Self::forward`] into a preallocated contiguous `out[.., out]`; allocates nothing (safe
@@ -698,15 +732,45 @@ impl<R: Runtime> W4A16Linear<R> {
         out: &DeviceTensor<R>,
     ) -> Result<()> {
         self.check_x(x)?;
-        w4a16_linear_into(
+        check_same_dtype("W4A16Linear::forward", x, out)?;
+        check_output(
             client,
-            x,
-            &self.qweight,
-            &self.scales,
-            self.group_size,
-            self.bias.as_ref(),
+            "W4A16Linear::forward",
             out,
-        )
+            &output_shape(x, self.out_features),
+            None,
+        )?;
+        let (m, k, n) = (x.rows(), self.in_features, self.out_features);
+        let group = self.group_size.unwrap_or(k);
+        let bias = self.bias.as_ref();
+        if m <= GEMV_MAX_M {
+            crate::w4a16_nk::gemv_nk(
+                client,
+                x,
+                &self.qweight,
+                &self.scales,
+                group,
+                bias,
+                out,
+                m,
+                k,
+                n,
+            )
+        } else {
+            let scales = &self.scales;
+            launch_tiled(
+                client,
+                x,
+                &self.qweight,
+                scales,
+                group,
+                bias,
+                out,
+                [m, n, k],
+                true,
+            );
+            Ok(())
+        }
     }
 
     fn check_x(&self, x: &DeviceTensor<R>) -> Result<()> {
@@ -717,6 +781,15 @@ impl<R: Runtime> W4A16Linear<R> {
                 runtime: "any",
                 detail: format!("the layer was built for {} activations", self.act_dtype),
             });
+        }
+        if x.rank() == 0 || x.numel() == 0 || !x.is_contiguous() {
+            return Err(OpsError::shape(
+                "W4A16Linear::forward",
+                format!(
+                    "x must be a non-empty contiguous tensor, got {:?}",
+                    x.shape()
+                ),
+            ));
         }
         if x.last_dim() != self.in_features {
             return Err(OpsError::shape(

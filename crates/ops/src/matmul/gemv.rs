@@ -39,29 +39,6 @@ fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
     s
 }
 
-/// Sum over the lanes of one column group (`lanes` consecutive units along x).
-#[cube]
-fn lanes_sum(value: f32, #[comptime] plan: GemvPlan) -> f32 {
-    let mut out = 0f32;
-    if comptime![plan.use_plane] {
-        out = plane_sum(value);
-    } else {
-        let mut shared =
-            Shared::<[f32]>::new_slice(comptime![(plan.lanes * plan.cols_per_cube) as usize]);
-        let base = (UNIT_POS_Y * plan.lanes) as usize;
-        shared[base + UNIT_POS_X as usize] = value;
-        sync_cube();
-        if UNIT_POS_X == 0 {
-            #[unroll]
-            for i in 0..plan.lanes {
-                out += shared[base + i as usize];
-            }
-        }
-        sync_cube();
-    }
-    out
-}
-
 /// The gate activations, in f32.
 #[cube]
 pub(crate) fn activation(g: f32, #[comptime] gelu: bool) -> f32 {
@@ -118,10 +95,11 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     }
     #[unroll]
     for m in 0..m_rows {
-        let total = lanes_sum(acc[m], plan);
+        let total = crate::reduce::row_sum(acc[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         let mut total_up = 0f32;
         if comptime![plan.gated] {
-            total_up = lanes_sum(acc_up[m], plan);
+            total_up =
+                crate::reduce::row_sum(acc_up[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         }
         if active && UNIT_POS_X == 0 {
             let mut y = total;

@@ -1,0 +1,211 @@
+//! The column-major int4 layout of [`crate::W4A16Linear`] and its decode GEMV.
+//!
+//! The public [`crate::w4a16_linear`] takes the course layout `qweight[K/8, N]` (consecutive
+//! columns contiguous). A GEMV over that layout has to split K across cubes to keep all SMs busy
+//! when N is small (1536 columns fill 48 cubes of 32 columns), so the layer stores its weight
+//! transposed instead: `qweight_nk[N, K/8]` (each output channel's packed words contiguous, still
+//! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the
+//! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (a plane for a long
+//! K, 8 lanes for K = 1536), striding over K with 16-byte loads (32 weights each), a reduction at
+//! the end; 1536 columns are 1536 groups, enough loads in flight to approach the bandwidth. The
+//! nibbles become floats without int-to-float conversions ([`crate::codec::nibble_f32`]).
+
+use cubecl::prelude::*;
+use ops::{caps, DType, DeviceTensor, Result};
+
+use crate::codec::{nibble_f32, nibbles_offset};
+use crate::host::Int4Weight;
+
+/// Units per cube.
+const CUBE_UNITS: u32 = 256;
+
+/// `[K/8, N]` words and `[groups, N]` scales of `w`, transposed to `[N, K/8]` and `[N, groups]`.
+pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
+    let (kw, n) = (w.k / 8, w.n);
+    let groups = w.scales.len() / n;
+    let mut packed = vec![0i32; kw * n];
+    for (r, row) in w.packed.chunks(n).enumerate() {
+        for (c, &word) in row.iter().enumerate() {
+            packed[c * kw + r] = word;
+        }
+    }
+    let mut scales = vec![0f32; groups * n];
+    for (g, row) in w.scales.chunks(n).enumerate() {
+        for (c, &s) in row.iter().enumerate() {
+            scales[c * groups + g] = s;
+        }
+    }
+    (packed, scales)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct NkPlan {
+    /// Rows of x, unrolled into per-row accumulators.
+    m: u32,
+    /// Lanes per column (4..=32): a short K gives each column fewer lanes, so that every lane
+    /// still has several loads to issue.
+    lanes: u32,
+    /// Columns per cube (`CUBE_UNITS / lanes`).
+    cols: u32,
+    use_plane: bool,
+    /// Every weight vector lies in one scale group (one scale load per vector, not per word).
+    scale_per_vector: bool,
+    has_bias: bool,
+}
+
+/// Unit (x = lane, y = column in the cube): `out[m, col] = Σ_k x[m, k] · q[col, k] · s(col, k)`.
+/// `NW` words per weight load (4 = 16 bytes where K/8 allows), `NX` elements per x load.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
+    x: &[Vector<F, NX>],
+    qweight: &[Vector<i32, NW>],
+    scales: &[f32],
+    bias: &[F],
+    out: &mut [F],
+    n: usize,
+    k: usize,
+    w_vectors: usize,
+    words_per_group: usize,
+    groups: usize,
+    #[comptime] plan: NkPlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let col = CUBE_POS * comptime![plan.cols as usize] + UNIT_POS_Y as usize;
+    // Columns past N read column 0 (in bounds) and take part in the reduction; never written.
+    let active = col < n;
+    let c = select(active, col, 0);
+    let m_rows = comptime![plan.m as usize];
+    let nw = qweight[0].vector_size();
+    let nx = x[0].vector_size();
+    let x_loads = comptime![8 / nx];
+    let mut acc = Array::<f32>::new(m_rows);
+    #[unroll]
+    for m in 0..m_rows {
+        acc[m] = 0f32;
+    }
+    let mut q = Array::<f32>::new(8usize);
+    for v in range_stepped(
+        UNIT_POS_X as usize,
+        w_vectors,
+        comptime![plan.lanes as usize],
+    ) {
+        let wv = qweight[c * w_vectors + v];
+        let kw0 = v * nw;
+        let mut s = 0f32;
+        if comptime![plan.scale_per_vector] {
+            s = scales[c * groups + kw0 / words_per_group];
+        }
+        #[unroll]
+        for wi in 0..nw {
+            let kw = kw0 + wi;
+            if !comptime![plan.scale_per_vector] {
+                s = scales[c * groups + kw / words_per_group];
+            }
+            let u = nibbles_offset(wv.extract(wi));
+            #[unroll]
+            for j in 0..8u32 {
+                q[j as usize] = nibble_f32(u, j);
+            }
+            #[unroll]
+            for m in 0..m_rows {
+                let base = (m * k + kw * 8) / nx;
+                let mut d = 0f32;
+                #[unroll]
+                for xi in 0..x_loads {
+                    let xv = x[base + xi];
+                    #[unroll]
+                    for l in 0..nx {
+                        d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
+                    }
+                }
+                acc[m] += d * s;
+            }
+        }
+    }
+    #[unroll]
+    for m in 0..m_rows {
+        let total = ops::reduce::row_sum(acc[m], plan.lanes, plan.cols, plan.use_plane);
+        if active && UNIT_POS_X == 0 {
+            let mut y = total;
+            if comptime![plan.has_bias] {
+                y += f32::cast_from(bias[col]);
+            }
+            out[m * n + col] = F::cast_from(y);
+        }
+    }
+}
+
+/// The GEMV on validated operands: `x[M <= 16, K]` contiguous float, `qweight_nk[N, K/8]`,
+/// `scales_nk[N, K/group]` f32, `out[M, N]` of x's dtype.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv_nk<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight_nk: &DeviceTensor<R>,
+    scales_nk: &DeviceTensor<R>,
+    group: usize,
+    bias: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    let k_words = k / 8;
+    let nw = [4usize, 2]
+        .into_iter()
+        .find(|&w| k_words.is_multiple_of(w))
+        .unwrap_or(1);
+    let words_per_group = group / 8;
+    // x loads of up to 16 bytes that divide a word's 8 values.
+    let nx = [8usize, 4, 2]
+        .into_iter()
+        .find(|&v| v * x.dtype().size() <= 16 && caps::vector_size_for(client, x.dtype(), v) == v)
+        .unwrap_or(1);
+    let w_vectors = k_words / nw;
+    // About four loads per lane at least (K = 1536: 8 lanes per column, 32 columns per cube);
+    // a whole plane (one reduction instruction per row) once several rows make the reduction
+    // the larger cost (measured at M = 16 on an H100: 21 µs with planes, 43 with 8 lanes).
+    let lanes = if m > 4 {
+        32
+    } else {
+        1u32 << (w_vectors / 4).max(1).ilog2().clamp(2, 5)
+    };
+    let hw = &client.properties().hardware;
+    let use_plane = lanes == 32
+        && caps::has_plane_ops(client)
+        && hw.plane_size_min == 32
+        && hw.plane_size_max == 32;
+    let plan = NkPlan {
+        m: m as u32,
+        lanes,
+        cols: CUBE_UNITS / lanes,
+        use_plane,
+        scale_per_vector: words_per_group.is_multiple_of(nw),
+        has_bias: bias.is_some(),
+    };
+    debug_assert!(matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32));
+    let cubes = n.div_ceil(plan.cols as usize) as u32;
+    unsafe {
+        w4a16_gemv_nk_kernel::launch_unchecked::<R>(
+            client,
+            ops::launch::cube_count_1d(client, cubes),
+            CubeDim::new_2d(plan.lanes, plan.cols),
+            nw,
+            nx,
+            x.as_buffer_arg(),
+            qweight_nk.as_buffer_arg(),
+            scales_nk.as_buffer_arg(),
+            bias.unwrap_or(x).as_buffer_arg(),
+            out.as_buffer_arg(),
+            n,
+            k,
+            w_vectors,
+            words_per_group,
+            k / group,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
