@@ -172,9 +172,6 @@ struct TilePlan {
     tm: u32,
     tn: u32,
     has_bias: bool,
-    /// The layer's column-major layout (`qweight[N, K/8]`, `scales[N, groups]`, see
-    /// [`crate::w4a16_nk`]) instead of the course's `[K/8, N]` / `[groups, N]`.
-    nk: bool,
 }
 
 impl TilePlan {
@@ -242,30 +239,19 @@ fn w4a16_tiled_kernel<F: Float>(
             }
         }
         // Weight tile: one packed word (8 consecutive k of one column) per index, dequantized.
-        // Consecutive units take consecutive words in memory (coalesced in either layout).
         #[unroll]
         for i in 0..comptime![((plan.bk / 8) * plan.bn).div_ceil(plan.units()) as usize] {
             let idx = UNIT_POS as usize + i * units;
             if idx < (bk / 8) * bn {
-                let mut r = idx / bn;
-                let mut c = idx % bn;
-                if comptime![plan.nk] {
-                    r = idx % (bk / 8);
-                    c = idx / (bk / 8);
-                }
+                let r = idx / bn;
+                let c = idx % bn;
                 let kw = k0 / 8 + r;
                 let col = n0 + c;
                 let mut word = 0i32;
                 let mut s = 0f32;
                 if kw < k_words && col < n {
-                    let g = kw * 8 / group;
-                    if comptime![plan.nk] {
-                        word = qweight[col * k_words + kw];
-                        s = scales[col * (k / group) + g];
-                    } else {
-                        word = qweight[kw * n + col];
-                        s = scales[g * n + col];
-                    }
+                    word = qweight[kw * n + col];
+                    s = scales[(kw * 8 / group) * n + col];
                 }
                 #[unroll]
                 for j in 0..8 {
@@ -437,22 +423,12 @@ pub fn w4a16_linear_into_with<R: Runtime>(
                 );
             }
         }
-        _ => launch_tiled(
-            client,
-            x,
-            qweight,
-            scales,
-            group,
-            bias,
-            out,
-            [m, n, k],
-            false,
-        ),
+        _ => launch_tiled(client, x, qweight, scales, group, bias, out, [m, n, k]),
     }
     Ok(())
 }
 
-/// The tiled kernel on validated operands, in the course layout or the layer's `nk` one.
+/// The tiled kernel on validated operands.
 #[allow(clippy::too_many_arguments)]
 fn launch_tiled<R: Runtime>(
     client: &ComputeClient<R>,
@@ -463,7 +439,6 @@ fn launch_tiled<R: Runtime>(
     bias: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
     [m, n, k]: [usize; 3],
-    nk: bool,
 ) {
     let plan = TilePlan {
         bm: 64,
@@ -472,7 +447,6 @@ fn launch_tiled<R: Runtime>(
         tm: 4,
         tn: 4,
         has_bias: bias.is_some(),
-        nk,
     };
     let tiles = m.div_ceil(plan.bm as usize) * n.div_ceil(plan.bn as usize);
     // An absent bias is bound to x (same dtype), never read: the comptime flag skips it.
@@ -723,8 +697,11 @@ impl<R: Runtime> W4A16Linear<R> {
         Ok(out)
     }
 
-    /// [`Self::forward`] into a preallocated contiguous `out[.., out]`; allocates nothing (safe
-    /// inside CUDA graph capture), no scratch needed.
+    /// [`Self::forward`] into a preallocated contiguous `out[.., out]`. Up to 16 rows (decode)
+    /// it runs the int4 GEMV and allocates nothing (safe inside CUDA graph capture); above, it
+    /// dequantizes the weight into a temporary `[out, in]` matrix of the activation dtype and
+    /// runs the dense GEMM (tensor cores on CUDA), so prefill needs that much transient memory
+    /// for the largest layer.
     pub fn forward_into(
         &self,
         client: &ComputeClient<R>,
@@ -757,19 +734,17 @@ impl<R: Runtime> W4A16Linear<R> {
                 n,
             )
         } else {
-            let scales = &self.scales;
-            launch_tiled(
+            // Prefill sizes: dequantize to a temporary dense weight and run the tensor-core GEMM
+            // (on an H100, 4096^3 took 7 ms in the SIMT tiled kernel the free function uses).
+            let w = crate::w4a16_nk::dequantize_nk(
                 client,
-                x,
                 &self.qweight,
-                scales,
+                &self.scales,
                 group,
-                bias,
-                out,
-                [m, n, k],
-                true,
+                [n, k],
+                x.dtype(),
             );
-            Ok(())
+            ops::matmul::linear_into(client, x, &w, bias, None, out)
         }
     }
 

@@ -209,3 +209,74 @@ pub(crate) fn gemv_nk<R: Runtime>(
     }
     Ok(())
 }
+
+/// One unit per packed word: `w[col, 8 kw .. 8 kw + 8] = q · s` in the activation dtype, written
+/// as `8 / NV` vectors.
+#[cube(launch_unchecked)]
+fn dequantize_nk_kernel<F: Float, NV: Size>(
+    qweight: &[i32],
+    scales: &[f32],
+    out: &mut [Vector<F, NV>],
+    words: usize,
+    k_words: usize,
+    words_per_group: usize,
+    groups: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let w = CUBE_POS * CUBE_DIM as usize + UNIT_POS as usize;
+    if w < words {
+        let col = w / k_words;
+        let kw = w % k_words;
+        let s = scales[col * groups + kw / words_per_group];
+        let u = nibbles_offset(qweight[w]);
+        let nv = out[0].vector_size();
+        let per_word = comptime![8 / nv];
+        #[unroll]
+        for vi in 0..per_word {
+            let mut v = Vector::<F, NV>::new(F::from_int(0));
+            #[unroll]
+            for l in 0..nv {
+                v.insert(
+                    l,
+                    F::cast_from(nibble_f32(u, comptime![(vi * nv + l) as u32]) * s),
+                );
+            }
+            out[w * per_word + vi] = v;
+        }
+    }
+}
+
+/// The layer's weight dequantized to a dense `[N, K]` matrix of `dtype` (bandwidth-bound: 0.5
+/// byte read and 2 written per weight), for the tensor-core GEMM at prefill sizes.
+pub(crate) fn dequantize_nk<R: Runtime>(
+    client: &ComputeClient<R>,
+    qweight_nk: &DeviceTensor<R>,
+    scales_nk: &DeviceTensor<R>,
+    group: usize,
+    [n, k]: [usize; 2],
+    dtype: DType,
+) -> DeviceTensor<R> {
+    let out = DeviceTensor::empty(client, &[n, k], dtype);
+    let words = n * k / 8;
+    let nv = [8usize, 4, 2]
+        .into_iter()
+        .find(|&v| v * dtype.size() <= 16 && caps::vector_size_for(client, dtype, v) == v)
+        .unwrap_or(1);
+    unsafe {
+        dequantize_nk_kernel::launch_unchecked::<R>(
+            client,
+            ops::launch::cube_count_1d(client, words.div_ceil(256) as u32),
+            CubeDim::new_1d(256),
+            nv,
+            qweight_nk.as_buffer_arg(),
+            scales_nk.as_buffer_arg(),
+            out.as_buffer_arg(),
+            words,
+            k / 8,
+            group / 8,
+            k / group,
+            dtype.elem_type(),
+        );
+    }
+    out
+}
