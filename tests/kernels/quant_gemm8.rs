@@ -44,6 +44,44 @@ fn dequant_tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// Random 8-bit GEMM operands (A with a zero row and an outlier), quantized on the device and
+/// on the host, and the host's exact accumulators.
+struct Operands8<R: Runtime> {
+    qa: DeviceTensor<R>,
+    sa: DeviceTensor<R>,
+    qb: DeviceTensor<R>,
+    sb: DeviceTensor<R>,
+    sah: Vec<f32>,
+    sbh: Vec<f32>,
+    acc: Vec<f64>,
+}
+
+fn operands8<R: Runtime>(
+    client: &ComputeClient<R>,
+    rng: &mut rand::rngs::StdRng,
+    [m, n, k]: [usize; 3],
+    fmt: QuantFormat,
+) -> Operands8<R> {
+    let a = rows_with_outliers(rng, m, k);
+    let b = random(rng, n * k, 1.0);
+    let (at, ah) = upload(client, &a, &[m, k], DType::F32);
+    let (bt, bh) = upload(client, &b, &[n, k], DType::F32);
+    let (qa, sa) = quant::quantize_per_row(client, &at, fmt).unwrap();
+    let (qb, sb) = quant::quantize_per_row(client, &bt, fmt).unwrap();
+    let (ca, sah) = qref::quantize_rows(&ah, m, k, fmt);
+    let (cb, sbh) = qref::quantize_rows(&bh, n, k, fmt);
+    let acc = qref::gemm_nt_codes(&ca, &cb, m, n, k, fmt);
+    Operands8 {
+        qa,
+        sa,
+        qb,
+        sb,
+        sah,
+        sbh,
+        acc,
+    }
+}
+
 fn gemm8_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(81);
     for fmt in FORMATS {
@@ -55,15 +93,15 @@ fn gemm8_case<R: Runtime>(client: &ComputeClient<R>) {
             (64, 65, 100),
             (70, 130, 40),
         ] {
-            let a = rows_with_outliers(&mut rng, m, k);
-            let b = random(&mut rng, n * k, 1.0);
-            let (at, ah) = upload(client, &a, &[m, k], DType::F32);
-            let (bt, bh) = upload(client, &b, &[n, k], DType::F32);
-            let (qa, sa) = quant::quantize_per_row(client, &at, fmt).unwrap();
-            let (qb, sb) = quant::quantize_per_row(client, &bt, fmt).unwrap();
-            let (ca, sah) = qref::quantize_rows(&ah, m, k, fmt);
-            let (cb, sbh) = qref::quantize_rows(&bh, n, k, fmt);
-            let acc = qref::gemm_nt_codes(&ca, &cb, m, n, k, fmt);
+            let Operands8 {
+                qa,
+                sa,
+                qb,
+                sb,
+                sah,
+                sbh,
+                acc,
+            } = operands8(client, &mut rng, [m, n, k], fmt);
             for dtype in float_dtypes(client) {
                 for with_bias in [false, true] {
                     let what = format!("gemm8 {fmt:?} {dtype} {m}x{n}x{k} bias {with_bias}");
@@ -139,15 +177,15 @@ fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
             (1, 9000, 64),
             (3, 40000, 32),
         ] {
-            let a = rows_with_outliers(&mut rng, m, k);
-            let b = random(&mut rng, n * k, 1.0);
-            let (at, ah) = upload(client, &a, &[m, k], DType::F32);
-            let (bt, bh) = upload(client, &b, &[n, k], DType::F32);
-            let (qa, sa) = quant::quantize_per_row(client, &at, fmt).unwrap();
-            let (qb, sb) = quant::quantize_per_row(client, &bt, fmt).unwrap();
-            let (ca, sah) = qref::quantize_rows(&ah, m, k, fmt);
-            let (cb, sbh) = qref::quantize_rows(&bh, n, k, fmt);
-            let acc = qref::gemm_nt_codes(&ca, &cb, m, n, k, fmt);
+            let Operands8 {
+                qa,
+                sa,
+                qb,
+                sb,
+                sah,
+                sbh,
+                acc,
+            } = operands8(client, &mut rng, [m, n, k], fmt);
             let (bias, biash) = upload(client, &random(&mut rng, n, 1.0), &[n], DType::F32);
             for choice in [KernelChoice::Portable, KernelChoice::Auto] {
                 let what = format!("gemm8 {choice:?} {fmt:?} {m}x{n}x{k}");
