@@ -1,17 +1,18 @@
-//! Our ops called on Burn tensors of `CubeBackend<WgpuRuntime>`, compared with the same math
-//! written with Burn's own tensor ops on the same backend.
+//! Our ops called on Burn tensors of `CubeBackend<R>` (wgpu, and CUDA where present), compared
+//! with the same math written with Burn's own tensor ops on the same backend.
 
 use burn_backend::ops::FloatTensorOps;
 use burn_backend::{Scalar, TensorData};
-use burn_cubecl::CubeBackend;
-use cubecl::wgpu::{WgpuDevice, WgpuRuntime};
+use burn_cubecl::{CubeBackend, CubeRuntime};
+use cubecl::prelude::*;
 
 use crate::harness::{assert_close, random, rng};
+use crate::on_each_runtime;
 
-type B = CubeBackend<WgpuRuntime>;
-
-fn to_vec(t: <B as burn_backend::BackendTypes>::FloatTensorPrimitive) -> Vec<f64> {
-    let data = cubecl::future::block_on(B::float_into_data(t)).expect("read");
+fn to_vec<R: CubeRuntime>(
+    t: <CubeBackend<R> as burn_backend::BackendTypes>::FloatTensorPrimitive,
+) -> Vec<f64> {
+    let data = cubecl::future::block_on(CubeBackend::<R>::float_into_data(t)).expect("read");
     data.try_to_vec::<f32>()
         .unwrap()
         .into_iter()
@@ -19,42 +20,45 @@ fn to_vec(t: <B as burn_backend::BackendTypes>::FloatTensorPrimitive) -> Vec<f64
         .collect()
 }
 
-#[test]
-fn rms_norm_on_burn_matches_burn_arithmetic() {
-    assert!(
-        cubellm::runtime::probe_wgpu().is_ok(),
-        "the Burn interop test needs the wgpu runtime (install mesa-vulkan-drivers)"
-    );
-    let device = WgpuDevice::default();
+fn rms_norm_case<R: CubeRuntime>(_client: &ComputeClient<R>)
+where
+    R::Device: Default,
+{
+    type B<R> = CubeBackend<R>;
+    let device = R::Device::default();
     let mut rng = rng(7);
     let (rows, n) = (5, 96);
     let x = random(&mut rng, rows * n, 2.0);
     let w = random(&mut rng, n, 1.0);
     let eps = 1e-6;
-    let xt = B::float_from_data(TensorData::new(x.clone(), [rows, n]), &device);
-    let wt = B::float_from_data(TensorData::new(w.clone(), [n]), &device);
+    let xt = B::<R>::float_from_data(TensorData::new(x.clone(), [rows, n]), &device);
+    let wt = B::<R>::float_from_data(TensorData::new(w.clone(), [n]), &device);
 
     let ours = ops::burn::rms_norm(xt.clone(), wt.clone(), eps).expect("rms_norm on burn");
 
     // Burn's own arithmetic: x * 1/sqrt(mean(x^2) + eps) * w.
-    let ms = B::float_mean_dim(B::float_powi_scalar(xt.clone(), Scalar::Int(2)), 1);
-    let inv = B::float_recip(B::float_sqrt(B::float_add_scalar(
+    let ms = B::<R>::float_mean_dim(B::<R>::float_powi_scalar(xt.clone(), Scalar::Int(2)), 1);
+    let inv = B::<R>::float_recip(B::<R>::float_sqrt(B::<R>::float_add_scalar(
         ms,
         Scalar::Float(eps as f64),
     )));
-    let w2 = B::float_reshape(wt, [1, n].into());
-    let want = B::float_mul(B::float_mul(xt, inv), w2);
+    let w2 = B::<R>::float_reshape(wt, [1, n].into());
+    let want = B::<R>::float_mul(B::<R>::float_mul(xt, inv), w2);
 
-    assert_close("burn rms_norm", &to_vec(ours), &to_vec(want), 1e-5);
+    assert_close(
+        "burn rms_norm",
+        &to_vec::<R>(ours),
+        &to_vec::<R>(want),
+        1e-5,
+    );
 }
 
-#[test]
-fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
-    assert!(
-        cubellm::runtime::probe_wgpu().is_ok(),
-        "the Burn interop test needs the wgpu runtime (install mesa-vulkan-drivers)"
-    );
-    let device = WgpuDevice::default();
+fn fused_rmsnorm_rope_case<R: CubeRuntime>(_client: &ComputeClient<R>)
+where
+    R::Device: Default,
+{
+    type B<R> = CubeBackend<R>;
+    let device = R::Device::default();
     let mut rng = rng(8);
     let (b, s, heads, d) = (2, 5, 3, 16);
     let h = heads * d;
@@ -71,27 +75,27 @@ fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
         }
     }
     let eps = 1e-6;
-    let xt = B::float_from_data(TensorData::new(x, [b, s, h]), &device);
-    let wt = B::float_from_data(TensorData::new(w, [h]), &device);
-    let ct = B::float_from_data(TensorData::new(cos, [s, d]), &device);
-    let st = B::float_from_data(TensorData::new(sin, [s, d]), &device);
+    let xt = B::<R>::float_from_data(TensorData::new(x, [b, s, h]), &device);
+    let wt = B::<R>::float_from_data(TensorData::new(w, [h]), &device);
+    let ct = B::<R>::float_from_data(TensorData::new(cos, [s, d]), &device);
+    let st = B::<R>::float_from_data(TensorData::new(sin, [s, d]), &device);
 
     let ours =
         ops::burn::fused_rmsnorm_rope(xt.clone(), wt.clone(), ct.clone(), st.clone(), eps, None)
             .expect("fused_rmsnorm_rope on burn");
 
     // Burn's own arithmetic: RMSNorm over h, then per head x * cos + rotate_half(x) * sin.
-    let ms = B::float_mean_dim(B::float_powi_scalar(xt.clone(), Scalar::Int(2)), 2);
-    let inv = B::float_recip(B::float_sqrt(B::float_add_scalar(
+    let ms = B::<R>::float_mean_dim(B::<R>::float_powi_scalar(xt.clone(), Scalar::Int(2)), 2);
+    let inv = B::<R>::float_recip(B::<R>::float_sqrt(B::<R>::float_add_scalar(
         ms,
         Scalar::Float(eps as f64),
     )));
-    let normed = B::float_mul(
-        B::float_mul(xt, inv),
-        B::float_reshape(wt, [1, 1, h].into()),
+    let normed = B::<R>::float_mul(
+        B::<R>::float_mul(xt, inv),
+        B::<R>::float_reshape(wt, [1, 1, h].into()),
     );
-    let q = B::float_reshape(normed, [b, s, heads, d].into());
-    let first = B::float_slice(
+    let q = B::<R>::float_reshape(normed, [b, s, heads, d].into());
+    let first = B::<R>::float_slice(
         q.clone(),
         &[
             (0..b).into(),
@@ -100,7 +104,7 @@ fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
             (0..d / 2).into(),
         ],
     );
-    let second = B::float_slice(
+    let second = B::<R>::float_slice(
         q.clone(),
         &[
             (0..b).into(),
@@ -109,16 +113,26 @@ fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
             (d / 2..d).into(),
         ],
     );
-    let rotated = B::float_cat(vec![B::float_neg(second), first], 3);
-    let c = B::float_reshape(ct, [1, s, 1, d].into());
-    let sn = B::float_reshape(st, [1, s, 1, d].into());
-    let want = B::float_add(B::float_mul(q, c), B::float_mul(rotated, sn));
-    let want = B::float_reshape(want, [b, s, h].into());
+    let rotated = B::<R>::float_cat(vec![B::<R>::float_neg(second), first], 3);
+    let c = B::<R>::float_reshape(ct, [1, s, 1, d].into());
+    let sn = B::<R>::float_reshape(st, [1, s, 1, d].into());
+    let want = B::<R>::float_add(B::<R>::float_mul(q, c), B::<R>::float_mul(rotated, sn));
+    let want = B::<R>::float_reshape(want, [b, s, h].into());
 
     assert_close(
         "burn fused_rmsnorm_rope",
-        &to_vec(ours),
-        &to_vec(want),
+        &to_vec::<R>(ours),
+        &to_vec::<R>(want),
         1e-5,
     );
+}
+
+#[test]
+fn rms_norm_on_burn_matches_burn_arithmetic() {
+    on_each_runtime!(rms_norm_case);
+}
+
+#[test]
+fn fused_rmsnorm_rope_on_burn_matches_burn_arithmetic() {
+    on_each_runtime!(fused_rmsnorm_rope_case);
 }
