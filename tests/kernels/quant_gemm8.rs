@@ -338,6 +338,59 @@ fn linear8_into_case<R: Runtime>(client: &ComputeClient<R>) {
     assert!(l.weight_bytes() >= n * k + 4 * n);
 }
 
+/// The residual added in the GEMM epilogue equals the product plus the residual, for both
+/// formats, every float dtype, the fused decode path (M = 1) and the pre-pass paths (M = 5 and
+/// M = 20 on CUDA); a residual of the wrong shape or dtype is refused.
+fn linear8_residual_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(85);
+    let (n, k) = (40, 96);
+    let w = random(&mut rng, n * k, 0.5);
+    for fmt in FORMATS {
+        for dtype in float_dtypes(client) {
+            for m in [1usize, 5, 20] {
+                let (xt, _) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+                let (rt, rh) = upload(client, &random(&mut rng, m * n, 2.0), &[m, n], dtype);
+                let (plain, with_residual) = (
+                    poisoned(client, &[m, n], dtype),
+                    poisoned(client, &[m, n], dtype),
+                );
+                let run = |residual: Option<&DeviceTensor<R>>, out: &DeviceTensor<R>| match fmt {
+                    QuantFormat::Int8 => {
+                        let l = W8A8Linear::from_dense(client, &w, [n, k], None, dtype).unwrap();
+                        let s = l.scratch(client, m);
+                        match residual {
+                            Some(r) => l.forward_residual_into(client, &xt, r, &s, out),
+                            None => l.forward_into(client, &xt, &s, out),
+                        }
+                    }
+                    QuantFormat::Fp8E4M3 => {
+                        let l = Fp8Linear::from_dense(client, &w, [n, k], None, dtype).unwrap();
+                        let s = l.scratch(client, m);
+                        match residual {
+                            Some(r) => l.forward_residual_into(client, &xt, r, &s, out),
+                            None => l.forward_into(client, &xt, &s, out),
+                        }
+                    }
+                };
+                run(None, &plain).unwrap();
+                run(Some(&rt), &with_residual).unwrap();
+                let want: Vec<f64> = plain
+                    .to_f64_vec(client)
+                    .unwrap()
+                    .iter()
+                    .zip(&rh)
+                    .map(|(p, r)| p + r)
+                    .collect();
+                let what = format!("{fmt:?} residual {dtype} m {m}");
+                let got = with_residual.to_f64_vec(client).unwrap();
+                assert_rows_close(&what, &got, &want, n, 2.0 * tolerance(dtype));
+                let wrong = poisoned(client, &[m, n + 1], dtype);
+                assert!(run(Some(&wrong), &plain).is_err(), "{what}: wrong shape");
+            }
+        }
+    }
+}
+
 fn fp8_gemm_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(84);
     let fmt = QuantFormat::Fp8E4M3;
@@ -525,6 +578,11 @@ fn w8a8_and_fp8_linears_match_reference_and_format_bound() {
 #[test]
 fn w8a8_linear_into_uses_the_scratch() {
     on_each_runtime!(linear8_into_case);
+}
+
+#[test]
+fn linear8_adds_the_residual_in_the_epilogue() {
+    on_each_runtime!(linear8_residual_case);
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The model's linear projections, in whichever weight format the load options chose: dense (the
 //! fused kernels: GEMV/GEMM with bias and residual epilogues, the fused gated MLP), or a
-//! compressed layer (block-sparse after `--sparsify`, quantized after `--quant`) that computes the
-//! bare product and leaves the residual add and the SwiGLU to the element-wise kernels.
+//! compressed layer (block-sparse after `--sparsify`, quantized after `--quant`): the 8-bit
+//! layers add the residual in their GEMM epilogue, the others leave it to the element-wise add,
+//! and all of them leave the SwiGLU to the element-wise kernel.
 
 use cubecl::prelude::*;
 use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
@@ -28,26 +29,47 @@ pub enum CompressedLayer<R: Runtime> {
 }
 
 impl<R: Runtime> CompressedLayer<R> {
-    /// The bare product into `out`; the 8-bit layers quantize `x` into the scratch's buffers
-    /// (allocated here when there is no scratch).
+    /// The product (plus `residual`) into `out`; the 8-bit layers quantize `x` into the
+    /// scratch's buffers (allocated here when there is no scratch) and add the residual in their
+    /// GEMM epilogue; the others write the product first (into `scratch.product` when given,
+    /// since an output may not alias an input of the same launch) and add it after.
     fn forward_into(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
+        residual: Option<&DeviceTensor<R>>,
         out: &DeviceTensor<R>,
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
-        match self {
-            Self::Sparse(l) => l.forward_into(client, x, out)?,
-            Self::W8A8(l) => match scratch {
-                Some(s) => l.forward_into(client, x, &s.int8, out)?,
-                None => l.forward_into(client, x, &l.scratch(client, x.rows()), out)?,
-            },
-            Self::Fp8(l) => match scratch {
-                Some(s) => l.forward_into(client, x, &s.fp8, out)?,
-                None => l.forward_into(client, x, &l.scratch(client, x.rows()), out)?,
-            },
-            Self::W4A16(l) => l.forward_into(client, x, out)?,
+        macro_rules! linear8 {
+            ($l:expr, $act:ident) => {{
+                let own;
+                let act = match scratch {
+                    Some(s) => &s.$act,
+                    None => {
+                        own = $l.scratch(client, x.rows());
+                        &own
+                    }
+                };
+                match residual {
+                    Some(r) => $l.forward_residual_into(client, x, r, act, out)?,
+                    None => $l.forward_into(client, x, act, out)?,
+                }
+            }};
+        }
+        match (self, residual) {
+            (Self::W8A8(l), _) => linear8!(l, int8),
+            (Self::Fp8(l), _) => linear8!(l, fp8),
+            (_, Some(r)) => {
+                let product = match scratch {
+                    Some(s) => s.product.reshape(out.shape())?,
+                    None => DeviceTensor::empty(client, out.shape(), out.dtype()),
+                };
+                self.forward_into(client, x, None, &product, scratch)?;
+                ops::elementwise::add_into(client, &product, r, out)?;
+            }
+            (Self::Sparse(l), None) => l.forward_into(client, x, out)?,
+            (Self::W4A16(l), None) => l.forward_into(client, x, out)?,
         }
         Ok(())
     }
@@ -219,9 +241,7 @@ impl<R: Runtime> Projection<R> {
         Ok(out)
     }
 
-    /// [`Self::forward`] into `out`. A compressed projection with a residual computes its
-    /// product first, into `scratch.product` when given (then nothing is allocated) since an
-    /// output may not alias an input of the same launch.
+    /// [`Self::forward`] into `out`; with a scratch, nothing is allocated.
     pub fn forward_into(
         &self,
         client: &ComputeClient<R>,
@@ -232,18 +252,7 @@ impl<R: Runtime> Projection<R> {
     ) -> Result<()> {
         match self {
             Self::Dense { weight, bias } => dense_into(client, weight, bias, x, residual, out),
-            Self::Compressed { layer, .. } => match residual {
-                None => layer.forward_into(client, x, out, scratch),
-                Some(r) => {
-                    let product = match scratch {
-                        Some(s) => s.product.reshape(out.shape())?,
-                        None => DeviceTensor::empty(client, out.shape(), out.dtype()),
-                    };
-                    layer.forward_into(client, x, &product, scratch)?;
-                    ops::elementwise::add_into(client, &product, r, out)?;
-                    Ok(())
-                }
-            },
+            Self::Compressed { layer, .. } => layer.forward_into(client, x, residual, out, scratch),
         }
     }
 
@@ -269,7 +278,7 @@ impl<R: Runtime> Projection<R> {
                     Some(s) => s.gate_up.reshape(&shape)?,
                     None => DeviceTensor::empty(client, &shape, x.dtype()),
                 };
-                layer.forward_into(client, x, &gate_up, scratch)?;
+                layer.forward_into(client, x, None, &gate_up, scratch)?;
                 ops::elementwise::swiglu_concat_into(client, &gate_up, out)?;
             }
         }

@@ -55,6 +55,8 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     pub sb: &'a DeviceTensor<R>,
     pub sb_scalar: bool,
     pub bias: Option<&'a DeviceTensor<R>>,
+    /// `[M, N]` of the output dtype, added in the epilogue; never aliases `out`.
+    pub residual: Option<&'a DeviceTensor<R>>,
     /// `[M, N]` contiguous, float.
     pub out: &'a DeviceTensor<R>,
     pub m: usize,
@@ -69,6 +71,7 @@ pub(crate) struct EpiloguePlan {
     pub sa_scalar: bool,
     pub sb_scalar: bool,
     pub has_bias: bool,
+    pub has_residual: bool,
 }
 
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
@@ -116,15 +119,18 @@ pub(crate) fn mask_word(w: i32, start: usize, k: usize) -> i32 {
     out
 }
 
-/// The dequantizing epilogue for one output element.
+/// The dequantizing epilogue for one output element of an `[M, n]` output.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn epilogue<F: Float>(
     acc: f32,
     row: usize,
     col: usize,
+    n: usize,
     sa: &[f32],
     sb: &[f32],
     bias: &[F],
+    residual: &[F],
     #[comptime] plan: EpiloguePlan,
 ) -> F {
     let a = if comptime![plan.sa_scalar] {
@@ -132,16 +138,20 @@ pub(crate) fn epilogue<F: Float>(
     } else {
         sa[row]
     };
-    epilogue_scaled::<F>(acc * a, col, sb, bias, plan)
+    epilogue_scaled::<F>(acc * a, row, col, n, sb, bias, residual, plan)
 }
 
-/// The epilogue after the activation scale: `acc_a · sb[col] (+ bias[col])`.
+/// The epilogue after the activation scale: `acc_a · sb[col] (+ bias[col]) (+ residual[row, col])`.
 #[cube]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn epilogue_scaled<F: Float>(
     acc_a: f32,
+    row: usize,
     col: usize,
+    n: usize,
     sb: &[f32],
     bias: &[F],
+    residual: &[F],
     #[comptime] plan: EpiloguePlan,
 ) -> F {
     let b = if comptime![plan.sb_scalar] {
@@ -152,6 +162,9 @@ pub(crate) fn epilogue_scaled<F: Float>(
     let mut y = acc_a * b;
     if comptime![plan.has_bias] {
         y += f32::cast_from(bias[col]);
+    }
+    if comptime![plan.has_residual] {
+        y += f32::cast_from(residual[row * n + col]);
     }
     F::cast_from(y)
 }
@@ -182,6 +195,7 @@ fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
     sa: &[f32],
     sb: &[f32],
     bias: &[F],
+    residual: &[F],
     out: &mut [F],
     m: usize,
     n: usize,
@@ -261,8 +275,17 @@ fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
             let row = m0 + ty + 16 * i;
             let col = n0 + tx + 16 * j;
             if row < m && col < n {
-                out[row * n + col] =
-                    epilogue::<F>(f32::cast_from(acc[i * 4 + j]), row, col, sa, sb, bias, plan);
+                out[row * n + col] = epilogue::<F>(
+                    f32::cast_from(acc[i * 4 + j]),
+                    row,
+                    col,
+                    n,
+                    sa,
+                    sb,
+                    bias,
+                    residual,
+                    plan,
+                );
             }
         }
     }
@@ -385,6 +408,7 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
     sa: &[f32],
     sb: &[f32],
     bias: &[F],
+    residual: &[F],
     out: &mut [F],
     m: usize,
     n: usize,
@@ -479,9 +503,11 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
                             f32::cast_from(c.extract(2 * h + e)),
                             row,
                             col + e,
+                            n,
                             sa,
                             sb,
                             bias,
+                            residual,
                             plan,
                         );
                     }
@@ -577,6 +603,7 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     sa: &[f32],
     sb: &[f32],
     bias: &[F],
+    residual: &[F],
     out: &mut [F],
     m: usize,
     n: usize,
@@ -683,9 +710,9 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
         if r < m && cl < n {
             let t = f32::cast_from(total);
             out[r * n + cl] = if comptime![plan.fused] {
-                epilogue_scaled::<F>(t * scales[r], cl, sb, bias, plan.epi)
+                epilogue_scaled::<F>(t * scales[r], r, cl, n, sb, bias, residual, plan.epi)
             } else {
-                epilogue::<F>(t, r, cl, sa, sb, bias, plan.epi)
+                epilogue::<F>(t, r, cl, n, sa, sb, bias, residual, plan.epi)
             };
         }
     }
@@ -734,6 +761,7 @@ impl<R: Runtime> Gemm8<'_, R> {
             sa_scalar: self.sa_scalar,
             sb_scalar: self.sb_scalar,
             has_bias: self.bias.is_some(),
+            has_residual: self.residual.is_some(),
         }
     }
 
@@ -787,6 +815,7 @@ impl<R: Runtime> Gemm8<'_, R> {
             rows: RowQuantPlan::new(client, xt, format, 32 * warps * tiles),
         };
         let bias = self.bias.unwrap_or(self.sa);
+        let residual = self.residual.unwrap_or(self.sa);
         unsafe {
             gemm8_skinny_kernel::launch_unchecked::<R>(
                 client,
@@ -799,6 +828,7 @@ impl<R: Runtime> Gemm8<'_, R> {
                 self.sa.as_buffer_arg(),
                 self.sb.as_buffer_arg(),
                 bias.as_buffer_arg(),
+                residual.as_buffer_arg(),
                 self.out.as_buffer_arg(),
                 self.m,
                 self.n,
@@ -818,6 +848,7 @@ impl<R: Runtime> Gemm8<'_, R> {
         // Without a bias the kernel never reads it, but something must be bound: an input (the
         // row scales), never the output, which WebGPU forbids to alias another binding.
         let bias = self.bias.unwrap_or(self.sa);
+        let residual = self.residual.unwrap_or(self.sa);
         let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
         unsafe {
             if tc && self.m <= SKINNY_MAX_M {
@@ -836,6 +867,7 @@ impl<R: Runtime> Gemm8<'_, R> {
                     self.sa.as_buffer_arg(),
                     self.sb.as_buffer_arg(),
                     bias.as_buffer_arg(),
+                    residual.as_buffer_arg(),
                     self.out.as_buffer_arg(),
                     self.m,
                     self.n,
@@ -859,6 +891,7 @@ impl<R: Runtime> Gemm8<'_, R> {
                     self.sa.as_buffer_arg(),
                     self.sb.as_buffer_arg(),
                     bias.as_buffer_arg(),
+                    residual.as_buffer_arg(),
                     self.out.as_buffer_arg(),
                     self.m,
                     self.n,

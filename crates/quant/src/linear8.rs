@@ -11,6 +11,7 @@
 //! bytes), which saves a launch per projection for `N / 8` redundant passes over a few KB.
 
 use cubecl::prelude::*;
+use ops::launch::check_same_dtype;
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
@@ -72,6 +73,7 @@ pub fn gemm8_into<R: Runtime>(
         sb,
         sb_scalar,
         bias,
+        residual: None,
         out,
         m,
         n,
@@ -193,7 +195,7 @@ impl<R: Runtime> Weight8<R> {
     fn forward(&self, client: &ComputeClient<R>, x: &DeviceTensor<R>) -> Result<DeviceTensor<R>> {
         let out = DeviceTensor::empty(client, &output_shape(x, self.q.shape()[0]), x.dtype());
         let scratch = ActScratch::new(client, x.rows(), x.last_dim(), self.format);
-        self.forward_into(client, x, &scratch, &out)?;
+        self.forward_into(client, x, None, &scratch, &out)?;
         Ok(out)
     }
 
@@ -201,6 +203,7 @@ impl<R: Runtime> Weight8<R> {
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
+        residual: Option<&DeviceTensor<R>>,
         scratch: &ActScratch<R>,
         out: &DeviceTensor<R>,
     ) -> Result<()> {
@@ -210,6 +213,7 @@ impl<R: Runtime> Weight8<R> {
             &self.q,
             &self.scales,
             self.bias.as_ref(),
+            residual,
             scratch,
             out,
             self.choice,
@@ -226,6 +230,7 @@ fn linear8_into<R: Runtime>(
     qweight: &DeviceTensor<R>,
     w_scale: &DeviceTensor<R>,
     bias: Option<&DeviceTensor<R>>,
+    residual: Option<&DeviceTensor<R>>,
     scratch: &ActScratch<R>,
     out: &DeviceTensor<R>,
     choice: KernelChoice,
@@ -252,7 +257,7 @@ fn linear8_into<R: Runtime>(
         ));
     }
     let (rows, k) = (x.rows(), x.last_dim());
-    check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
+    let w_pitch = check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
     let n = qweight.shape()[0];
     if qweight.shape()[1] != k {
         return Err(OpsError::shape(
@@ -261,35 +266,53 @@ fn linear8_into<R: Runtime>(
         ));
     }
     check_output(client, OP, out, &output_shape(x, n), bias)?;
+    let residual = match residual {
+        Some(r) => {
+            check_same_dtype(OP, out, r)?;
+            if r.shape() != out.shape() || !r.is_contiguous() {
+                return Err(OpsError::shape(
+                    OP,
+                    format!(
+                        "residual {:?} must be contiguous and shaped like the output {:?}",
+                        r.shape(),
+                        out.shape()
+                    ),
+                ));
+            }
+            Some(r.reshape(&[rows, n])?)
+        }
+        None => None,
+    };
     let (q, s) = scratch.views(OP, rows, k)?;
     let x2 = x.reshape(&[rows, k])?;
     let out2 = out.reshape(&[rows, n])?;
     let fp8 = scratch.format == QuantFormat::Fp8E4M3;
+    let gemm = Gemm8 {
+        a: &q,
+        a_pitch: crate::format::row_pitch(k),
+        b: qweight,
+        b_pitch: w_pitch,
+        sa: &s,
+        sa_scalar: false,
+        sb: w_scale,
+        sb_scalar: check_scales(OP, "w_scale", w_scale, n, true)?,
+        bias,
+        residual: residual.as_ref(),
+        out: &out2,
+        m: rows,
+        n,
+        k,
+        fp8,
+    };
     if choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
         // scratch is not written).
-        let w_pitch = check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
-        Gemm8 {
-            a: &q,
-            a_pitch: crate::format::row_pitch(k),
-            b: qweight,
-            b_pitch: w_pitch,
-            sa: &s,
-            sa_scalar: false,
-            sb: w_scale,
-            sb_scalar: check_scales(OP, "w_scale", w_scale, n, true)?,
-            bias,
-            out: &out2,
-            m: rows,
-            n,
-            k,
-            fp8,
-        }
-        .launch_fused(client, &x2);
-        return Ok(());
+        gemm.launch_fused(client, &x2);
+    } else {
+        quantize_per_row_into(client, &x2, scratch.format, &q, &s)?;
+        gemm.launch(client, choice);
     }
-    quantize_per_row_into(client, &x2, scratch.format, &q, &s)?;
-    gemm8_into(client, &q, &s, qweight, w_scale, bias, &out2, choice)
+    Ok(())
 }
 
 /// W8A8: `y = x · wᵀ (+ b)` with `x[.., K]` float (quantized per row to int8 here), `qweight`
@@ -331,6 +354,7 @@ pub fn w8a8_linear_into<R: Runtime>(
         qweight,
         w_scale,
         bias,
+        None,
         scratch,
         out,
         KernelChoice::default(),
@@ -401,7 +425,21 @@ macro_rules! linear8_layer {
                 scratch: &ActScratch<R>,
                 out: &DeviceTensor<R>,
             ) -> Result<()> {
-                self.inner.forward_into(client, x, scratch, out)
+                self.inner.forward_into(client, x, None, scratch, out)
+            }
+
+            /// `y = x · Wᵀ (+ b) + residual` into `out`, the residual added in the GEMM's
+            /// epilogue (the pre-norm block's skip connection without a separate add).
+            /// `residual` has the output's shape and dtype and must not be `out` itself.
+            pub fn forward_residual_into(
+                &self,
+                client: &ComputeClient<R>,
+                x: &DeviceTensor<R>,
+                residual: &DeviceTensor<R>,
+                scratch: &ActScratch<R>,
+                out: &DeviceTensor<R>,
+            ) -> Result<()> {
+                self.inner.forward_into(client, x, Some(residual), scratch, out)
             }
         }
     };
