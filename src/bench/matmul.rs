@@ -17,7 +17,11 @@ pub const MODEL_SHAPES: [(&str, usize, usize); 5] = [
     ("lm_head", 1536, 151_936),
 ];
 
-fn filled<R: Runtime>(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> DeviceTensor<R> {
+pub(crate) fn filled<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &[usize],
+    dtype: DType,
+) -> DeviceTensor<R> {
     let n: usize = shape.iter().product();
     let data: Vec<f32> = (0..n)
         .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)

@@ -139,7 +139,15 @@ pub fn measure<R: Runtime>(
 }
 
 /// The families `cli bench` and the criterion benches know, by name.
-pub const FAMILIES: &[&str] = &["norm", "core", "matmul", "attention", "sparse", "quant"];
+pub const FAMILIES: &[&str] = &[
+    "norm",
+    "core",
+    "matmul",
+    "attention",
+    "sparse",
+    "quant",
+    "cubek",
+];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
@@ -150,12 +158,14 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "attention" => attention::cases(client),
         "sparse" => sparse::cases(client),
         "quant" => quant::cases(client),
+        "cubek" => cubek::cases(client),
         _ => Vec::new(),
     }
 }
 
 pub mod attention;
 pub mod core;
+pub mod cubek;
 pub mod matmul;
 pub mod norm;
 pub mod quant;
