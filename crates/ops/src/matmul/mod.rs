@@ -8,6 +8,11 @@
 //! runtime reports an f16/bf16 `cmma` configuration of 16x16x16 with f32 accumulation, else the
 //! tiled GEMM. Inputs must be contiguous (strided views are rejected with `ShapeMismatch`: the
 //! kernels address rows by `row * K`).
+//!
+//! The tensor-core GEMM (`cmma_gemm`) feeds its shared-memory stages with a multi-stage
+//! `cp.async` pipeline on CUDA, picks its tile per shape ([`CmmaTile::auto`]) and takes a tile
+//! from [`TUNE_ENV`] for benchmark sweeps; [`linear_into_with_tile`] and
+//! [`fused_gated_mlp_into_with_tile`] force one (tests).
 
 mod cmma_gemm;
 mod gemv;
