@@ -2,8 +2,9 @@ use crate::harness::*;
 use crate::on_each_runtime;
 use cubecl::prelude::*;
 use ops::matmul::{
-    fused_gated_mlp, fused_gated_mlp_into, linear, linear_into, plan, Activation, FusedGatedMlp,
-    GatedMlpWeights, GatedWeights, Kernel,
+    fused_gated_mlp, fused_gated_mlp_into, fused_gated_mlp_into_with_tile, linear, linear_into,
+    linear_into_with_tile, plan, Activation, CmmaTile, FusedGatedMlp, GatedMlpWeights,
+    GatedWeights, Kernel,
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
@@ -252,6 +253,223 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_eq!(plan(client, 1, DType::F32), Kernel::Gemv);
     assert_eq!(plan(client, 16, DType::F32), Kernel::Gemv);
     assert_ne!(plan(client, 17, DType::F32), Kernel::Gemv);
+}
+
+/// Every pipeline configuration the forced-tile tests run: the defaults, deeper and shallower
+/// `cp.async` pipelines, BK = 64, a 64x64-per-plane tile, one-plane tiles and the
+/// register-staged path (stages 0).
+const FORCED_TILES: [CmmaTile; 10] = [
+    CmmaTile::LARGE,
+    CmmaTile::MEDIUM,
+    CmmaTile::SMALL,
+    CmmaTile::new(128, 128, 2, 2, 4).with_bk(64),
+    CmmaTile::new(128, 256, 2, 4, 3),
+    CmmaTile::new(64, 64, 2, 2, 2),
+    CmmaTile::new(32, 32, 1, 1, 5).with_bk(64),
+    CmmaTile::new(16, 32, 1, 1, 8),
+    CmmaTile::new(64, 128, 2, 4, 0),
+    CmmaTile::new(128, 128, 2, 4, 0).with_bk(64),
+];
+
+/// (M, N, K) crossing tile and stage boundaries: K = 1000 and 200 end mid-step (16-byte
+/// copies), 72 has fewer steps than the deepest pipelines' prologue, 1536 walks many barrier
+/// phases, 36 and 34 give 8- and 4-byte copies, 127 (odd) runs the register path whatever the
+/// tile asks for.
+const FORCED_SHAPES: [(usize, usize, usize); 7] = [
+    (17, 33, 127),
+    (64, 127, 1000),
+    (129, 1000, 200),
+    (512, 130, 72),
+    (33, 64, 36),
+    (65, 48, 34),
+    (129, 96, 1536),
+];
+
+/// Whether the forced-tile tests can run here; says why not once per runtime.
+fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    let tile = CmmaTile::LARGE;
+    let x = DeviceTensor::from_f32(client, &[0.5; 8 * 16], &[8, 16], dtype).unwrap();
+    let w = DeviceTensor::from_f32(client, &[0.5; 4 * 16], &[4, 16], dtype).unwrap();
+    let out = DeviceTensor::empty(client, &[8, 4], dtype);
+    match linear_into_with_tile(client, &x, &w, None, None, &out, tile) {
+        Ok(()) => true,
+        Err(e) => {
+            assert_eq!(e.kind(), "feature", "{e}");
+            assert_ne!(plan(client, 17, dtype), Kernel::TensorCore);
+            eprintln!(
+                "forced tensor-core tiles skipped on {}: {e}",
+                ops::caps::runtime_name(client)
+            );
+            false
+        }
+    }
+}
+
+/// The half-precision dtypes with tensor cores here, or none (the tests then skip).
+fn tensor_core_dtypes<R: Runtime>(client: &ComputeClient<R>) -> Vec<DType> {
+    let dtypes: Vec<DType> = [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|&d| ops::caps::supports_dtype(client, d))
+        .collect();
+    match dtypes.first() {
+        Some(&d) if tensor_cores(client, d) => dtypes,
+        _ => Vec::new(),
+    }
+}
+
+fn forced_linear_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtypes = tensor_core_dtypes(client);
+    if dtypes.is_empty() {
+        return;
+    }
+    let mut rng = rng(73);
+    for (ti, tile) in FORCED_TILES.into_iter().enumerate() {
+        for (si, (m, n, k)) in FORCED_SHAPES.into_iter().enumerate() {
+            let dtype = dtypes[(ti + si) % dtypes.len()];
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (w, wh) = upload(client, &random(&mut rng, n * k, 1.0), &[n, k], dtype);
+            let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+            let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            // Each shape with one epilogue, rotating so that every tile meets all four.
+            let (bias, res) =
+                [(true, true), (false, false), (true, false), (false, true)][(ti + si) % 4];
+            let out = poisoned(client, &[m, n], dtype);
+            linear_into_with_tile(
+                client,
+                &x,
+                &w,
+                bias.then_some(&b),
+                res.then_some(&r),
+                &out,
+                tile,
+            )
+            .unwrap();
+            let want = reference::linear(
+                &xh,
+                &wh,
+                bias.then_some(&bh[..]),
+                res.then_some(&rh[..]),
+                (m, n, k),
+            );
+            assert_close(
+                &format!("linear {tile:?} {dtype} {m}x{n}x{k} bias={bias} res={res}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tol(dtype),
+            );
+        }
+    }
+}
+
+fn forced_gated_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtypes = tensor_core_dtypes(client);
+    if dtypes.is_empty() {
+        return;
+    }
+    let mut rng = rng(74);
+    for (ti, tile) in FORCED_TILES.into_iter().enumerate() {
+        for (si, (m, i, k)) in FORCED_SHAPES.into_iter().enumerate() {
+            let dtype = dtypes[(ti + si + 1) % dtypes.len()];
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (gu, guh) = upload(
+                client,
+                &random(&mut rng, 2 * i * k, 1.0),
+                &[2 * i, k],
+                dtype,
+            );
+            let act = [Activation::Silu, Activation::Gelu][(ti + si) % 2];
+            let concatenated = (ti + si / 2) % 2 == 0;
+            let want = reference::gated_mlp(
+                &xh,
+                &guh[..i * k],
+                &guh[i * k..],
+                act == Activation::Gelu,
+                (m, i, k),
+            );
+            let out = poisoned(client, &[m, i], dtype);
+            let (gate, up);
+            let weights = if concatenated {
+                GatedWeights::Concatenated(&gu)
+            } else {
+                gate = upload_f64(client, &guh[..i * k], &[i, k], dtype);
+                up = upload_f64(client, &guh[i * k..], &[i, k], dtype);
+                GatedWeights::Separate {
+                    gate: &gate,
+                    up: &up,
+                }
+            };
+            fused_gated_mlp_into_with_tile(client, &x, weights, act, &out, tile).unwrap();
+            assert_close(
+                &format!("gated {act:?} {tile:?} {dtype} {m}x{i}x{k} concatenated={concatenated}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                2.0 * tol(dtype),
+            );
+        }
+    }
+}
+
+fn forced_errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtype = DType::F16;
+    if !ops::caps::supports_dtype(client, dtype) {
+        return;
+    }
+    let x = DeviceTensor::from_f32(client, &[0.5; 32 * 64], &[32, 64], dtype).unwrap();
+    let w = DeviceTensor::from_f32(client, &[0.5; 64 * 64], &[64, 64], dtype).unwrap();
+    let out = DeviceTensor::empty(client, &[32, 64], dtype);
+    let half = DeviceTensor::empty(client, &[32, 32], dtype);
+    let bad = CmmaTile::new(100, 128, 2, 4, 3);
+    // A tile with one B fragment per plane cannot split it into gate and up.
+    let odd = CmmaTile::new(64, 64, 2, 4, 3);
+    let gated = |tile| {
+        fused_gated_mlp_into_with_tile(
+            client,
+            &x,
+            GatedWeights::Concatenated(&w),
+            Activation::Silu,
+            &half,
+            tile,
+        )
+    };
+    if tensor_core_dtypes(client).is_empty() {
+        assert_err(
+            "forced tile without cmma",
+            linear_into_with_tile(client, &x, &w, None, None, &out, CmmaTile::LARGE),
+            "feature",
+        );
+        return;
+    }
+    assert_err(
+        "invalid tile",
+        linear_into_with_tile(client, &x, &w, None, None, &out, bad),
+        "argument",
+    );
+    assert!(linear_into_with_tile(client, &x, &w, None, None, &out, odd).is_ok());
+    assert_err("odd gated tile", gated(odd), "argument");
+    assert!(gated(CmmaTile::SMALL).is_ok());
+    let f32x = DeviceTensor::from_f32(client, &[0.5; 32 * 64], &[32, 64], DType::F32).unwrap();
+    let f32w = DeviceTensor::from_f32(client, &[0.5; 64 * 64], &[64, 64], DType::F32).unwrap();
+    let f32o = DeviceTensor::empty(client, &[32, 64], DType::F32);
+    assert_err(
+        "forced tile on f32",
+        linear_into_with_tile(client, &f32x, &f32w, None, None, &f32o, CmmaTile::LARGE),
+        "feature",
+    );
+}
+
+#[test]
+fn linear_forced_tiles_match_reference() {
+    on_each_runtime!(forced_linear_case);
+}
+
+#[test]
+fn fused_gated_mlp_forced_tiles_match_reference() {
+    on_each_runtime!(forced_gated_case);
+}
+
+#[test]
+fn matmul_forced_tiles_reject_bad_tiles() {
+    on_each_runtime!(forced_errors_case);
 }
 
 #[test]

@@ -8,6 +8,11 @@
 //! runtime reports an f16/bf16 `cmma` configuration of 16x16x16 with f32 accumulation, else the
 //! tiled GEMM. Inputs must be contiguous (strided views are rejected with `ShapeMismatch`: the
 //! kernels address rows by `row * K`).
+//!
+//! The tensor-core GEMM (`cmma_gemm`) feeds its shared-memory stages with a multi-stage
+//! `cp.async` pipeline on CUDA, picks its tile per shape ([`CmmaTile::auto`]) and takes a tile
+//! from [`TUNE_ENV`] for benchmark sweeps; [`linear_into_with_tile`] and
+//! [`fused_gated_mlp_into_with_tile`] force one (tests).
 
 mod cmma_gemm;
 mod gemv;
@@ -18,6 +23,7 @@ use cubecl::prelude::*;
 use crate::launch::check_same_dtype;
 use crate::{caps, DeviceTensor, OpsError, Result};
 
+pub use cmma_gemm::{CmmaTile, TUNE_ENV};
 pub use gemv::GemvPlan;
 pub use tiled::TilePlan;
 
@@ -115,6 +121,34 @@ pub fn linear_into<R: Runtime>(
     residual: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
+    linear_impl(client, x, w, bias, residual, out, None)
+}
+
+/// [`linear_into`] forced onto the tensor-core GEMM with `tile` at any M (tests and tuning).
+/// Fails with `UnsupportedFeature` where the runtime has no f16/bf16 `cmma` (see [`plan`]) and
+/// `InvalidArgument` for a tile the kernel cannot run (see [`CmmaTile::is_valid`]). A tile with
+/// `stages >= 2` runs the register-staged path where `cp.async` cannot be used.
+pub fn linear_into_with_tile<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    residual: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    tile: CmmaTile,
+) -> Result<()> {
+    linear_impl(client, x, w, bias, residual, out, Some(tile))
+}
+
+fn linear_impl<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    residual: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    tile: Option<CmmaTile>,
+) -> Result<()> {
     const OP: &str = "linear";
     let (m, k) = check_x(client, OP, x)?;
     check_same_dtype(OP, x, w)?;
@@ -137,7 +171,7 @@ pub fn linear_into<R: Runtime>(
         gated: None,
     };
     check_epilogue(OP, &p)?;
-    launch(client, &p)
+    launch(client, OP, &p, tile)
 }
 
 /// `act(x·gateᵀ) * (x·upᵀ)` in one kernel: `x[.., H]` -> `[.., I]`; both products share the x
@@ -168,6 +202,30 @@ pub fn fused_gated_mlp_into<R: Runtime>(
     weights: GatedWeights<'_, R>,
     act: Activation,
     out: &DeviceTensor<R>,
+) -> Result<()> {
+    gated_impl(client, x, weights, act, out, None)
+}
+
+/// [`fused_gated_mlp_into`] forced onto the tensor-core GEMM with `tile` (whose `bn` counts
+/// gate and up rows: it covers `bn / 2` output columns); errors as [`linear_into_with_tile`].
+pub fn fused_gated_mlp_into_with_tile<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weights: GatedWeights<'_, R>,
+    act: Activation,
+    out: &DeviceTensor<R>,
+    tile: CmmaTile,
+) -> Result<()> {
+    gated_impl(client, x, weights, act, out, Some(tile))
+}
+
+fn gated_impl<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    weights: GatedWeights<'_, R>,
+    act: Activation,
+    out: &DeviceTensor<R>,
+    tile: Option<CmmaTile>,
 ) -> Result<()> {
     const OP: &str = "fused_gated_mlp";
     let (m, k) = check_x(client, OP, x)?;
@@ -216,7 +274,7 @@ pub fn fused_gated_mlp_into<R: Runtime>(
         gated: Some(act),
     };
     check_epilogue(OP, &p)?;
-    launch(client, &p)
+    launch(client, OP, &p, tile)
 }
 
 /// A gated MLP as a module: the weights and the activation.
@@ -300,12 +358,31 @@ fn check_epilogue<R: Runtime>(op: &'static str, p: &Problem<'_, R>) -> Result<()
     Ok(())
 }
 
-fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> Result<()> {
+fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    tile: Option<CmmaTile>,
+) -> Result<()> {
     // Unused epilogue operands are bound to x (never read: the kernel's comptime flags skip them).
     let bias = p.bias.unwrap_or(p.x);
     let residual = p.residual.unwrap_or(p.x);
     let dtype = p.x.dtype().elem_type();
-    match plan(client, p.m, p.x.dtype()) {
+    let kernel = match tile {
+        Some(_) if !cmma_gemm::supported(client, p.x.dtype()) => {
+            return Err(OpsError::UnsupportedFeature {
+                op,
+                runtime: caps::runtime_name(client),
+                feature: format!(
+                    "16x16x16 cmma with {} inputs and f32 accumulation",
+                    p.x.dtype()
+                ),
+            })
+        }
+        Some(_) => Kernel::TensorCore,
+        None => plan(client, p.m, p.x.dtype()),
+    };
+    match kernel {
         Kernel::Gemv => {
             let vector = caps::vector_size_for(client, p.x.dtype(), p.k);
             let use_plane = caps::has_plane_ops(client)
@@ -348,7 +425,7 @@ fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> Result<(
                 );
             }
         }
-        Kernel::TensorCore => cmma_gemm::launch(client, p, bias, residual),
+        Kernel::TensorCore => cmma_gemm::launch(client, op, p, bias, residual, tile)?,
         Kernel::Tiled => {
             let tp = TilePlan {
                 bm: 64,
