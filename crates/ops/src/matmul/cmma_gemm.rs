@@ -24,9 +24,10 @@
 //!   next step is loaded into registers while the tensor cores work on the current buffer,
 //!   then stored into the other one (double buffer, one `sync_cube` per step).
 //!
-//! The tile shape is picked per problem (see [`CmmaTile::auto`]): 128x128 with 8 planes (64x32
-//! per plane) when that gives at least one cube per SM, else 64x128, else 64x64, so that the
-//! small prefill projections still fill the GPU. `CUBELLM_GEMM_TUNE` overrides it for
+//! The tile shape is picked per problem (see [`CmmaTile::auto`]): 128x128 with 4 planes of
+//! 64x64 (8 planes of 64x32 for the gated MLP; a 4-stage pipeline when K >= 4096) when that
+//! gives about one cube per SM, else 64x64, so that the small prefill projections still fill
+//! the GPU (an H100 sweep chose these; BENCHMARKS.md). `CUBELLM_GEMM_TUNE` overrides it for
 //! benchmark sweeps (see [`CmmaTile::from_env`]).
 //!
 //! The gated MLP packs both weights into one B tile: its first `BN / 2` rows are gate rows, the
@@ -76,11 +77,19 @@ pub struct CmmaTile {
 }
 
 impl CmmaTile {
-    /// 128x128, 8 planes of 64x32, BK = 32, 3 stages: the default for large problems.
-    pub const LARGE: Self = Self::new(128, 128, 2, 4, 3);
-    /// 64x128, 8 planes of 32x32: where 128x128 gives fewer cubes than SMs.
+    /// 128x128, 4 planes of 64x64, BK = 32, 3 stages: the default for large plain GEMMs (the
+    /// H100 sweep in BENCHMARKS.md: ahead of 8 planes of 64x32 by 5-20%, a 64x64 plane tile
+    /// reads half the shared memory per `mma`).
+    pub const LARGE: Self = Self::new(128, 128, 2, 2, 3);
+    /// [`LARGE`](Self::LARGE) with a 4-stage pipeline: the long-K (>= 4096) shapes.
+    pub const LARGE_DEEP: Self = Self::new(128, 128, 2, 2, 4);
+    /// 128x128, 8 planes of 64x32: the gated MLP (gate and up fragments per plane), where it
+    /// measured ahead of the 4-plane tile.
+    pub const LARGE_GATED: Self = Self::new(128, 128, 2, 4, 3);
+    /// 64x128, 8 planes of 32x32.
     pub const MEDIUM: Self = Self::new(64, 128, 2, 4, 3);
-    /// 64x64, 4 planes of 32x32: the smallest prefill shapes (o/down projections at M = 512).
+    /// 64x64, 4 planes of 32x32: where 128x128 tiles cannot fill the SMs (the 1.5B model's
+    /// qkv/o/down projections at M = 512: 1.4-1.8x faster there than 128x128).
     pub const SMALL: Self = Self::new(64, 64, 2, 2, 3);
 
     /// A tile with `BK = 32`.
@@ -178,17 +187,21 @@ impl CmmaTile {
         })
     }
 
-    /// The default tile for an `m x n` output on `sms` SMs: the largest of
-    /// [`LARGE`](Self::LARGE), [`MEDIUM`](Self::MEDIUM) that gives at least one cube per SM,
-    /// else [`SMALL`](Self::SMALL).
-    pub fn auto(m: usize, n: usize, gated: bool, sms: usize) -> Self {
-        for tile in [Self::LARGE, Self::MEDIUM] {
-            let tiles = m.div_ceil(tile.bm as usize) * n.div_ceil(tile.out_cols(gated));
-            if tiles >= sms {
-                return tile;
-            }
+    /// The default tile for an `m x n` output with inner dimension `k` on `sms` SMs: 128x128
+    /// when that gives at least ~3/4 of a cube per SM (deeper pipeline for K >= 4096, 8 planes
+    /// when gated), else [`SMALL`](Self::SMALL). Measured on an H100 (BENCHMARKS.md).
+    pub fn auto(m: usize, n: usize, k: usize, gated: bool, sms: usize) -> Self {
+        let large = match (gated, k >= 4096) {
+            (true, _) => Self::LARGE_GATED,
+            (false, true) => Self::LARGE_DEEP,
+            (false, false) => Self::LARGE,
+        };
+        let tiles = m.div_ceil(large.bm as usize) * n.div_ceil(large.out_cols(gated));
+        if 4 * tiles >= 3 * sms {
+            large
+        } else {
+            Self::SMALL
         }
-        Self::SMALL
     }
 }
 
@@ -827,7 +840,7 @@ fn pick_tile<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> CmmaT
             return t;
         }
     }
-    CmmaTile::auto(p.m, p.n, gated, caps::num_sms(client) as usize)
+    CmmaTile::auto(p.m, p.n, p.k, gated, caps::num_sms(client) as usize)
 }
 
 pub(crate) fn launch<R: Runtime>(
@@ -906,7 +919,7 @@ mod tests {
 
     #[test]
     fn tune_syntax() {
-        assert_eq!(CmmaTile::parse("128,128,2,4,3"), Some(CmmaTile::LARGE));
+        assert_eq!(CmmaTile::parse("128,128,2,2,3"), Some(CmmaTile::LARGE));
         assert_eq!(
             CmmaTile::parse(" 128, 256 ,2,4,4,64"),
             Some(CmmaTile::new(128, 256, 2, 4, 4).with_bk(64))
@@ -931,15 +944,33 @@ mod tests {
     #[test]
     fn default_tiles() {
         let sms = 132;
-        // 512x4096: 128 big tiles < 132 SMs -> 64x128 (256 cubes).
-        assert_eq!(CmmaTile::auto(512, 4096, false, sms), CmmaTile::MEDIUM);
-        assert_eq!(CmmaTile::auto(4096, 4096, false, sms), CmmaTile::LARGE);
-        // qkv: 64 and 128 tiles -> 64x64 (256 cubes); o/down: 192 cubes.
-        assert_eq!(CmmaTile::auto(512, 2048, false, sms), CmmaTile::SMALL);
-        assert_eq!(CmmaTile::auto(512, 1536, false, sms), CmmaTile::SMALL);
-        assert_eq!(CmmaTile::auto(512, 17920, false, sms), CmmaTile::LARGE);
-        assert_eq!(CmmaTile::auto(512, 8960, true, sms), CmmaTile::LARGE);
-        for t in [CmmaTile::LARGE, CmmaTile::MEDIUM, CmmaTile::SMALL] {
+        // 512x4096: 128 big tiles, ~1 per SM; K = 4096 -> the deep pipeline.
+        assert_eq!(
+            CmmaTile::auto(512, 4096, 4096, false, sms),
+            CmmaTile::LARGE_DEEP
+        );
+        assert_eq!(
+            CmmaTile::auto(4096, 4096, 4096, false, sms),
+            CmmaTile::LARGE_DEEP
+        );
+        // qkv: 64 big tiles -> 64x64 (256 cubes); o/down: 48 -> 192 cubes.
+        assert_eq!(CmmaTile::auto(512, 2048, 1536, false, sms), CmmaTile::SMALL);
+        assert_eq!(CmmaTile::auto(512, 1536, 8960, false, sms), CmmaTile::SMALL);
+        assert_eq!(
+            CmmaTile::auto(512, 17920, 1536, false, sms),
+            CmmaTile::LARGE
+        );
+        assert_eq!(
+            CmmaTile::auto(512, 8960, 1536, true, sms),
+            CmmaTile::LARGE_GATED
+        );
+        for t in [
+            CmmaTile::LARGE,
+            CmmaTile::LARGE_DEEP,
+            CmmaTile::LARGE_GATED,
+            CmmaTile::MEDIUM,
+            CmmaTile::SMALL,
+        ] {
             assert!(t.is_valid(false) && t.is_valid(true), "{t:?}");
             // Fits the 227 KB an H100 cube may opt into, with room for 2 cubes per SM.
             assert!(t.shared_bytes(2, true) <= 113 * 1024, "{t:?}");
