@@ -1,9 +1,23 @@
-//! Cases for `ops::attention` at the 1.5B model's heads (12 query / 2 KV heads of 128): causal
-//! prefill at growing lengths (TFLOP/s, counting the causal half) and decode over a cache
-//! (GB/s of K/V read once).
+//! Cases for `ops::attention`: the 1.5B model's heads (12 query / 2 KV heads, head dim 128).
+//!
+//! - `prefill causal L<L> h12/2 d128`: `L` queries against `L` keys, causal. FLOPs count the
+//!   visible pairs only (`4 * D * Hq * L(L+1)/2`: two matmuls of 2 FLOPs per multiply-add);
+//!   bytes are q, k, v read once and out written once.
+//! - `decode L<L> h12/2 d128`: one query against `L` keys; bytes are the K/V rows read once
+//!   (`2 * L * Hkv * D * 2`) plus q and out, the floor a decode step must move.
+//! - `decode cached devlen L<L> ...`: the same through [`ops::attention::attention_cached_into`]
+//!   with the length in a device buffer (the CUDA-graph form); its split count is sized from
+//!   `max_len` (here equal to `L`).
+//! - `decode graph L<L> ...` (CUDA only): the cached decode step captured once as a CUDA graph and
+//!   replayed, as the model's decode loop runs; this removes the host's launch overhead, which
+//!   otherwise dominates a step that moves a few MB.
 
+use cubecl::client::Graph;
 use cubecl::prelude::*;
-use ops::attention::{attention_cached_into, attention_into, AttentionWorkspace, KvLen};
+use ops::attention::{
+    attention_cached_into, attention_into, attention_into_with, AttentionStrategy,
+    AttentionWorkspace, KvLen,
+};
 use ops::{caps, DType, DeviceTensor};
 
 use super::Case;
@@ -12,12 +26,46 @@ const HQ: usize = 12;
 const HKV: usize = 2;
 const D: usize = 128;
 
-fn filled<R: Runtime>(client: &ComputeClient<R>, shape: &[usize], dtype: DType) -> DeviceTensor<R> {
+fn filled<R: Runtime>(
+    client: &ComputeClient<R>,
+    shape: &[usize],
+    dtype: DType,
+    seed: u32,
+) -> DeviceTensor<R> {
     let n: usize = shape.iter().product();
+    // Deterministic values in [-1, 1] with some spread, so the softmax is not flat.
     let data: Vec<f32> = (0..n)
-        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .map(|i| {
+            let x = (i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(97));
+            (x >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+        })
         .collect();
     DeviceTensor::from_f32(client, &data, shape, dtype).unwrap()
+}
+
+/// Captures one call of `step` as a CUDA graph (None where the runtime has no graphs or the
+/// capture fails, e.g. because the memory pool would have to grow inside it).
+fn capture<R: Runtime>(client: &ComputeClient<R>, step: impl Fn()) -> Option<Graph<R>> {
+    if !caps::runtime_name(client).contains("cuda") {
+        return None;
+    }
+    step();
+    super::sync(client);
+    client.graph_prepare().ok()?;
+    // Warm-up after prepare: the pool serves the capture from what this call allocated.
+    step();
+    super::sync(client);
+    client.start_capture().ok()?;
+    step();
+    match client.stop_capture() {
+        Ok(g) => Some(g),
+        Err(e) => {
+            eprintln!("attention bench: graph capture failed: {e:?}");
+            None
+        }
+    }
 }
 
 pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
@@ -28,38 +76,113 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             continue;
         }
         let e = dtype.size() as f64;
-        for l in [512usize, 2048, 8192] {
-            let q = filled(client, &[l, HQ, D], dtype);
-            let k = filled(client, &[l, HKV, D], dtype);
-            let v = filled(client, &[l, HKV, D], dtype);
+        let prefill_lens: &[usize] = if dtype == DType::BF16 {
+            &[512, 2048, 8192]
+        } else {
+            &[2048]
+        };
+        for &l in prefill_lens {
+            let q = filled(client, &[l, HQ, D], dtype, 1);
+            let k = filled(client, &[l, HKV, D], dtype, 2);
+            let v = filled(client, &[l, HKV, D], dtype, 3);
             let o = DeviceTensor::empty(client, &[l, HQ, D], dtype);
+            let pairs = (l * (l + 1) / 2) as f64;
             out.push(Case {
-                name: format!("prefill causal L{l}"),
+                name: format!("prefill causal L{l} h{HQ}/{HKV} d{D}"),
                 dtype,
                 bytes: e * (2 * l * HQ * D + 2 * l * HKV * D) as f64,
-                // Two matmuls of Lq x Lk x D per head, half of them masked.
-                flops: 2.0 * 2.0 * (HQ * l * l * D) as f64 / 2.0,
+                flops: 4.0 * (D * HQ) as f64 * pairs,
                 run: Box::new(move || attention_into(client, &q, &k, &v, scale, true, &o).unwrap()),
             });
         }
-        for lk in [1024usize, 4096, 32768] {
-            let q = filled(client, &[1, HQ, D], dtype);
-            let kc = filled(client, &[lk, HKV, D], dtype);
-            let vc = filled(client, &[lk, HKV, D], dtype);
+        let decode_lens: &[usize] = if dtype == DType::BF16 {
+            &[1024, 4096, 32768]
+        } else {
+            &[4096]
+        };
+        for &l in decode_lens {
+            let q = filled(client, &[1, HQ, D], dtype, 4);
+            let k = filled(client, &[l, HKV, D], dtype, 5);
+            let v = filled(client, &[l, HKV, D], dtype, 6);
             let o = DeviceTensor::empty(client, &[1, HQ, D], dtype);
-            let len = DeviceTensor::from_slice(client, &[lk as u32], &[1]).unwrap();
-            let ws = AttentionWorkspace::for_shapes(client, 1, HQ, HKV, D, lk);
+            let bytes = e * (2 * l * HKV * D + 2 * HQ * D) as f64;
+            let flops = 4.0 * (l * D * HQ) as f64;
+            let (q2, k2, v2, o2) = (q.clone(), k.clone(), v.clone(), o.clone());
             out.push(Case {
-                name: format!("decode Lk{lk}"),
+                name: format!("decode L{l} h{HQ}/{HKV} d{D}"),
                 dtype,
-                bytes: e * (2 * lk * HKV * D + 2 * HQ * D) as f64,
-                flops: 4.0 * (HQ * lk * D) as f64,
+                bytes,
+                flops,
+                run: Box::new(move || {
+                    attention_into(client, &q2, &k2, &v2, scale, false, &o2).unwrap()
+                }),
+            });
+            if l == 32768 && caps::has_plane_ops(client) {
+                // The plane-shuffle decode kernel on the same problem, for comparison.
+                let (q2, k2, v2, o2) = (q.clone(), k.clone(), v.clone(), o.clone());
+                out.push(Case {
+                    name: format!("decode plane-kernel L{l} h{HQ}/{HKV} d{D}"),
+                    dtype,
+                    bytes,
+                    flops,
+                    run: Box::new(move || {
+                        attention_into_with(
+                            client,
+                            &q2,
+                            &k2,
+                            &v2,
+                            scale,
+                            false,
+                            &o2,
+                            AttentionStrategy::Decode,
+                        )
+                        .unwrap()
+                    }),
+                });
+            }
+            let len = DeviceTensor::from_slice(client, &[l as u32], &[1]).unwrap();
+            // The model's decode step passes a preallocated workspace (nothing is allocated
+            // inside the graph).
+            let ws = std::rc::Rc::new(AttentionWorkspace::for_shapes(client, 1, HQ, HKV, D, l));
+            let step = {
+                let (q, k, v, o, len) = (q.clone(), k.clone(), v.clone(), o.clone(), len.clone());
+                let ws = ws.clone();
+                move || {
+                    attention_cached_into(
+                        client,
+                        &q,
+                        &k,
+                        &v,
+                        KvLen::Device(&len),
+                        scale,
+                        &o,
+                        Some(&ws),
+                    )
+                    .unwrap()
+                }
+            };
+            if let Some(graph) = capture(client, step) {
+                out.push(Case {
+                    name: format!("decode graph L{l} h{HQ}/{HKV} d{D}"),
+                    dtype,
+                    bytes,
+                    flops,
+                    // SAFETY: every buffer the graph uses is owned by the closure's captures
+                    // (kept alive by the graph's retained handles) and nothing reallocates them.
+                    run: Box::new(move || unsafe { graph.replay() }),
+                });
+            }
+            out.push(Case {
+                name: format!("decode cached devlen L{l} h{HQ}/{HKV} d{D}"),
+                dtype,
+                bytes,
+                flops,
                 run: Box::new(move || {
                     attention_cached_into(
                         client,
                         &q,
-                        &kc,
-                        &vc,
+                        &k,
+                        &v,
                         KvLen::Device(&len),
                         scale,
                         &o,

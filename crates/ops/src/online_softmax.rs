@@ -41,3 +41,16 @@ pub fn merged_sum(ma: f32, sa: f32, mb: f32, sb: f32) -> f32 {
     let m = max(ma, mb);
     sa * rescale_factor(ma, m) + sb * rescale_factor(mb, m)
 }
+
+/// The "no score" value of the attention kernels: masked scores and "nothing seen yet" maxima.
+/// Unlike [`STATS_EMPTY_MAX`] it is far from the f32 range's end, so `x - max` stays finite
+/// whatever the scores; real scores are many orders of magnitude above it.
+pub const EMPTY_MAX: f32 = -1.0e30;
+
+/// `exp(x - max)`, or 0 when `x` is [`EMPTY_MAX`] (or below): the weight of a score (0 when
+/// masked) and the factor that rescales sums accumulated under an old max `x` to a new max (0
+/// when nothing was accumulated, which also avoids `exp(0) = 1` when both are empty).
+#[cube]
+pub fn exp_or_zero(x: f32, max: f32) -> f32 {
+    select(x <= f32::new(EMPTY_MAX), 0f32, f32::exp(x - max))
+}

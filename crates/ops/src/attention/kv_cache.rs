@@ -1,46 +1,53 @@
-//! Appending new keys and values to a preallocated `[max_len, Hkv, D]` cache.
+//! Appending new K/V rows to a preallocated `[max_len, Hkv, D]` cache.
+//!
+//! The cache is written in place (no per-step concatenation): rows `start..start + T` receive the
+//! `T` new rows. With the start position in a device buffer the same launch can be replayed from a
+//! CUDA graph while the position advances; rows that would land past `max_len` are skipped, so a
+//! runaway position can never write outside the cache.
 
 use cubecl::prelude::*;
 
-use super::{KvLen, OP_CACHE_WRITE};
+use super::KvLen;
 use crate::launch::{check_same_dtype, cube_count_1d};
 use crate::{caps, DeviceTensor, OpsError, Result};
 
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
 fn kv_cache_write_kernel<F: Float, N: Size>(
     k: &[Vector<F, N>],
     v: &[Vector<F, N>],
+    start_buf: &[u32],
     k_cache: &mut [Vector<F, N>],
     v_cache: &mut [Vector<F, N>],
-    start_buf: &[u32],
-    start_host: usize,
+    start_host: u32,
     row_vectors: usize,
-    len: usize,
-    max_len: usize,
-    #[comptime] from_device: bool,
+    total: usize,
+    max_len: u32,
+    #[comptime] device_start: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let i = ABSOLUTE_POS;
-    if i >= len {
-        terminate!();
-    }
+    let idx = CUBE_POS * CUBE_DIM as usize + UNIT_POS as usize;
     let mut start = start_host;
-    if comptime![from_device] {
-        start = start_buf[0] as usize;
+    if comptime![device_start] {
+        start = start_buf[0];
     }
-    let t = i / row_vectors;
-    // Rows past the cache are dropped: a device-held start cannot be checked on the host.
-    if start + t < max_len {
-        let dst = start * row_vectors + i;
-        k_cache[dst] = k[i];
-        v_cache[dst] = v[i];
+    // Rows left in the cache, computed without overflow for any start.
+    let room = (max_len - min(start, max_len)) as usize;
+    if idx < total {
+        let t = idx / row_vectors;
+        if t < room {
+            let dst = (start as usize + t) * row_vectors + idx % row_vectors;
+            k_cache[dst] = k[idx];
+            v_cache[dst] = v[idx];
+        }
     }
 }
 
-/// Copies `k[T, Hkv, D]` and `v` into rows `start..start + T` of `k_cache`/`v_cache`
-/// (`[max_len, Hkv, D]`). With [`KvLen::Host`] an overflow is an error; with
-/// [`KvLen::Device`] (a u32 `[1]` buffer, for graph capture) rows past `max_len` are skipped.
+/// Writes `k[T, Hkv, D]` and `v[T, Hkv, D]` into rows `start..start + T` of `k_cache` and
+/// `v_cache` (`[max_len, Hkv, D]`, same dtype, contiguous).
+///
+/// With [`KvLen::Host`] a write past `max_len` is an [`OpsError::InvalidArgument`]. With
+/// [`KvLen::Device`] (a `u32[1]` holding the start row) the host cannot check it: rows that would
+/// land at or past `max_len` are skipped and the cache is left as it was there.
 pub fn kv_cache_write_into<R: Runtime>(
     client: &ComputeClient<R>,
     k: &DeviceTensor<R>,
@@ -49,64 +56,104 @@ pub fn kv_cache_write_into<R: Runtime>(
     v_cache: &DeviceTensor<R>,
     start: KvLen<'_, R>,
 ) -> Result<()> {
-    const OP: &str = OP_CACHE_WRITE;
+    const OP: &str = "kv_cache_write";
     caps::check_float_dtype(client, OP, k.dtype())?;
-    if k.rank() != 3 || k.numel() == 0 {
-        return Err(OpsError::shape(
-            OP,
-            format!("k {:?} must be [T, Hkv, D]", k.shape()),
-        ));
+    for t in [v, k_cache, v_cache] {
+        check_same_dtype(OP, k, t)?;
     }
-    let (t, hkv, d) = (k.shape()[0], k.shape()[1], k.shape()[2]);
+    for t in [k, v, k_cache, v_cache] {
+        if t.rank() != 3 {
+            return Err(OpsError::shape(
+                OP,
+                format!("expected [rows, Hkv, D] tensors, got {:?}", t.shape()),
+            ));
+        }
+        if !t.is_contiguous() {
+            return Err(OpsError::shape(OP, "every operand must be contiguous"));
+        }
+    }
     if v.shape() != k.shape() {
         return Err(OpsError::shape(
             OP,
-            format!("v {:?} differs from k {:?}", v.shape(), k.shape()),
+            format!("v {:?} does not match k {:?}", v.shape(), k.shape()),
         ));
     }
-    let max_len = k_cache.shape().first().copied().unwrap_or(0);
-    for c in [k_cache, v_cache] {
-        if c.shape() != [max_len, hkv, d] {
-            return Err(OpsError::shape(
-                OP,
-                format!("cache {:?}, expected [max_len, {hkv}, {d}]", c.shape()),
-            ));
+    if v_cache.shape() != k_cache.shape() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "v_cache {:?} does not match k_cache {:?}",
+                v_cache.shape(),
+                k_cache.shape()
+            ),
+        ));
+    }
+    let (t_rows, hkv, d) = (k.shape()[0], k.shape()[1], k.shape()[2]);
+    let max_len = k_cache.shape()[0];
+    if k_cache.shape()[1..] != [hkv, d] {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "cache rows {:?} do not match the new rows {:?}",
+                &k_cache.shape()[1..],
+                &k.shape()[1..]
+            ),
+        ));
+    }
+    if t_rows == 0 || hkv == 0 || d == 0 || max_len == 0 {
+        return Err(OpsError::shape(OP, "empty k/v or cache"));
+    }
+    if max_len > u32::MAX as usize {
+        return Err(OpsError::shape(OP, "the cache has more than u32::MAX rows"));
+    }
+    let (start_host, start_arg) = match start {
+        KvLen::Host(s) => {
+            if s.checked_add(t_rows).is_none_or(|end| end > max_len) {
+                return Err(OpsError::invalid(
+                    OP,
+                    format!(
+                        "rows {s}..{} do not fit a cache of {max_len} rows",
+                        s.saturating_add(t_rows)
+                    ),
+                ));
+            }
+            (s as u32, None)
         }
-    }
-    for x in [v, k_cache, v_cache] {
-        check_same_dtype(OP, k, x)?;
-    }
-    if [k, v, k_cache, v_cache].iter().any(|x| !x.is_contiguous()) {
-        return Err(OpsError::shape(OP, "every operand must be contiguous"));
-    }
-    let (start_host, start_buf) = super::resolve_len(OP, &start, k)?;
-    if let KvLen::Host(s) = start {
-        if s + t > max_len {
-            return Err(OpsError::invalid(
-                OP,
-                format!("rows {s}..{} do not fit a cache of {max_len}", s + t),
-            ));
+        KvLen::Device(t) => {
+            super::check_len_tensor(OP, t)?;
+            (0, Some(t))
         }
-    }
-    let vector = caps::vector_size_for(client, k.dtype(), hkv * d);
-    let row_vectors = hkv * d / vector;
-    let len = t * row_vectors;
+    };
+    let row = hkv * d;
+    let vector = caps::vector_size_for(client, k.dtype(), row);
+    let row_vectors = row / vector;
+    let total = t_rows * row_vectors;
+    let cube_dim = 256u32;
+    let cubes = total.div_ceil(cube_dim as usize) as u32;
+    let dummy;
+    let start_tensor = match start_arg {
+        Some(t) => t,
+        None => {
+            dummy = super::dummy_u32(client);
+            &dummy
+        }
+    };
     unsafe {
         kv_cache_write_kernel::launch_unchecked::<R>(
             client,
-            cube_count_1d(client, len.div_ceil(256) as u32),
-            CubeDim::new_1d(256),
+            cube_count_1d(client, cubes),
+            CubeDim::new_1d(cube_dim),
             vector,
             k.as_buffer_arg(),
             v.as_buffer_arg(),
+            start_tensor.as_buffer_arg(),
             k_cache.as_buffer_arg(),
             v_cache.as_buffer_arg(),
-            start_buf.as_buffer_arg(),
             start_host,
             row_vectors,
-            len,
-            max_len,
-            matches!(start, KvLen::Device(_)),
+            total,
+            max_len as u32,
+            start_arg.is_some(),
             k.dtype().elem_type(),
         );
     }
