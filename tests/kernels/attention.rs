@@ -500,6 +500,73 @@ fn decode_loop_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The model's pattern: one workspace (sized by `for_shapes` for the largest step) reused by
+/// every call over a growing cache, a prefill of 37 tokens then decode steps of 1 and 3 queries,
+/// cache writes at host and device starts. The device-length runs (workspace) and the
+/// host-length runs (partials allocated per call) both match the reference.
+fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(46);
+    let (max_len, hq, hkv, d) = (300usize, 12usize, 2usize, 64usize);
+    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    for dtype in float_dtypes(client) {
+        let kc = poisoned(client, &[max_len, hkv, d], dtype);
+        let vc = poisoned(client, &[max_len, hkv, d], dtype);
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let ws = AttentionWorkspace::for_shapes(client, 37, hq, hkv, d, max_len);
+        let len_buf = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
+        let mut len = 0usize;
+        for (step, t) in [37usize, 1, 1, 3, 1].into_iter().enumerate() {
+            let k_h = exact_values(&mut rng, t * hkv * d);
+            let v_h = exact_values(&mut rng, t * hkv * d);
+            let q_h = exact_values(&mut rng, t * hq * d);
+            let (k, _) = upload(client, &k_h, &[t, hkv, d], dtype);
+            let (v, _) = upload(client, &v_h, &[t, hkv, d], dtype);
+            let (q, _) = upload(client, &q_h, &[t, hq, d], dtype);
+            if step % 2 == 0 {
+                kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Host(len)).unwrap();
+            } else {
+                len_buf
+                    .write_bytes(client, &(len as u32).to_le_bytes())
+                    .unwrap();
+                kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Device(&len_buf)).unwrap();
+            }
+            ks.extend_from_slice(&k_h);
+            vs.extend_from_slice(&v_h);
+            len += t;
+            let want = reference::attention::attention(
+                &f(&q_h),
+                &f(&ks),
+                &f(&vs),
+                t,
+                len,
+                hq,
+                hkv,
+                d,
+                0.125,
+                true,
+            );
+            len_buf
+                .write_bytes(client, &(len as u32).to_le_bytes())
+                .unwrap();
+            for device in [true, false] {
+                let (kv_len, ws) = if device {
+                    (KvLen::Device(&len_buf), Some(&ws))
+                } else {
+                    (KvLen::Host(len), None)
+                };
+                let out = poisoned(client, &[t, hq, d], dtype);
+                attention_cached_into(client, &q, &kc, &vc, kv_len, 0.125, &out, ws).unwrap();
+                assert_close(
+                    &format!("cached {dtype} step {step} len {len} device_len={device}"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    attn_tol(dtype),
+                );
+            }
+        }
+    }
+}
+
 fn attention_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let t = |shape: &[usize], dtype: DType| {
         let n: usize = shape.iter().product();
@@ -847,6 +914,11 @@ fn kv_cache_write_matches_reference() {
 #[test]
 fn decode_loop_with_device_positions() {
     on_each_runtime!(decode_loop_case);
+}
+
+#[test]
+fn cached_attention_reuses_one_workspace() {
+    on_each_runtime!(cached_workspace_reused_case);
 }
 
 #[test]
