@@ -30,9 +30,10 @@
 //! overrides them (read once per process; malformed or invalid values are ignored).
 //!
 //! **Workspace.** When the keys are split, the partials live in a small f32 workspace
-//! (`splits x Lq x Hq x (D + 2)`). The `_into` functions allocate it per call unless given an
-//! [`AttentionWorkspace`]; the model's decode step passes one, so that it allocates nothing and
-//! can be captured as a CUDA graph.
+//! (`splits x Lq x Hq x (D + 2)`). [`attention_into`] allocates it per call;
+//! [`attention_cached_into`] uses the [`AttentionWorkspace`] it is given (an
+//! [`OpsError::InvalidArgument`] if too small; `None` allocates per call). The model's decode step
+//! passes one, so that it allocates nothing and can be captured as a CUDA graph.
 
 mod decode;
 mod kv_cache;
