@@ -16,9 +16,9 @@
 //!
 //! **Kernels** (picked by [`AttentionStrategy::Auto`]):
 //! - more than [`DECODE_MAX_QUERIES`] queries, f16/bf16 on a runtime with tensor-core `mma`
-//!   (CUDA sm80+), head dim a multiple of 16 up to 128: [`prefill`]'s FlashAttention-2 kernel on
+//!   (CUDA sm80+), head dim a multiple of 16 up to 128: `prefill.rs`'s FlashAttention-2 kernel on
 //!   tensor cores;
-//! - up to [`DECODE_MAX_QUERIES`] queries: [`decode`]'s split-KV flash-decoding, on tensor cores
+//! - up to [`DECODE_MAX_QUERIES`] queries: `decode.rs`'s split-KV flash-decoding, on tensor cores
 //!   under the same conditions as prefill (the query heads of a KV head packed into one 16-row
 //!   tile), else with plane shuffles where the runtime has plane operations (+ a merge launch
 //!   when the keys are split);
