@@ -108,7 +108,8 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
 
 /// Launch-shape sweep: the cases whose names contain one of `filters`, with the launch
 /// shapes that make sense for their M forced, to pick the defaults of
-/// `sparse::linear::blueprint`. Names carry `tm<rows> g<k_groups> b<group_blocks> db<0|1>`. Not a
+/// `sparse::linear::blueprint`. Names carry `tm<rows> g<k_groups> b<group_blocks> db<0|1>
+/// st<stages>` (`st0`: register staging; else a `cp.async` pipeline of that depth). Not a
 /// `cli bench` family (too many cases for a routine run): the ignored test
 /// `sparse::bsr_linear_tuning_sweep` runs it.
 pub fn tune_cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filters: &[&str]) -> Vec<Case<'a>> {
@@ -133,12 +134,15 @@ pub fn tune_cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filters: &[&str]
         for &tile_m in tiles {
             for &k_groups in groups {
                 for &gb in group_blocks {
-                    for db in [true, false] {
+                    // Register staging with two or one buffers, then cp.async pipelines of
+                    // 2-4 stages (refused below where the runtime has no async copies).
+                    for (db, stages) in [(true, 0), (false, 0), (true, 2), (true, 3), (true, 4)] {
                         let tuning = Tuning {
                             tile_m: Some(tile_m),
                             k_groups: Some(k_groups),
                             group_blocks: Some(gb),
                             double_buffer: Some(db),
+                            stages: Some(stages),
                         };
                         // Only shapes the kernel accepts (a refused one is skipped, not timed).
                         if bsr_linear_into_tuned(client, &s.x, &s.w, None, &s.out, tuning).is_err()
@@ -147,7 +151,10 @@ pub fn tune_cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filters: &[&str]
                         }
                         let (x, w, out) = (s.x.clone(), s.w.clone(), s.out.clone());
                         cases.push(Case {
-                            name: format!("{} tm{tile_m} g{k_groups} b{gb} db{}", s.name, db as u8),
+                            name: format!(
+                                "{} tm{tile_m} g{k_groups} b{gb} db{} st{stages}",
+                                s.name, db as u8
+                            ),
                             dtype,
                             bytes: s.bytes,
                             flops: s.flops,

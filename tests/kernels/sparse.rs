@@ -165,41 +165,56 @@ fn large_m_case<R: Runtime>(client: &ComputeClient<R>) {
 /// some of them for small test matrices).
 fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(73);
-    // (block, tile_m, k_groups, group_blocks, double_buffer)
-    type Shape = (usize, usize, Option<usize>, Option<usize>, bool);
-    let shapes: Vec<Shape> = if sparse::linear::uses_tensor_cores(client, DType::F16) {
+    // (block, tile_m, k_groups, group_blocks, double_buffer, cp.async stages; 0 = registers)
+    type Shape = (usize, usize, Option<usize>, Option<usize>, bool, usize);
+    let mut shapes: Vec<Shape> = if sparse::linear::uses_tensor_cores(client, DType::F16) {
         vec![
-            (32, 16, Some(1), None, true),
-            (32, 16, Some(4), Some(2), true),
-            (32, 16, Some(8), Some(4), false),
-            (32, 32, Some(1), Some(3), true),
-            (32, 32, Some(2), None, false),
-            (32, 32, Some(4), None, true),
-            (32, 64, Some(1), Some(4), false),
-            (32, 64, Some(2), Some(2), true),
-            (32, 64, Some(2), None, true),
-            (32, 128, Some(1), Some(2), true),
-            (32, 128, Some(2), None, false),
-            (16, 16, Some(8), Some(2), true),
-            (16, 128, Some(1), Some(4), false),
-            (64, 16, Some(2), None, true),
-            (64, 64, Some(1), Some(2), false),
-            (64, 128, Some(1), None, true),
+            (32, 16, Some(1), None, true, 0),
+            (32, 16, Some(4), Some(2), true, 0),
+            (32, 16, Some(8), Some(4), false, 0),
+            (32, 32, Some(1), Some(3), true, 0),
+            (32, 32, Some(2), None, false, 0),
+            (32, 32, Some(4), None, true, 0),
+            (32, 64, Some(1), Some(4), false, 0),
+            (32, 64, Some(2), Some(2), true, 0),
+            (32, 64, Some(2), None, true, 0),
+            (32, 128, Some(1), Some(2), true, 0),
+            (32, 128, Some(2), None, false, 0),
+            (16, 16, Some(8), Some(2), true, 0),
+            (16, 128, Some(1), Some(4), false, 0),
+            (64, 16, Some(2), None, true, 0),
+            (64, 64, Some(1), Some(2), false, 0),
+            (64, 128, Some(1), None, true, 0),
         ]
     } else {
         vec![
-            (32, 16, None, None, true),
-            (32, 32, None, None, false),
-            (32, 64, None, None, false),
-            (16, 64, None, None, true),
-            (64, 16, None, None, false),
+            (32, 16, None, None, true, 0),
+            (32, 32, None, None, false, 0),
+            (32, 64, None, None, false, 0),
+            (16, 64, None, None, true, 0),
+            (64, 16, None, None, false, 0),
         ]
     };
+    if sparse::linear::uses_tensor_cores(client, DType::F16) && client.features().copy_async {
+        shapes.extend([
+            (32, 16, Some(1), None, true, 2),
+            (32, 16, Some(8), Some(2), true, 3),
+            (32, 32, Some(2), Some(3), true, 4),
+            (32, 64, Some(2), None, true, 3),
+            (32, 64, Some(1), Some(2), true, 4),
+            (32, 128, Some(1), None, true, 3),
+            (16, 16, Some(4), Some(2), true, 2),
+            (16, 128, Some(1), Some(4), true, 3),
+            (64, 16, Some(2), None, true, 3),
+            (64, 64, Some(1), Some(2), true, 2),
+            (64, 128, Some(1), None, true, 4),
+        ]);
+    }
     let dtypes: Vec<DType> = float_dtypes(client)
         .into_iter()
         .filter(|&d| d != DType::F32 || !sparse::linear::uses_tensor_cores(client, DType::F16))
         .collect();
-    for &(b, tile_m, k_groups, group_blocks, double_buffer) in &shapes {
+    for &(b, tile_m, k_groups, group_blocks, double_buffer, stages) in &shapes {
         let shape = [4 * b, 6 * b];
         let mask = random_mask(&mut rng, 4, 6, 0.6);
         let dense = blocky(&mut rng, shape, b, &mask);
@@ -220,6 +235,7 @@ fn tile_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
                         k_groups,
                         group_blocks,
                         double_buffer: Some(double_buffer),
+                        stages: Some(stages),
                     },
                 );
             }
@@ -677,6 +693,42 @@ fn linear_errors_case<R: Runtime>(client: &ComputeClient<R>) {
         ),
         "argument",
     );
+    // A one-stage pipeline, and a pipeline where the runtime cannot issue async copies (or
+    // the path has no tensor cores), are refused the same way.
+    for stages in [1, 5] {
+        assert_err(
+            "bad pipeline depth",
+            bsr_linear_into_tuned(
+                client,
+                &x,
+                &w,
+                None,
+                &out,
+                Tuning {
+                    stages: Some(stages),
+                    ..Tuning::default()
+                },
+            ),
+            "argument",
+        );
+    }
+    if !client.features().copy_async || !sparse::linear::uses_tensor_cores(client, f) {
+        assert_err(
+            "pipeline without async copies",
+            bsr_linear_into_tuned(
+                client,
+                &x,
+                &w,
+                None,
+                &out,
+                Tuning {
+                    stages: Some(3),
+                    ..Tuning::default()
+                },
+            ),
+            "argument",
+        );
+    }
     if !ops::caps::supports_dtype(client, DType::BF16) {
         let xb = DeviceTensor::from_f32(client, &[0.5; 96], &[3, 32], DType::BF16).unwrap();
         assert_err("bf16", bsr_linear(client, &xb, &w, None), "dtype");

@@ -7,6 +7,7 @@
 //! the staged tile; the weight block `W[n, k]` read column-major is exactly the `B = Wᵀ` operand.
 
 use cubecl::cmma;
+use cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use cubecl::prelude::*;
 use ops::DeviceTensor;
 
@@ -64,6 +65,65 @@ fn mma_stage<F: Float, N: Size>(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Starts the `cp.async` copies of the stage's blocks `[first, first + stage_blocks)` (clipped
+/// to `end`) into shared buffer `buf`, in the layout of [`store_stage`]: the same unit-to-vector
+/// assignment as [`load_stage`], with the block columns `cols` read by [`load_cols`] one stage
+/// earlier. Rows past `m` and blocks past `end` are zero-filled by the copy (source size 0).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn issue_stage<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    values: &[Vector<F, N>],
+    cols: &Array<u32>,
+    x_sh: &mut [Vector<F, N>],
+    w_sh: &mut [Vector<F, N>],
+    buf: usize,
+    first: usize,
+    end: usize,
+    m0: usize,
+    m: usize,
+    k_vectors: usize,
+    #[comptime] bp: Blueprint,
+) {
+    let unit = UNIT_POS as usize;
+    let vector = comptime![bp.vector as u32];
+    let bv = comptime![bp.bv()];
+    let xsv = comptime![bp.xsv()];
+    let wsv = comptime![bp.wsv()];
+    let x_tile = comptime![bp.tile_m * bp.bv()];
+    let x_loads = comptime![bp.x_loads()];
+    let w_block = comptime![bp.block * bp.bv()];
+    let total = comptime![bp.total_loads()];
+    let x_base = buf * comptime![bp.x_stage()];
+    let w_base = buf * comptime![bp.w_stage()];
+    #[unroll]
+    for i in 0..bp.loads_per_unit() {
+        let idx = i * comptime![bp.units] + unit;
+        if idx < x_loads {
+            let g = idx / x_tile;
+            let rem = idx % x_tile;
+            let r = rem / bv;
+            let cv = rem % bv;
+            let ok = first + g < end && m0 + r < m;
+            let src = select(
+                ok,
+                (m0 + r) * k_vectors + cols[i] as usize * bv + cv,
+                0usize,
+            );
+            let len = select(ok, 1usize, 0usize);
+            let dst = x_base + (idx / bv) * xsv + idx % bv;
+            copy_async_checked(&x[src..src + len], &mut x_sh[dst..dst + 1], vector);
+        } else if idx < total {
+            let j = idx - x_loads;
+            let ok = first + j / w_block < end;
+            let src = select(ok, first * w_block + j, 0usize);
+            let len = select(ok, 1usize, 0usize);
+            let dst = w_base + (j / bv) * wsv + j % bv;
+            copy_async_checked(&values[src..src + len], &mut w_sh[dst..dst + 1], vector);
         }
     }
 }
@@ -144,7 +204,83 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
     let sb = comptime![bp.stage_blocks()];
     let count = end - start;
     let stages = count.div_ceil(sb);
-    if stages > 0 {
+    if comptime![bp.stages >= 2] {
+        // cp.async pipeline: stage t + depth - 1 is copied while stage t is multiplied (the
+        // same scheme as the dense GEMM, `ops::matmul`). Every unit commits its copies to the
+        // buffer's mbarrier (not an arrival) and arrives-and-waits before reading the buffer;
+        // passing that wait also proves every warp finished the stage before, so its buffer
+        // can be refilled without a `sync_cube`.
+        let depth = comptime![bp.stages];
+        let mut bars = Sequence::<Shared<Barrier>>::new();
+        #[unroll]
+        for _ in 0..depth {
+            bars.push(Barrier::shared(CUBE_DIM, UNIT_POS == 0));
+        }
+        load_cols(col, &mut cols, start, end, bp);
+        #[unroll]
+        for s in 0..depth - 1 {
+            if s < stages {
+                issue_stage(
+                    x,
+                    values,
+                    &cols,
+                    &mut x_sh,
+                    &mut w_sh,
+                    s,
+                    start + s * sb,
+                    end,
+                    m0,
+                    m,
+                    k_vectors,
+                    bp,
+                );
+                load_cols(col, &mut cols, start + (s + 1) * sb, end, bp);
+            }
+            bars.index(s).commit_copy_async();
+        }
+        for t0 in range_stepped(0, stages, depth) {
+            #[unroll]
+            for s in 0..depth {
+                let t = t0 + s;
+                if t < stages {
+                    bars.index(s).arrive_and_wait();
+                    let next = comptime![(s + depth - 1) % depth];
+                    let nt = t + depth - 1;
+                    if nt < stages {
+                        issue_stage(
+                            x,
+                            values,
+                            &cols,
+                            &mut x_sh,
+                            &mut w_sh,
+                            next,
+                            start + nt * sb,
+                            end,
+                            m0,
+                            m,
+                            k_vectors,
+                            bp,
+                        );
+                        load_cols(col, &mut cols, start + (nt + 1) * sb, end, bp);
+                    }
+                    bars.index(next).commit_copy_async();
+                    mma_stage(
+                        &x_sh,
+                        &w_sh,
+                        &mut accs,
+                        &mut a_frags,
+                        &mut b_frag,
+                        s,
+                        start + t * sb,
+                        end,
+                        group,
+                        row0,
+                        bp,
+                    );
+                }
+            }
+        }
+    } else if stages > 0 {
         // Columns of stage 0, its data, then the columns of stage 1: from here on the column
         // indices of a stage are read one stage before its data.
         load_cols(col, &mut cols, start, end, bp);

@@ -5,10 +5,13 @@
 //! `tile_m x b` columns of `x` and the `b x b` weight block through shared memory and accumulates
 //! in f32. Absent blocks cost nothing; an empty block-row writes the bias (or zeros).
 //!
-//! Staging is software-pipelined: while the cube multiplies the blocks in one shared buffer, each
-//! unit already holds the next stage's global loads in registers (their block columns were read
-//! one stage earlier still), and writes them into the other buffer afterwards: one barrier per
-//! stage (a single-buffer variant, two barriers per stage, exists for small shared memories). A
+//! Staging is software-pipelined. Where the runtime has async copies (CUDA sm_80+) the tensor-core
+//! kernel fills `stages` shared buffers with `cp.async` copies (default 3; one mbarrier each), so
+//! the next stages are in flight while the warps multiply the current one; elsewhere, while the
+//! cube multiplies the blocks in one shared buffer, each unit already holds the next stage's
+//! global loads in registers and writes them into the other buffer afterwards: one barrier per
+//! stage (a single-buffer variant, two barriers per stage, exists for small shared memories).
+//! Either way the block columns of a stage are read one stage before its data. A
 //! stage is `k_groups` x `group_blocks` blocks: with few rows of `x` (decode, M = 1..16) the warps
 //! of a cube work on different blocks of the row at once and their partial tiles are summed at the
 //! end, which keeps enough loads in flight to stream the weights. Launch-shape defaults come from
@@ -45,6 +48,8 @@ const OUT_PAD: usize = 4;
 pub(crate) const FRAG: usize = 16;
 /// Bytes of one pipeline stage we aim for when picking `k_groups` for short tiles.
 const STAGE_BYTES: usize = 32 * 1024;
+/// `cp.async` pipeline depth of the tensor-core path where the runtime has async copies.
+const DEFAULT_STAGES: usize = 3;
 
 /// The compile-time shape of one launch (the kernel's cache key); runtime sizes are arguments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,8 +72,12 @@ pub struct Blueprint {
     /// Plane (warp) size assumed by the tensor-core path.
     pub plane: usize,
     /// Two shared buffers (load the next stage while multiplying this one) or one (for devices
-    /// with little shared memory: the next stage waits in registers).
+    /// with little shared memory: the next stage waits in registers). Register staging only.
     pub double_buffer: bool,
+    /// Tensor-core path: `0` stages through registers (above); `2..=4` is a `cp.async`
+    /// pipeline of that many shared buffers with one mbarrier each (CUDA sm_80+), so the
+    /// copies of `stages - 1` stages are in flight while one is multiplied.
+    pub stages: usize,
     pub has_bias: bool,
 }
 
@@ -137,7 +146,9 @@ impl Blueprint {
     }
 
     pub(crate) fn buffers(&self) -> usize {
-        if self.double_buffer {
+        if self.stages >= 2 {
+            self.stages
+        } else if self.double_buffer {
             2
         } else {
             1
@@ -164,6 +175,8 @@ pub struct Tuning {
     pub k_groups: Option<usize>,
     pub group_blocks: Option<usize>,
     pub double_buffer: Option<bool>,
+    /// `cp.async` pipeline depth of the tensor-core path (`0` = register staging).
+    pub stages: Option<usize>,
 }
 
 /// Whether the tensor-core path applies: f16/bf16 with 16x16x16 fragments accumulating in f32,
@@ -235,6 +248,11 @@ pub fn blueprint<R: Runtime>(
             k_groups = g;
         }
         let group_blocks = tuning.group_blocks.unwrap_or(1);
+        // cp.async moves 4, 8 or 16 bytes; every supported block is at least 8 f16 wide.
+        let pipelined = client.features().copy_async && vector * dtype.size() >= 4;
+        let stages = tuning
+            .stages
+            .unwrap_or(if pipelined { DEFAULT_STAGES } else { 0 });
         Blueprint {
             block,
             tile_m,
@@ -245,6 +263,7 @@ pub fn blueprint<R: Runtime>(
             use_cmma,
             plane: 32,
             double_buffer: tuning.double_buffer.unwrap_or(true),
+            stages,
             has_bias,
         }
     } else {
@@ -258,6 +277,8 @@ pub fn blueprint<R: Runtime>(
             use_cmma,
             plane: 32,
             double_buffer: tuning.double_buffer.unwrap_or(true),
+            // A pipeline asked for here is refused by the validation (no tensor-core path).
+            stages: tuning.stages.unwrap_or(0),
             has_bias,
         };
         // Devices with little shared memory (wgpu commonly guarantees 16-32 KiB): give up the
@@ -770,9 +791,11 @@ fn validate_blueprint<R: Runtime>(
             && bp.units.is_multiple_of(bp.block)
             && (bp.tile_m * bp.block).is_multiple_of(bp.units)
     };
+    let stages_ok = bp.stages == 0
+        || (bp.use_cmma && (2..=4).contains(&bp.stages) && client.features().copy_async);
     let units_ok = bp.units <= client.properties().hardware.max_units_per_cube as usize
         && (bp.tile_m * bp.block).is_multiple_of(bp.units);
-    if !ok_tile || !ok_shape || !units_ok {
+    if !ok_tile || !ok_shape || !units_ok || !stages_ok {
         return Err(OpsError::invalid(
             OP,
             format!("unusable launch shape {bp:?}"),
