@@ -11,7 +11,7 @@ use cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use cubecl::prelude::*;
 use ops::DeviceTensor;
 
-use crate::linear::{load_cols, load_stage, store_stage, write_tile, Blueprint, FRAG};
+use crate::linear::{load_cols, load_stage, stage_slot, store_stage, write_tile, Blueprint, FRAG};
 use crate::Bsr;
 
 /// Multiplies this warp's blocks of the stage in shared buffer `buf` into its accumulators: group
@@ -70,15 +70,17 @@ fn mma_stage<F: Float, N: Size>(
 }
 
 /// Starts the `cp.async` copies of the stage's blocks `[first, first + stage_blocks)` (clipped
-/// to `end`) into shared buffer `buf`, in the layout of [`store_stage`]: the same unit-to-vector
-/// assignment as [`load_stage`], with the block columns `cols` read by [`load_cols`] one stage
-/// earlier. Rows past `m` and blocks past `end` are zero-filled by the copy (source size 0).
+/// to `end`) into shared buffer `buf`, slot by slot as [`stage_slot`] maps them (the layout of
+/// [`store_stage`]), with the block columns `cols` read one stage earlier; out-of-range slots are
+/// zero-filled by the copy (source size 0). Then reads the columns of the following stage into
+/// `cols`.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn issue_stage<F: Float, N: Size>(
     x: &[Vector<F, N>],
     values: &[Vector<F, N>],
-    cols: &Array<u32>,
+    col: &[i32],
+    cols: &mut Array<u32>,
     x_sh: &mut [Vector<F, N>],
     w_sh: &mut [Vector<F, N>],
     buf: usize,
@@ -91,41 +93,20 @@ fn issue_stage<F: Float, N: Size>(
 ) {
     let unit = UNIT_POS as usize;
     let vector = comptime![bp.vector as u32];
-    let bv = comptime![bp.bv()];
-    let xsv = comptime![bp.xsv()];
-    let wsv = comptime![bp.wsv()];
-    let x_tile = comptime![bp.tile_m * bp.bv()];
-    let x_loads = comptime![bp.x_loads()];
-    let w_block = comptime![bp.block * bp.bv()];
     let total = comptime![bp.total_loads()];
-    let x_base = buf * comptime![bp.x_stage()];
-    let w_base = buf * comptime![bp.w_stage()];
     #[unroll]
     for i in 0..bp.loads_per_unit() {
         let idx = i * comptime![bp.units] + unit;
-        if idx < x_loads {
-            let g = idx / x_tile;
-            let rem = idx % x_tile;
-            let r = rem / bv;
-            let cv = rem % bv;
-            let ok = first + g < end && m0 + r < m;
-            let src = select(
-                ok,
-                (m0 + r) * k_vectors + cols[i] as usize * bv + cv,
-                0usize,
-            );
-            let len = select(ok, 1usize, 0usize);
-            let dst = x_base + (idx / bv) * xsv + idx % bv;
+        let (is_x, ok, src, dst) = stage_slot(idx, cols[i], buf, first, end, m0, m, k_vectors, bp);
+        let src = select(ok, src, 0usize);
+        let len = select(ok, 1usize, 0usize);
+        if is_x {
             copy_async_checked(&x[src..src + len], &mut x_sh[dst..dst + 1], vector);
         } else if idx < total {
-            let j = idx - x_loads;
-            let ok = first + j / w_block < end;
-            let src = select(ok, first * w_block + j, 0usize);
-            let len = select(ok, 1usize, 0usize);
-            let dst = w_base + (j / bv) * wsv + j % bv;
             copy_async_checked(&values[src..src + len], &mut w_sh[dst..dst + 1], vector);
         }
     }
+    load_cols(col, cols, first + comptime![bp.stage_blocks()], end, bp);
 }
 
 #[cube(launch_unchecked)]
@@ -157,7 +138,6 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
     let mut x_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(x_len, 128usize);
     let mut w_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(w_len, 128usize);
     let mut out_sh = Shared::<[f32]>::new_aligned_slice(out_len, 128usize);
-    let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
     let mut cols = Array::<u32>::new(comptime![bp.loads_per_unit()]);
 
     let frag_rows = comptime![bp.frag_rows()];
@@ -223,7 +203,8 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
                 issue_stage(
                     x,
                     values,
-                    &cols,
+                    col,
+                    &mut cols,
                     &mut x_sh,
                     &mut w_sh,
                     s,
@@ -234,7 +215,6 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
                     k_vectors,
                     bp,
                 );
-                load_cols(col, &mut cols, start + (s + 1) * sb, end, bp);
             }
             bars.index(s).commit_copy_async();
         }
@@ -250,7 +230,8 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
                         issue_stage(
                             x,
                             values,
-                            &cols,
+                            col,
+                            &mut cols,
                             &mut x_sh,
                             &mut w_sh,
                             next,
@@ -261,7 +242,6 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
                             k_vectors,
                             bp,
                         );
-                        load_cols(col, &mut cols, start + (nt + 1) * sb, end, bp);
                     }
                     bars.index(next).commit_copy_async();
                     mma_stage(
@@ -281,6 +261,8 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
             }
         }
     } else if stages > 0 {
+        // Register staging: the next stage waits in registers while this one is multiplied.
+        let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
         // Columns of stage 0, its data, then the columns of stage 1: from here on the column
         // indices of a stage are read one stage before its data.
         load_cols(col, &mut cols, start, end, bp);

@@ -323,6 +323,50 @@ pub(crate) fn load_cols(
     }
 }
 
+/// Where a stage's load slot `idx` (`i * units + unit`) comes from and goes to: whether it is in
+/// range (rows past `m` and blocks past `end` read as zero), its global vector index (into `x`
+/// for the first `x_loads` slots, with block column `col`; into the weight values after), and
+/// its vector index in the padded shared buffer `buf`. Slots past the stage's loads have
+/// `ok = false`. The register and the `cp.async` staging both go through here.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stage_slot(
+    idx: usize,
+    col: u32,
+    buf: usize,
+    first: usize,
+    end: usize,
+    m0: usize,
+    m: usize,
+    k_vectors: usize,
+    #[comptime] bp: Blueprint,
+) -> (bool, bool, usize, usize) {
+    let bv = comptime![bp.bv()];
+    let x_tile = comptime![bp.tile_m * bp.bv()];
+    let x_loads = comptime![bp.x_loads()];
+    let w_block = comptime![bp.block * bp.bv()];
+    let total = comptime![bp.total_loads()];
+    let mut is_x = false;
+    let mut ok = false;
+    let mut src = 0usize;
+    let mut dst = 0usize;
+    if idx < x_loads {
+        let rem = idx % x_tile;
+        let r = rem / bv;
+        is_x = true;
+        ok = first + idx / x_tile < end && m0 + r < m;
+        src = (m0 + r) * k_vectors + col as usize * bv + rem % bv;
+        // (block, row) pairs are consecutive rows of the staged tile.
+        dst = buf * comptime![bp.x_stage()] + (idx / bv) * comptime![bp.xsv()] + idx % bv;
+    } else if idx < total {
+        let j = idx - x_loads;
+        ok = first + j / w_block < end;
+        src = first * w_block + j;
+        dst = buf * comptime![bp.w_stage()] + (j / bv) * comptime![bp.wsv()] + j % bv;
+    }
+    (is_x, ok, src, dst)
+}
+
 /// Loads the global vectors of the stage's blocks `[first, first + stage_blocks)` (clipped to
 /// `end`) that this unit is responsible for into registers, with the block columns `cols` read
 /// by [`load_cols`]; out-of-range rows and blocks read as zero.
@@ -341,30 +385,16 @@ pub(crate) fn load_stage<F: Float, N: Size>(
     #[comptime] bp: Blueprint,
 ) {
     let unit = UNIT_POS as usize;
-    let bv = comptime![bp.bv()];
-    let x_tile = comptime![bp.tile_m * bp.bv()];
-    let x_loads = comptime![bp.x_loads()];
-    let w_block = comptime![bp.block * bp.bv()];
-    let total = comptime![bp.total_loads()];
     #[unroll]
     for i in 0..bp.loads_per_unit() {
         let idx = i * comptime![bp.units] + unit;
+        let (is_x, ok, src, _dst) = stage_slot(idx, cols[i], 0, first, end, m0, m, k_vectors, bp);
         let mut v = Vector::<F, N>::from_int(0);
-        if idx < x_loads {
-            let g = idx / x_tile;
-            let rem = idx % x_tile;
-            let r = rem / bv;
-            let cv = rem % bv;
-            let blk = first + g;
-            if blk < end && m0 + r < m {
-                v = x[(m0 + r) * k_vectors + cols[i] as usize * bv + cv];
-            }
-        } else if idx < total {
-            let j = idx - x_loads;
-            let g = j / w_block;
-            let blk = first + g;
-            if blk < end {
-                v = values[blk * w_block + j % w_block];
+        if ok {
+            if is_x {
+                v = x[src];
+            } else {
+                v = values[src];
             }
         }
         regs[i] = v;
@@ -381,24 +411,16 @@ pub(crate) fn store_stage<F: Float, N: Size>(
     #[comptime] bp: Blueprint,
 ) {
     let unit = UNIT_POS as usize;
-    let bv = comptime![bp.bv()];
-    let xsv = comptime![bp.xsv()];
-    let wsv = comptime![bp.wsv()];
-    let x_loads = comptime![bp.x_loads()];
     let total = comptime![bp.total_loads()];
-    let x_base = buf * comptime![bp.x_stage()];
-    let w_base = buf * comptime![bp.w_stage()];
     #[unroll]
     for i in 0..bp.loads_per_unit() {
         let idx = i * comptime![bp.units] + unit;
-        if idx < x_loads {
-            // (group, row) pairs are consecutive rows of the staged tile.
-            let row = idx / bv;
-            x_sh[x_base + row * xsv + idx % bv] = regs[i];
+        // Only the destination is used: the source arguments are placeholders.
+        let (is_x, _ok, _src, dst) = stage_slot(idx, 0, buf, 0, 0, 0, 0, 0, bp);
+        if is_x {
+            x_sh[dst] = regs[i];
         } else if idx < total {
-            let j = idx - x_loads;
-            let row = j / bv;
-            w_sh[w_base + row * wsv + j % bv] = regs[i];
+            w_sh[dst] = regs[i];
         }
     }
 }
