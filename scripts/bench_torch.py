@@ -17,26 +17,49 @@ import torch.nn.functional as F
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
 
 
+MAX_ITERS = 20000
+
+
 def time_launches(fn, target_s=0.02, samples=9):
+    """(median, steady) seconds per launch, as cubellm::bench::time_launches: samples of `iters`
+    launches and one sync; `steady` from the difference between `iters` and `iters // 2`."""
+    # Calibrated on a batch doubled until it runs for a tenth of the target, as
+    # cubellm::bench::calibrate does (one launch + sync measures the sync's round trip).
     fn()
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    one = max(time.perf_counter() - t0, 5e-7)
-    iters = int(min(max(target_s / one, 3), 10000))
-    for _ in range(min(max(iters, 3), 20)):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(samples):
+    batch = 1
+    while True:
         t0 = time.perf_counter()
-        for _ in range(iters):
+        for _ in range(batch):
             fn()
         torch.cuda.synchronize()
-        times.append((time.perf_counter() - t0) / iters)
-    times.sort()
-    return times[len(times) // 2]
+        elapsed = time.perf_counter() - t0
+        if elapsed >= target_s / 10 or batch >= MAX_ITERS:
+            break
+        batch *= 2
+    one = max(elapsed / batch, 1e-9)
+    iters = max(int(min(max(target_s / one, 3), MAX_ITERS)), 2)
+    for _ in range(min(iters, 20)):
+        fn()
+    torch.cuda.synchronize()
+
+    def timed(n):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    half = iters // 2
+    full, steady = [], []
+    for _ in range(samples):
+        t_half = timed(half)
+        t_full = timed(iters)
+        full.append(t_full / iters)
+        steady.append(max(t_full - t_half, 0.0) / (iters - half))
+    full.sort()
+    steady.sort()
+    return full[len(full) // 2], steady[len(steady) // 2]
 
 
 def norm_cases():
@@ -248,8 +271,72 @@ def quant_cases():
                2.0 * m * n * k)
 
 
+def graph_of(fn, count):
+    """`count` calls of `fn` captured as one CUDA graph; returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(count):
+            fn()
+    return g.replay
+
+
+def addlab_cases():
+    # Same names as cubellm::bench::addlab: add at 4096 x 4096 eager (allocating and into a
+    # preallocated output), 20 adds replayed from one CUDA graph, and operands carved from one
+    # buffer with `off` bytes between them.
+    rows, n = 4096, 4096
+    for dname in ["f16", "f32", "bf16"]:
+        dt = DTYPES[dname]
+        e = torch.empty((), dtype=dt).element_size()
+        nbytes = e * 3 * rows * n
+        a = torch.randn(rows, n, device="cuda", dtype=dt)
+        b = torch.randn(rows, n, device="cuda", dtype=dt)
+        o = torch.empty_like(a)
+        yield ("sync idle", dname, 0, torch.cuda.synchronize)
+        yield ("add then sync", dname, nbytes,
+               lambda a=a, b=b, o=o: (torch.add(a, b, out=o), torch.cuda.synchronize()))
+        yield ("add eager alloc", dname, nbytes, lambda a=a, b=b: a + b)
+        yield ("add eager", dname, nbytes, lambda a=a, b=b, o=o: torch.add(a, b, out=o))
+        yield ("add graph x20", dname, 20 * nbytes,
+               graph_of(lambda a=a, b=b, o=o: torch.add(a, b, out=o), 20))
+        sets = [(a.clone(), b.clone(), torch.empty_like(a)) for _ in range(4)]
+        turn = [0]
+
+        def rotate(sets=sets, turn=turn):
+            x, y, z = sets[turn[0] % 4]
+            turn[0] += 1
+            torch.add(x, y, out=z)
+        yield ("add eager rotate4", dname, nbytes, rotate)
+        # cubellm's default bench data (0.5 or 0.25 times 1 + (i % 7) / 100), to separate the
+        # data's effect on the DRAM from the kernels'.
+        i7 = (torch.arange(rows * n, device="cuda") % 7).float() * 0.01 + 1.0
+        qa = (0.5 * i7).to(dt).view(rows, n)
+        qb = (0.25 * i7).to(dt).view(rows, n)
+        del i7
+        yield ("add eager pattern", dname, nbytes, lambda a=qa, b=qb, o=o: torch.add(a, b, out=o))
+        yield ("add graph x20 pattern", dname, 20 * nbytes,
+               graph_of(lambda a=qa, b=qb, o=o: torch.add(a, b, out=o), 20))
+        for off in [0, 1024, 65536, 1 << 20, (5 << 20) + 4096]:
+            numel, gap = rows * n, off // e
+            buf = torch.empty(3 * numel + 2 * gap, device="cuda", dtype=dt)
+            pa = buf[:numel].view(rows, n)
+            pb = buf[numel + gap:2 * numel + gap].view(rows, n)
+            po = buf[2 * numel + 2 * gap:3 * numel + 2 * gap].view(rows, n)
+            pa.copy_(a)
+            pb.copy_(b)
+            yield (f"add packed off{off}", dname, nbytes,
+                   lambda a=pa, b=pb, o=po: torch.add(a, b, out=o))
+
+
 FAMILIES = {"norm": norm_cases, "core": core_cases, "matmul": matmul_cases, "attention": attention_cases,
-            "sparse": sparse_cases, "quant": quant_cases}
+            "sparse": sparse_cases, "quant": quant_cases,
+            "addlab": addlab_cases}
 
 
 def main():
@@ -265,9 +352,10 @@ def main():
             impl = item[5] if len(item) > 5 else "torch"
             if args.filter not in name:
                 continue
-            s = time_launches(fn)
+            s, steady = time_launches(fn)
             print(json.dumps({"impl": impl, "family": fam, "case": name, "dtype": dname,
-                              "runtime": "cuda", "us": round(s * 1e6, 3), "bytes": nbytes,
+                              "runtime": "cuda", "us": round(s * 1e6, 3),
+                              "us_steady": round(steady * 1e6, 3), "bytes": nbytes,
                               "flops": flops, "gbps": round(nbytes / s / 1e9, 1),
                               "tflops": round(flops / s / 1e12, 2)}), flush=True)
 

@@ -12,7 +12,6 @@
 //!   replayed, as the model's decode loop runs; this removes the host's launch overhead, which
 //!   otherwise dominates a step that moves a few MB.
 
-use cubecl::client::Graph;
 use cubecl::prelude::*;
 use ops::attention::{
     attention_cached_into, attention_into, attention_into_with, AttentionStrategy,
@@ -43,29 +42,6 @@ fn filled<R: Runtime>(
         })
         .collect();
     DeviceTensor::from_f32(client, &data, shape, dtype).unwrap()
-}
-
-/// Captures one call of `step` as a CUDA graph (None where the runtime has no graphs or the
-/// capture fails, e.g. because the memory pool would have to grow inside it).
-fn capture<R: Runtime>(client: &ComputeClient<R>, step: impl Fn()) -> Option<Graph<R>> {
-    if !caps::runtime_name(client).contains("cuda") {
-        return None;
-    }
-    step();
-    super::sync(client);
-    client.graph_prepare().ok()?;
-    // Warm-up after prepare: the pool serves the capture from what this call allocated.
-    step();
-    super::sync(client);
-    client.start_capture().ok()?;
-    step();
-    match client.stop_capture() {
-        Ok(g) => Some(g),
-        Err(e) => {
-            eprintln!("attention bench: graph capture failed: {e:?}");
-            None
-        }
-    }
 }
 
 pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
@@ -161,7 +137,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                     .unwrap()
                 }
             };
-            if let Some(graph) = capture(client, step) {
+            if let Some(graph) = super::capture(client, step) {
                 out.push(Case {
                     name: format!("decode graph L{l} h{HQ}/{HKV} d{D}"),
                     dtype,

@@ -8,15 +8,17 @@ use ops::{caps, DType, DeviceTensor};
 
 use super::Case;
 
+/// `v` times standard normal values (seeded by the shape, so that operands differ).
 fn filled<R: Runtime>(
     client: &ComputeClient<R>,
     shape: &[usize],
     dtype: DType,
     v: f32,
 ) -> DeviceTensor<R> {
-    let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n).map(|i| v * (1.0 + (i % 7) as f32 * 0.01)).collect();
-    DeviceTensor::from_f32(client, &data, shape, dtype).unwrap()
+    let seed = shape.iter().fold(v.to_bits() as u64, |s, &d| {
+        s.wrapping_mul(31).wrapping_add(d as u64)
+    });
+    super::randn_tensor(client, shape, dtype, v, seed)
 }
 
 pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {

@@ -13,11 +13,10 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             continue;
         }
         for (rows, n) in [(4096usize, 4096usize), (512, 1536), (1, 1536)] {
-            let x =
-                DeviceTensor::from_f32(client, &vec![0.5; rows * n], &[rows, n], dtype).unwrap();
-            let r =
-                DeviceTensor::from_f32(client, &vec![0.25; rows * n], &[rows, n], dtype).unwrap();
-            let w = DeviceTensor::from_f32(client, &vec![1.0; n], &[n], dtype).unwrap();
+            // Random operands like PyTorch's `randn` (see `super::randn`).
+            let x = super::randn_tensor(client, &[rows, n], dtype, 1.0, 1);
+            let r = super::randn_tensor(client, &[rows, n], dtype, 1.0, 2);
+            let w = super::randn_tensor(client, &[n], dtype, 1.0, 3);
             let o = DeviceTensor::empty(client, &[rows, n], dtype);
             let s = DeviceTensor::empty(client, &[rows, n], dtype);
             let e = dtype.size() as f64;

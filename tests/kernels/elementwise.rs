@@ -35,6 +35,34 @@ fn add_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// A tensor of several waves of cubes (8.4 M elements, 16-34 MB) whose vector count leaves a
+/// partial last cube, out of place and in place (`out` is `a`).
+fn add_large_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(24);
+    let (rows, n) = (4099usize, 2056usize);
+    for dtype in float_dtypes(client) {
+        let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+        let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+        let want = reference::add(&ah, &bh);
+        let out = poisoned(client, &[rows, n], dtype);
+        add_into(client, &a, &b, &out).unwrap();
+        let what = format!("add {dtype} {rows}x{n}");
+        assert_close(
+            &what,
+            &out.to_f64_vec(client).unwrap(),
+            &want,
+            tolerance(dtype),
+        );
+        add_into(client, &a, &b, &a).unwrap();
+        assert_close(
+            &format!("{what} in place"),
+            &a.to_f64_vec(client).unwrap(),
+            &want,
+            tolerance(dtype),
+        );
+    }
+}
+
 fn swiglu_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(22);
     for dtype in float_dtypes(client) {
@@ -108,6 +136,11 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn add_matches_reference() {
     on_each_runtime!(add_case);
+}
+
+#[test]
+fn add_large_matches_reference() {
+    on_each_runtime!(add_large_case);
 }
 
 #[test]

@@ -97,6 +97,21 @@ const PER_UNIT: usize = 4;
 const ADD_CUBE: u32 = 512;
 const ADD_PER_UNIT: usize = 1;
 
+/// Launch shape of the add kernel: units per cube and 16-byte vectors per unit (strided by the
+/// grid). For the benchmarks that sweep it; [`add_into`] uses the measured default.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddLaunch {
+    pub units: u32,
+    pub per_unit: usize,
+}
+
+#[doc(hidden)]
+pub const ADD_LAUNCH: AddLaunch = AddLaunch {
+    units: ADD_CUBE,
+    per_unit: ADD_PER_UNIT,
+};
+
 fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> (CubeCount, CubeDim) {
     grid(client, vectors, CUBE, PER_UNIT)
 }
@@ -133,7 +148,25 @@ pub fn add_into<R: Runtime>(
     b: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
+    add_into_with(client, a, b, out, ADD_LAUNCH)
+}
+
+/// [`add_into`] with an explicit launch shape (benchmark sweeps).
+#[doc(hidden)]
+pub fn add_into_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    a: &DeviceTensor<R>,
+    b: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    launch: AddLaunch,
+) -> Result<()> {
     const OP: &str = "add";
+    if launch.units == 0 || launch.per_unit == 0 {
+        return Err(OpsError::invalid(
+            OP,
+            format!("empty launch shape {launch:?}"),
+        ));
+    }
     validate_rows(client, OP, a, &[out])?;
     check_same_dtype(OP, a, b)?;
     if !b.is_contiguous() {
@@ -154,8 +187,10 @@ pub fn add_into<R: Runtime>(
     let b_len = b.numel();
     let vector = caps::vector_size_for(client, a.dtype(), b_len.min(a.numel()));
     let len = a.numel() / vector;
-    let units = ADD_CUBE.min(client.properties().hardware.max_units_per_cube);
-    let (count, dim) = grid(client, len, units, ADD_PER_UNIT);
+    let units = launch
+        .units
+        .min(client.properties().hardware.max_units_per_cube);
+    let (count, dim) = grid(client, len, units, launch.per_unit);
     unsafe {
         add_kernel::launch_unchecked::<R>(
             client,
@@ -168,7 +203,7 @@ pub fn add_into<R: Runtime>(
             len,
             b_len / vector,
             broadcast,
-            ADD_PER_UNIT,
+            launch.per_unit,
             a.dtype().elem_type(),
         );
     }
