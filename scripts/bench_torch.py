@@ -9,12 +9,51 @@ names that `cubellm::bench::<family>::cases` uses; `scripts/bench_table.py` join
 """
 import argparse
 import json
+import math
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 DTYPES = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+
+M64 = (1 << 64) - 1
+LCG_A, LCG_C = 6364136223846793005, 1442695040888963407
+
+
+def _signed(x):
+    x &= M64
+    return x - (1 << 64) if x >> 63 else x
+
+
+def cubellm_randn(n, seed, device="cuda"):
+    """The values of `cubellm::bench::randn(n, seed)` (same LCG, same Box-Muller, in f64, then
+    f32), with the LCG's states built by jump-ahead so that it runs on the GPU."""
+    draws = n + (n & 1)
+    first = ((seed * LCG_A + LCG_C) * LCG_A + LCG_C) & M64
+    states = torch.tensor([_signed(first)], dtype=torch.int64, device=device)
+    a, c = LCG_A, LCG_C  # the map of len(states) steps
+    while states.numel() < draws:
+        states = torch.cat([states, states * _signed(a) + _signed(c)])
+        a, c = (a * a) & M64, (a * c + c) & M64
+    u = ((states[:draws] >> 11) & ((1 << 53) - 1)).double().add_(0.5).div_(2.0 ** 53)
+    r, t = torch.sqrt(-2.0 * torch.log(u[0::2])), 2.0 * math.pi * u[1::2]
+    return torch.stack([r * torch.cos(t), r * torch.sin(t)], dim=1).flatten()[:n].float()
+
+
+def cubellm_randn_slow(n, seed):
+    """The same values, one by one (checks `cubellm_randn`)."""
+    state, out = (seed * LCG_A + LCG_C) & M64, []
+
+    def uniform():
+        nonlocal state
+        state = (state * LCG_A + LCG_C) & M64
+        return ((state >> 11) + 0.5) / 2.0 ** 53
+    while len(out) < n:
+        r, t = math.sqrt(-2.0 * math.log(uniform())), 2.0 * math.pi * uniform()
+        out += [r * math.cos(t), r * math.sin(t)]
+    return torch.tensor(out[:n], dtype=torch.float32)
 
 
 MAX_ITERS = 20000
@@ -313,6 +352,19 @@ def addlab_cases():
             turn[0] += 1
             torch.add(x, y, out=z)
         yield ("add eager rotate4", dname, nbytes, rotate)
+        # cubellm's own random operands (bench::randn seeds 1 and 2), bit for bit: whether the
+        # data, rather than the kernel, separates the two sides.
+        fast = cubellm_randn(1001, 7).cpu()
+        err = (fast - cubellm_randn_slow(1001, 7)).abs().max().item()
+        print(f"cubellm_randn check: max |fast - slow| = {err:.3g}", file=sys.stderr)
+        ca, cb = (cubellm_randn(rows * n, seed).to(dt).view(rows, n) for seed in (1, 2))
+        yield ("add eager ourdata", dname, nbytes, lambda a=ca, b=cb, o=o: torch.add(a, b, out=o))
+        yield ("add graph x20 ourdata", dname, 20 * nbytes,
+               graph_of(lambda a=ca, b=cb, o=o: torch.add(a, b, out=o), 20))
+        la, lb = (torch.randn(4096, 1536, device="cuda", dtype=dt) for _ in range(2))
+        lo = torch.empty_like(la)
+        yield ("add eager 4096x1536", dname, e * 3 * 4096 * 1536,
+               lambda a=la, b=lb, o=lo: torch.add(a, b, out=o))
         # cubellm's default bench data (0.5 or 0.25 times 1 + (i % 7) / 100), to separate the
         # data's effect on the DRAM from the kernels'.
         i7 = (torch.arange(rows * n, device="cuda") % 7).float() * 0.01 + 1.0

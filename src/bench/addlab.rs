@@ -6,7 +6,11 @@
 //!   sets in turn, so nothing is reused from the L2), all on normal random operands like
 //!   PyTorch's `randn`; `add eager pattern` on the short repeating pattern the core bench used
 //!   to add (PyTorch has the same case, to separate the data's effect from the kernels');
-//! - `add eager u<units>p<vectors>`: other launch shapes;
+//! - `add eager ptx`, `add eager ptx cs`, `add eager ptx st.cs` (CUDA): the add with its loads
+//!   and stores as inline PTX, plain, streaming (`ld/st.global.cs`, evict first) or with
+//!   streaming stores only (not the default: see BENCHMARKS.md);
+//! - `add eager u<units>p<vectors>`: other launch shapes (default hints);
+//! - `add eager 4096x1536`: a size whose operands stay in the L2 from one launch to the next;
 //! - `add graph x20 ...` (CUDA): 20 adds replayed from one CUDA graph (per-replay time), with
 //!   each launch shape and on the pattern;
 //! - `add packed off<bytes>`: the operands carved from one buffer at chosen offsets (whether the
@@ -15,10 +19,10 @@
 //! `scripts/bench_torch.py --family addlab` times PyTorch the same ways under the same names.
 
 use cubecl::prelude::*;
-use ops::elementwise::{add_into, add_into_with, AddLaunch, ADD_LAUNCH};
+use ops::elementwise::{add_into, add_into_with, AddHint, AddLaunch, ADD_LAUNCH};
 use ops::{caps, DType, DeviceTensor};
 
-use super::Case;
+use super::{randn_tensor, Case};
 
 /// Adds per graph replay in the `graph x20` cases.
 pub const GRAPH_ADDS: usize = 20;
@@ -143,15 +147,27 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         }
         let name = "add eager pattern".to_string();
         out.push(eager_case(client, name, [&pa, &pb, &o], ADD_LAUNCH, bytes));
-        let shape = |units, per_unit| AddLaunch { units, per_unit };
-        let shapes = [
+        let shape = |units, per_unit| AddLaunch {
+            units,
+            per_unit,
+            ..ADD_LAUNCH
+        };
+        let hint = |hint| AddLaunch { hint, ..ADD_LAUNCH };
+        let mut shapes = vec![
             ("", ADD_LAUNCH),
             (" u128p1", shape(128, 1)),
             (" u256p1", shape(256, 1)),
             (" u1024p1", shape(1024, 1)),
             (" u256p4", shape(256, 4)),
         ];
-        for (suffix, launch) in shapes {
+        if caps::runtime_name(client).contains("cuda") {
+            shapes.extend([
+                (" ptx", hint(AddHint::Ptx)),
+                (" ptx cs", hint(AddHint::Stream)),
+                (" ptx st.cs", hint(AddHint::StreamStores)),
+            ]);
+        }
+        for &(suffix, launch) in &shapes {
             if !suffix.is_empty() {
                 let name = format!("add eager{suffix}");
                 out.push(eager_case(client, name, [&a, &b, &o], launch, bytes));
@@ -170,18 +186,40 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 [upload(&a_bytes).unwrap(), upload(&b_bytes).unwrap(), o]
             })
             .collect();
-        let mut next = 0usize;
-        out.push(Case {
-            name: "add eager rotate4".into(),
-            dtype,
-            bytes,
-            flops: 0.0,
-            run: Box::new(move || {
-                let [a, b, o] = &sets[next % sets.len()];
-                next += 1;
-                add_into(client, a, b, o).unwrap()
-            }),
-        });
+        let sets = std::rc::Rc::new(sets);
+        for (suffix, launch) in &shapes {
+            if !matches!(*suffix, "" | " ptx cs") {
+                continue;
+            }
+            let (sets, launch) = (sets.clone(), *launch);
+            let mut next = 0usize;
+            out.push(Case {
+                name: format!("add eager rotate4{suffix}"),
+                dtype,
+                bytes,
+                flops: 0.0,
+                run: Box::new(move || {
+                    let [a, b, o] = &sets[next % sets.len()];
+                    next += 1;
+                    add_into_with(client, a, b, o, launch).unwrap()
+                }),
+            });
+        }
+
+        // A size whose three operands (36 MB at f16) fit in the 50 MB L2 of an H100: the case
+        // where evict-first hints could cost the reuse a loop of the same add gets.
+        let (rows_l2, n_l2) = (4096usize, 1536usize);
+        let l2 = [(); 3].map(|_| randn_tensor(client, &[rows_l2, n_l2], dtype, 1.0, 3));
+        let l2_bytes = (3 * rows_l2 * n_l2 * e) as f64;
+        let l2_launches = [("", ADD_LAUNCH), (" ptx cs", hint(AddHint::Stream))];
+        for &(suffix, launch) in l2_launches
+            .iter()
+            .filter(|(s, _)| shapes.iter().any(|x| x.0 == *s))
+        {
+            let name = format!("add eager {rows_l2}x{n_l2}{suffix}");
+            let [a, b, o] = &l2;
+            out.push(eager_case(client, name, [a, b, o], launch, l2_bytes));
+        }
 
         let len = (rows * n * e) as u64;
         for off in PACKED_OFFSETS {

@@ -1,7 +1,10 @@
 use crate::harness::*;
 use crate::on_each_runtime;
 use cubecl::prelude::*;
-use ops::elementwise::{add, add_into, swiglu, swiglu_concat, swiglu_concat_into, swiglu_into};
+use ops::elementwise::{
+    add, add_into, add_into_with, swiglu, swiglu_concat, swiglu_concat_into, swiglu_into, AddHint,
+    AddLaunch, ADD_LAUNCH,
+};
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
 
@@ -60,6 +63,49 @@ fn add_large_case<R: Runtime>(client: &ComputeClient<R>) {
             &want,
             tolerance(dtype),
         );
+    }
+}
+
+/// The inline-PTX add variants (CUDA only) against the reference: shapes in whole 16-byte vectors,
+/// one and several waves of cubes with a partial last one; elsewhere, the typed errors.
+fn add_ptx_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(25);
+    let cuda = ops::caps::runtime_name(client).contains("cuda");
+    for hint in [AddHint::Ptx, AddHint::Stream, AddHint::StreamStores] {
+        let launch = AddLaunch { hint, ..ADD_LAUNCH };
+        for dtype in float_dtypes(client) {
+            for (rows, n) in [(1usize, 8usize), (3, 1000), (4099, 2056)] {
+                let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+                let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+                let out = poisoned(client, &[rows, n], dtype);
+                let what = format!("add {hint:?} {dtype} {rows}x{n}");
+                if !cuda {
+                    assert_err(
+                        &what,
+                        add_into_with(client, &a, &b, &out, launch),
+                        "feature",
+                    );
+                    continue;
+                }
+                add_into_with(client, &a, &b, &out, launch).unwrap();
+                assert_close(
+                    &what,
+                    &out.to_f64_vec(client).unwrap(),
+                    &reference::add(&ah, &bh),
+                    tolerance(dtype),
+                );
+            }
+            if cuda {
+                // Not whole 16-byte vectors, or a broadcast row: refused, not miscomputed.
+                let (a, _) = upload(client, &random(&mut rng, 3 * 17, 2.0), &[3, 17], dtype);
+                let (r, _) = upload(client, &random(&mut rng, 17, 2.0), &[17], dtype);
+                let out = poisoned(client, &[3, 17], dtype);
+                let bad = add_into_with(client, &a, &a, &out, launch);
+                assert_err(&format!("{hint:?} {dtype} 3x17"), bad, "argument");
+                let bad = add_into_with(client, &a, &r, &out, launch);
+                assert_err(&format!("{hint:?} {dtype} row"), bad, "argument");
+            }
+        }
     }
 }
 
@@ -141,6 +187,11 @@ fn add_matches_reference() {
 #[test]
 fn add_large_matches_reference() {
     on_each_runtime!(add_large_case);
+}
+
+#[test]
+fn add_ptx_matches_reference() {
+    on_each_runtime!(add_ptx_case);
 }
 
 #[test]

@@ -18,6 +18,26 @@ use ops::{caps, DType};
 
 /// A committed fixture, found from the working directory first (the test binary may run from a
 /// checkout at another path, e.g. on the GPU machine), else from this crate's source dir.
+/// One model test at a time on CUDA. A decode session captures its step as a CUDA graph, and
+/// CubeCL captures in the global mode, in which a synchronizing call on the device from any
+/// other thread (a read, a sync) fails and invalidates the capture: tests running in parallel
+/// threads broke each other that way on the H100. wgpu has no capture and runs them in parallel.
+static CUDA_DEVICE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// [`on_each_runtime!`](crate::on_each_runtime), holding [`CUDA_DEVICE`] while on CUDA.
+macro_rules! on_each_runtime_one_cuda_at_a_time {
+    ($case:ident) => {
+        for &backend in harness::backends() {
+            let _one_at_a_time = (backend.name() == "cuda").then(|| {
+                CUDA_DEVICE
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+            });
+            cubellm::with_runtime!(backend, |client: R| $case::<R>(&client));
+        }
+    };
+}
+
 fn fixture(name: &str) -> PathBuf {
     let rel = PathBuf::from("tests/fixtures/hf").join(name);
     if rel.is_dir() {
@@ -135,7 +155,7 @@ fn demo_loads<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn demo_model_loads_on_every_runtime() {
-    on_each_runtime!(demo_loads);
+    on_each_runtime_one_cuda_at_a_time!(demo_loads);
 }
 
 fn bf16_checkpoint_dtype_policy<R: Runtime>(client: &ComputeClient<R>) {
@@ -199,7 +219,7 @@ fn bf16_checkpoint_dtype_policy<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn bf16_checkpoints_follow_the_dtype_policy() {
-    on_each_runtime!(bf16_checkpoint_dtype_policy);
+    on_each_runtime_one_cuda_at_a_time!(bf16_checkpoint_dtype_policy);
 }
 
 fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
@@ -256,7 +276,7 @@ fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn kv_cache_and_decode_buffers() {
-    on_each_runtime!(cache_and_buffers);
+    on_each_runtime_one_cuda_at_a_time!(cache_and_buffers);
 }
 
 fn session_limits<R: Runtime>(client: &ComputeClient<R>) {
@@ -330,7 +350,7 @@ fn session_limits<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn session_validates_before_the_forward_pass() {
-    on_each_runtime!(session_limits);
+    on_each_runtime_one_cuda_at_a_time!(session_limits);
 }
 
 /// The reference of a transformers fixture (see scripts/make_hf_fixtures.py).
@@ -458,7 +478,7 @@ fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn logits_and_greedy_tokens_match_transformers() {
-    on_each_runtime!(matches_transformers);
+    on_each_runtime_one_cuda_at_a_time!(matches_transformers);
 }
 
 /// Teacher-forced quality of `got` logits against the float reference `want`, per position:
@@ -642,5 +662,5 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn compressed_models_track_the_float_model() {
-    on_each_runtime!(compressed_models);
+    on_each_runtime_one_cuda_at_a_time!(compressed_models);
 }

@@ -36,6 +36,76 @@ fn add_kernel<F: Float, N: Size>(
     }
 }
 
+/// [`add_kernel`] (same shapes, no broadcasting) with its 16-byte loads and stores issued as
+/// inline PTX, so that they can carry a cache operator: `.cs` ("cache streaming", evict first)
+/// where `stream_loads` / `stream_stores` ask for it, the default `.ca` / `.wb` otherwise.
+/// CUDA only, and only where a vector is 16 bytes; one vector per unit.
+#[cube(launch_unchecked)]
+fn add_ptx_kernel<F: Float, N: Size>(
+    a: &[Vector<F, N>],
+    b: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    len: usize,
+    #[comptime] stream_loads: bool,
+    #[comptime] stream_stores: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS;
+    if i < len {
+        let off = u64::cast_from(i) * 16u64;
+        let pa = unsafe { a.as_ptr_unchecked() };
+        let pb = unsafe { b.as_ptr_unchecked() };
+        let po = unsafe { out.as_mut_ptr_unchecked() };
+        let x: Vector<u32, Const<4>>;
+        let y: Vector<u32, Const<4>>;
+        // `gpu_asm!` takes a literal template, so each cache operator spells its own copy.
+        if comptime![stream_loads] {
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
+                p = in(_) pa,
+                o = in(_) off,
+                r = out(_) x,
+            );
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
+                p = in(_) pb,
+                o = in(_) off,
+                r = out(_) y,
+            );
+        } else {
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
+                p = in(_) pa,
+                o = in(_) off,
+                r = out(_) x,
+            );
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
+                p = in(_) pb,
+                o = in(_) off,
+                r = out(_) y,
+            );
+        }
+        let sum = Vector::<F, N>::reinterpret(x) + Vector::<F, N>::reinterpret(y);
+        let z = Vector::<u32, Const<4>>::reinterpret(sum);
+        if comptime![stream_stores] {
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; st.global.cs.v4.b32 [t], {v}; }}",
+                p = in(_) po,
+                o = in(_) off,
+                v = in(_) z,
+            );
+        } else {
+            gpu_asm!(
+                "{{ .reg .b64 t; add.s64 t, {p}, {o}; st.global.v4.b32 [t], {v}; }}",
+                p = in(_) po,
+                o = in(_) off,
+                v = in(_) z,
+            );
+        }
+    }
+}
+
 /// `silu(g) * u`, computed in f32.
 #[cube]
 fn silu_times<F: Float, N: Size>(g: Vector<F, N>, u: Vector<F, N>) -> Vector<F, N> {
@@ -97,19 +167,37 @@ const PER_UNIT: usize = 4;
 const ADD_CUBE: u32 = 512;
 const ADD_PER_UNIT: usize = 1;
 
-/// Launch shape of the add kernel: units per cube and 16-byte vectors per unit (strided by the
-/// grid). For the benchmarks that sweep it; [`add_into`] uses the measured default.
+/// Launch shape of the add kernel: units per cube, 16-byte vectors per unit (strided by the
+/// grid) and how its loads and stores are issued. For the benchmarks that sweep it; [`add_into`]
+/// uses the measured default.
 #[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddLaunch {
     pub units: u32,
     pub per_unit: usize,
+    pub hint: AddHint,
+}
+
+/// How the add kernel issues its memory operations.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddHint {
+    /// The portable kernel (the default everywhere).
+    Portable,
+    /// Inline PTX (CUDA, 16-byte vectors, one per unit) with plain loads and stores: the
+    /// control for the two below.
+    Ptx,
+    /// Inline PTX, `ld.global.cs` and `st.global.cs` (streaming, evict first).
+    Stream,
+    /// Inline PTX, plain loads and `st.global.cs`.
+    StreamStores,
 }
 
 #[doc(hidden)]
 pub const ADD_LAUNCH: AddLaunch = AddLaunch {
     units: ADD_CUBE,
     per_unit: ADD_PER_UNIT,
+    hint: AddHint::Portable,
 };
 
 fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> (CubeCount, CubeDim) {
@@ -190,6 +278,9 @@ pub fn add_into_with<R: Runtime>(
     let units = launch
         .units
         .min(client.properties().hardware.max_units_per_cube);
+    if launch.hint != AddHint::Portable {
+        return add_ptx(client, [a, b, out], broadcast, vector, units, launch);
+    }
     let (count, dim) = grid(client, len, units, launch.per_unit);
     unsafe {
         add_kernel::launch_unchecked::<R>(
@@ -204,6 +295,53 @@ pub fn add_into_with<R: Runtime>(
             b_len / vector,
             broadcast,
             launch.per_unit,
+            a.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// The inline-PTX add ([`AddHint`] other than `Portable`): CUDA only, same shapes, 16-byte
+/// vectors, one per unit; anything else is refused rather than run another way.
+fn add_ptx<R: Runtime>(
+    client: &ComputeClient<R>,
+    [a, b, out]: [&DeviceTensor<R>; 3],
+    broadcast: bool,
+    vector: usize,
+    units: u32,
+    launch: AddLaunch,
+) -> Result<()> {
+    const OP: &str = "add";
+    let hint = launch.hint;
+    if !caps::runtime_name(client).contains("cuda") {
+        return Err(OpsError::UnsupportedFeature {
+            op: OP,
+            runtime: caps::runtime_name(client),
+            feature: format!("inline PTX ({hint:?})"),
+        });
+    }
+    if broadcast || vector * a.dtype().size() != 16 || launch.per_unit != 1 {
+        return Err(OpsError::invalid(
+            OP,
+            format!("{hint:?} needs same-shape operands in 16-byte vectors, one per unit"),
+        ));
+    }
+    let len = a.numel() / vector;
+    let (count, dim) = grid(client, len, units, 1);
+    let stream_loads = hint == AddHint::Stream;
+    let stream_stores = matches!(hint, AddHint::Stream | AddHint::StreamStores);
+    unsafe {
+        add_ptx_kernel::launch_unchecked::<R>(
+            client,
+            count,
+            dim,
+            vector,
+            a.as_buffer_arg(),
+            b.as_buffer_arg(),
+            out.as_buffer_arg(),
+            len,
+            stream_loads,
+            stream_stores,
             a.dtype().elem_type(),
         );
     }
