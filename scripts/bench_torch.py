@@ -330,6 +330,12 @@ def addlab_cases():
     # preallocated output), 20 adds replayed from one CUDA graph, and operands carved from one
     # buffer with `off` bytes between them.
     rows, n = 4096, 4096
+    # cubellm's own random operands (bench::randn seeds 1 and 2), bit for bit, for the `ourdata`
+    # cases: whether the data, rather than the kernel, separates the two sides.
+    fast = cubellm_randn(1001, 7).cpu()
+    err = (fast - cubellm_randn_slow(1001, 7)).abs().max().item()
+    print(f"cubellm_randn check: max |fast - slow| = {err:.3g}", file=sys.stderr)
+    ours = [cubellm_randn(rows * n, seed) for seed in (1, 2)]
     for dname in ["f16", "f32", "bf16"]:
         dt = DTYPES[dname]
         e = torch.empty((), dtype=dt).element_size()
@@ -352,12 +358,7 @@ def addlab_cases():
             turn[0] += 1
             torch.add(x, y, out=z)
         yield ("add eager rotate4", dname, nbytes, rotate)
-        # cubellm's own random operands (bench::randn seeds 1 and 2), bit for bit: whether the
-        # data, rather than the kernel, separates the two sides.
-        fast = cubellm_randn(1001, 7).cpu()
-        err = (fast - cubellm_randn_slow(1001, 7)).abs().max().item()
-        print(f"cubellm_randn check: max |fast - slow| = {err:.3g}", file=sys.stderr)
-        ca, cb = (cubellm_randn(rows * n, seed).to(dt).view(rows, n) for seed in (1, 2))
+        ca, cb = (x.to(dt).view(rows, n) for x in ours)
         yield ("add eager ourdata", dname, nbytes, lambda a=ca, b=cb, o=o: torch.add(a, b, out=o))
         yield ("add graph x20 ourdata", dname, 20 * nbytes,
                graph_of(lambda a=ca, b=cb, o=o: torch.add(a, b, out=o), 20))

@@ -187,11 +187,14 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             })
             .collect();
         let sets = std::rc::Rc::new(sets);
-        for (suffix, launch) in &shapes {
-            if !matches!(*suffix, "" | " ptx cs") {
-                continue;
-            }
-            let (sets, launch) = (sets.clone(), *launch);
+        // The rotating and L2-resident cases compare the default with streaming hints.
+        let compared: Vec<_> = shapes
+            .iter()
+            .filter(|(suffix, _)| matches!(*suffix, "" | " ptx cs"))
+            .copied()
+            .collect();
+        for &(suffix, launch) in &compared {
+            let sets = sets.clone();
             let mut next = 0usize;
             out.push(Case {
                 name: format!("add eager rotate4{suffix}"),
@@ -211,11 +214,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         let (rows_l2, n_l2) = (4096usize, 1536usize);
         let l2 = [(); 3].map(|_| randn_tensor(client, &[rows_l2, n_l2], dtype, 1.0, 3));
         let l2_bytes = (3 * rows_l2 * n_l2 * e) as f64;
-        let l2_launches = [("", ADD_LAUNCH), (" ptx cs", hint(AddHint::Stream))];
-        for &(suffix, launch) in l2_launches
-            .iter()
-            .filter(|(s, _)| shapes.iter().any(|x| x.0 == *s))
-        {
+        for &(suffix, launch) in &compared {
             let name = format!("add eager {rows_l2}x{n_l2}{suffix}");
             let [a, b, o] = &l2;
             out.push(eager_case(client, name, [a, b, o], launch, l2_bytes));

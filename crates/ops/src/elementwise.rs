@@ -279,7 +279,7 @@ pub fn add_into_with<R: Runtime>(
         .units
         .min(client.properties().hardware.max_units_per_cube);
     if launch.hint != AddHint::Portable {
-        return add_ptx(client, [a, b, out], broadcast, vector, units, launch);
+        return add_ptx(client, [a, b, out], broadcast, vector, len, units, launch);
     }
     let (count, dim) = grid(client, len, units, launch.per_unit);
     unsafe {
@@ -308,6 +308,7 @@ fn add_ptx<R: Runtime>(
     [a, b, out]: [&DeviceTensor<R>; 3],
     broadcast: bool,
     vector: usize,
+    len: usize,
     units: u32,
     launch: AddLaunch,
 ) -> Result<()> {
@@ -326,7 +327,6 @@ fn add_ptx<R: Runtime>(
             format!("{hint:?} needs same-shape operands in 16-byte vectors, one per unit"),
         ));
     }
-    let len = a.numel() / vector;
     let (count, dim) = grid(client, len, units, 1);
     let stream_loads = hint == AddHint::Stream;
     let stream_stores = matches!(hint, AddHint::Stream | AddHint::StreamStores);
