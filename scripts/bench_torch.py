@@ -366,6 +366,14 @@ def addlab_cases():
         lo = torch.empty_like(la)
         yield ("add eager 4096x1536", dname, e * 3 * 4096 * 1536,
                lambda a=la, b=lb, o=lo: torch.add(a, b, out=o))
+        # Two adds per call on different operand sets (cubellm's `add pair` cases).
+        x, y, z = sets[0]
+        yield ("add pair", dname, 2 * nbytes,
+               lambda a=a, b=b, o=o, x=x, y=y, z=z: (torch.add(a, b, out=o), torch.add(x, y, out=z)))
+        xa, xb = (torch.randn(4096, 1536, device="cuda", dtype=dt) for _ in range(2))
+        xo = torch.empty_like(xa)
+        yield ("add pair 4096x1536", dname, 2 * e * 3 * 4096 * 1536,
+               lambda a=xa, b=xb, o=xo, x=la, y=lb, z=lo: (torch.add(a, b, out=o), torch.add(x, y, out=z)))
         # cubellm's default bench data (0.5 or 0.25 times 1 + (i % 7) / 100), to separate the
         # data's effect on the DRAM from the kernels'.
         i7 = (torch.arange(rows * n, device="cuda") % 7).float() * 0.01 + 1.0

@@ -6,11 +6,13 @@
 //!   sets in turn, so nothing is reused from the L2), all on normal random operands like
 //!   PyTorch's `randn`; `add eager pattern` on the short repeating pattern the core bench used
 //!   to add (PyTorch has the same case, to separate the data's effect from the kernels');
-//! - `add eager ptx`, `add eager ptx cs`, `add eager ptx st.cs` (CUDA): the add with its loads
-//!   and stores as inline PTX, plain, streaming (`ld/st.global.cs`, evict first) or with
-//!   streaming stores only (not the default: see BENCHMARKS.md);
+//! - `add eager ptx`, `add eager ptx cs`, `add eager ptx st.cs`, `add eager ptx ld.cs` (CUDA):
+//!   the add with its loads and stores as inline PTX, plain, streaming (`ld/st.global.cs`, evict
+//!   first), or with only the stores or only the loads streaming (see BENCHMARKS.md);
 //! - `add eager u<units>p<vectors>`: other launch shapes (default hints);
 //! - `add eager 4096x1536`: a size whose operands stay in the L2 from one launch to the next;
+//! - `add pair[ 4096x1536][ hint]`: per call, a default add on one operand set, then the add
+//!   (default or hinted) on another: the hinted add after ordinary L2 traffic;
 //! - `add graph x20 ...` (CUDA): 20 adds replayed from one CUDA graph (per-replay time), with
 //!   each launch shape and on the pattern;
 //! - `add packed off<bytes>`: the operands carved from one buffer at chosen offsets (whether the
@@ -159,12 +161,21 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             (" u256p1", shape(256, 1)),
             (" u1024p1", shape(1024, 1)),
             (" u256p4", shape(256, 4)),
+            (
+                " words",
+                AddLaunch {
+                    units: 128,
+                    per_unit: 4,
+                    hint: AddHint::Words,
+                },
+            ),
         ];
         if caps::runtime_name(client).contains("cuda") {
             shapes.extend([
                 (" ptx", hint(AddHint::Ptx)),
                 (" ptx cs", hint(AddHint::Stream)),
                 (" ptx st.cs", hint(AddHint::StreamStores)),
+                (" ptx ld.cs", hint(AddHint::StreamLoads)),
             ]);
         }
         for &(suffix, launch) in &shapes {
@@ -190,7 +201,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         // The rotating and L2-resident cases compare the default with streaming hints.
         let compared: Vec<_> = shapes
             .iter()
-            .filter(|(suffix, _)| matches!(*suffix, "" | " ptx cs"))
+            .filter(|(suffix, _)| matches!(*suffix, "" | " words" | " ptx cs"))
             .copied()
             .collect();
         for &(suffix, launch) in &compared {
@@ -218,6 +229,33 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             let name = format!("add eager {rows_l2}x{n_l2}{suffix}");
             let [a, b, o] = &l2;
             out.push(eager_case(client, name, [a, b, o], launch, l2_bytes));
+        }
+
+        // Pairs: a default add on one operand set, then the candidate on another, per call. The
+        // first leaves ordinary (not evict-first) lines in the L2, as the other ops of a model
+        // do, so a hinted candidate cannot lean on its own lines from the launch before.
+        let l2_other = [(); 3].map(|_| randn_tensor(client, &[rows_l2, n_l2], dtype, 1.0, 4));
+        let pair_sets = [
+            ("", [&a, &b, &o], sets[0].each_ref(), bytes),
+            (" 4096x1536", l2_other.each_ref(), l2.each_ref(), l2_bytes),
+        ];
+        for (size, first, second, pair_bytes) in pair_sets {
+            for &(suffix, launch) in &compared {
+                let first = first.map(DeviceTensor::clone);
+                let second = second.map(DeviceTensor::clone);
+                out.push(Case {
+                    name: format!("add pair{size}{suffix}"),
+                    dtype,
+                    bytes: 2.0 * pair_bytes,
+                    flops: 0.0,
+                    run: Box::new(move || {
+                        let [a, b, o] = &first;
+                        add_into(client, a, b, o).unwrap();
+                        let [a, b, o] = &second;
+                        add_into_with(client, a, b, o, launch).unwrap()
+                    }),
+                });
+            }
         }
 
         let len = (rows * n * e) as u64;

@@ -1,0 +1,33 @@
+#!/bin/bash
+# CUDA C controls for the add investigation (BENCHMARKS.md, "The add investigation", third pass).
+# Run on the GPU machine from the repository root, with `cli` built there or carried
+# (default: target/release/cli). Needs nvcc and python3.
+#   runtime_env.cu  - a hand-written f16 add timed eager under cudaMalloc / cudaMallocAsync
+#                     (CubeCL's allocator), the legacy / a non-blocking stream (CubeCL's), and
+#                     a 320-byte parameter block.
+#   kernel_code.cu  - hand-written adds (4 x 32-bit or 1 x 128-bit accesses, 128 or 512 threads,
+#                     CubeCL's 3-D index) beside the add kernel CubeCL generates, loaded from its
+#                     PTX like CubeCL does, in one process; then again after a CUDA graph capture.
+set -euo pipefail
+CLI=${CLI:-target/release/cli}
+T=$(mktemp -d)
+export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
+# The CUDA source CubeCL generates for the default f16 add, from its compilation log.
+CUBECL_DEBUG_LOG=$T/cubecl.log "$CLI" --runtime cuda bench --family addlab --filter "add eager pattern" > /dev/null 2>&1 || true
+python3 - "$T" <<'PY'
+import re, sys
+t = sys.argv[1]
+log = open(f"{t}/cubecl.log").read()
+for src in re.findall(r"source:\n```cpp\n(.*?)```", log, re.S):
+    if "add_kernel_f_f16_n_8" in src and "__launch_bounds__(512)" in src:
+        src = "#include <cstdint>\n" + re.sub(r"^typedef .*int[0-9]*_t;\n", "", src, flags=re.M)
+        open(f"{t}/ours.cu", "w").write(src)
+        break
+else:
+    sys.exit("no 512-unit f16 add kernel in the CubeCL log")
+PY
+nvcc -ptx -arch=sm_90a -lineinfo -o $T/ours.ptx $T/ours.cu
+nvcc -O3 -arch=sm_90 -o $T/runtime_env scripts/add_controls/runtime_env.cu -lcuda
+nvcc -O3 -arch=sm_90 -o $T/kernel_code scripts/add_controls/kernel_code.cu -lcuda
+$T/runtime_env
+$T/kernel_code $T/ours.ptx
