@@ -161,14 +161,6 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             (" u256p1", shape(256, 1)),
             (" u1024p1", shape(1024, 1)),
             (" u256p4", shape(256, 4)),
-            (
-                " words",
-                AddLaunch {
-                    units: 128,
-                    per_unit: 4,
-                    hint: AddHint::Words,
-                },
-            ),
         ];
         if caps::runtime_name(client).contains("cuda") {
             shapes.extend([
@@ -201,7 +193,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         // The rotating and L2-resident cases compare the default with streaming hints.
         let compared: Vec<_> = shapes
             .iter()
-            .filter(|(suffix, _)| matches!(*suffix, "" | " words" | " ptx cs"))
+            .filter(|(suffix, _)| matches!(*suffix, "" | " ptx cs"))
             .copied()
             .collect();
         for &(suffix, launch) in &compared {

@@ -66,52 +66,6 @@ fn add_large_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
-/// `AddHint::Words` (portable: every runtime): shapes in whole 16-byte groups, from one group to
-/// several waves of cubes with a partial last one; anything else is refused.
-fn add_words_case<R: Runtime>(client: &ComputeClient<R>) {
-    let mut rng = rng(26);
-    let launch = AddLaunch {
-        units: 128,
-        per_unit: 4,
-        hint: AddHint::Words,
-    };
-    for dtype in float_dtypes(client) {
-        for (rows, n) in [(1usize, 8usize), (3, 1000), (17, 4096), (4099, 2056)] {
-            let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
-            let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
-            let out = poisoned(client, &[rows, n], dtype);
-            add_into_with(client, &a, &b, &out, launch).unwrap();
-            assert_close(
-                &format!("add words {dtype} {rows}x{n}"),
-                &out.to_f64_vec(client).unwrap(),
-                &reference::add(&ah, &bh),
-                tolerance(dtype),
-            );
-        }
-        // One unit per cube: 75 000 cubes (f16) or 150 000 (f32), past wgpu's 65 535 along x, so
-        // the cube count (and the kernel's index) takes a second dimension there.
-        let (rows, n) = (1000, 600);
-        let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
-        let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
-        let out = poisoned(client, &[rows, n], dtype);
-        let one = AddLaunch { units: 1, ..launch };
-        add_into_with(client, &a, &b, &out, one).unwrap();
-        assert_close(
-            &format!("add words {dtype} {rows}x{n}, one unit per cube"),
-            &out.to_f64_vec(client).unwrap(),
-            &reference::add(&ah, &bh),
-            tolerance(dtype),
-        );
-        let (a, _) = upload(client, &random(&mut rng, 3 * 17, 2.0), &[3, 17], dtype);
-        let (r, _) = upload(client, &random(&mut rng, 17, 2.0), &[17], dtype);
-        let out = poisoned(client, &[3, 17], dtype);
-        let bad = add_into_with(client, &a, &a, &out, launch);
-        assert_err(&format!("words {dtype} 3x17"), bad, "argument");
-        let bad = add_into_with(client, &a, &r, &out, launch);
-        assert_err(&format!("words {dtype} row"), bad, "argument");
-    }
-}
-
 /// The inline-PTX add variants (CUDA only) against the reference: shapes in whole 16-byte vectors,
 /// one and several waves of cubes with a partial last one; elsewhere, the typed errors.
 fn add_ptx_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -243,11 +197,6 @@ fn add_large_matches_reference() {
 #[test]
 fn add_ptx_matches_reference() {
     on_each_runtime!(add_ptx_case);
-}
-
-#[test]
-fn add_words_matches_reference() {
-    on_each_runtime!(add_words_case);
 }
 
 #[test]

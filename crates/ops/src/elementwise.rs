@@ -106,41 +106,6 @@ fn add_ptx_kernel<F: Float, N: Size>(
     }
 }
 
-/// [`add_kernel`] for same-shape operands on 4-byte vectors, four consecutive ones per unit with
-/// all eight loads issued before the adds and stores (the shape nvcc gives a 16-byte struct copy),
-/// indexed along x alone unless the cube count needed a second dimension. `len` (in vectors) is a
-/// multiple of four.
-#[cube(launch_unchecked)]
-fn add_words_kernel<F: Float, N: Size>(
-    a: &[Vector<F, N>],
-    b: &[Vector<F, N>],
-    out: &mut [Vector<F, N>],
-    len: usize,
-    #[comptime] two_d: bool,
-    #[define(F)] _dtype: ElemType,
-) {
-    let unit = if comptime![two_d] {
-        (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) * CUBE_DIM_X + UNIT_POS_X
-    } else {
-        ABSOLUTE_POS_X
-    };
-    let i = unit as usize * 4;
-    if i < len {
-        let a0 = a[i];
-        let a1 = a[i + 1];
-        let a2 = a[i + 2];
-        let a3 = a[i + 3];
-        let b0 = b[i];
-        let b1 = b[i + 1];
-        let b2 = b[i + 2];
-        let b3 = b[i + 3];
-        out[i] = a0 + b0;
-        out[i + 1] = a1 + b1;
-        out[i + 2] = a2 + b2;
-        out[i + 3] = a3 + b3;
-    }
-}
-
 /// `silu(g) * u`, computed in f32.
 #[cube]
 fn silu_times<F: Float, N: Size>(g: Vector<F, N>, u: Vector<F, N>) -> Vector<F, N> {
@@ -228,9 +193,6 @@ pub enum AddHint {
     StreamStores,
     /// Inline PTX, `ld.global.cs` and plain stores.
     StreamLoads,
-    /// Portable: four 4-byte vectors per unit, loads first ([`add_words_kernel`]); same-shape
-    /// operands in whole 16-byte groups.
-    Words,
 }
 
 #[doc(hidden)]
@@ -318,9 +280,6 @@ pub fn add_into_with<R: Runtime>(
     let units = launch
         .units
         .min(client.properties().hardware.max_units_per_cube);
-    if launch.hint == AddHint::Words {
-        return add_words(client, [a, b, out], broadcast, units);
-    }
     if launch.hint != AddHint::Portable {
         return add_ptx(client, [a, b, out], broadcast, vector, len, units, launch);
     }
@@ -338,41 +297,6 @@ pub fn add_into_with<R: Runtime>(
             b_len / vector,
             broadcast,
             launch.per_unit,
-            a.dtype().elem_type(),
-        );
-    }
-    Ok(())
-}
-
-/// [`AddHint::Words`]: same shapes in whole 16-byte groups; anything else is refused.
-fn add_words<R: Runtime>(
-    client: &ComputeClient<R>,
-    [a, b, out]: [&DeviceTensor<R>; 3],
-    broadcast: bool,
-    units: u32,
-) -> Result<()> {
-    let size = a.dtype().size();
-    if broadcast || (a.numel() * size) % 16 != 0 || size > 4 {
-        return Err(OpsError::invalid(
-            "add",
-            "Words needs same-shape operands in whole 16-byte groups",
-        ));
-    }
-    let vector = 4 / size;
-    let len = a.numel() / vector;
-    let (count, dim) = grid(client, len, units, 4);
-    let two_d = !matches!(count, CubeCount::Static(_, 1, 1));
-    unsafe {
-        add_words_kernel::launch_unchecked::<R>(
-            client,
-            count,
-            dim,
-            vector,
-            a.as_buffer_arg(),
-            b.as_buffer_arg(),
-            out.as_buffer_arg(),
-            len,
-            two_d,
             a.dtype().elem_type(),
         );
     }
