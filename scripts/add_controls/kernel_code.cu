@@ -73,15 +73,6 @@ int main(int argc, char** argv) {
   };
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   std::vector<std::vector<float>> ev(nvar);
-  for (int round = 0; round < 4; round++)
-    for (int j = 0; j < nvar; j++) {
-      int i = (round & 1) ? nvar - 1 - j : j;
-      run(i, 100); cudaStreamSynchronize(s);
-      for (int sm = 0; sm < 3; sm++) {
-        cudaEventRecord(e0, s); run(i, 500); cudaEventRecord(e1, s); cudaEventSynchronize(e1);
-        float ms; cudaEventElapsedTime(&ms, e0, e1); ev[i].push_back(ms * 1000 / 500);
-      }
-    }
   auto report = [&](const char* tag) {
     for (int i = 0; i < nvar; i++) { auto& t = ev[i]; std::sort(t.begin(), t.end());
       printf("%s %-30s median %.3f (min %.3f max %.3f)\n", tag, names[i], t[t.size() / 2], t[0], t.back()); t.clear(); }
@@ -97,7 +88,8 @@ int main(int argc, char** argv) {
         }
       }
   };
-  report("before");
+  // Variants interleaved (order reversed every other round), twice before a graph capture.
+  measure(); report("before");
   measure(); report("before2");
   cudaGraph_t gr; cudaGraphExec_t ge;
   cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);

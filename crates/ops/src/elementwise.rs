@@ -56,36 +56,8 @@ fn add_ptx_kernel<F: Float, N: Size>(
         let pa = unsafe { a.as_ptr_unchecked() };
         let pb = unsafe { b.as_ptr_unchecked() };
         let po = unsafe { out.as_mut_ptr_unchecked() };
-        let x: Vector<u32, Const<4>>;
-        let y: Vector<u32, Const<4>>;
-        // `gpu_asm!` takes a literal template, so each cache operator spells its own copy.
-        if comptime![stream_loads] {
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
-                p = in(_) pa,
-                o = in(_) off,
-                r = out(_) x,
-            );
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
-                p = in(_) pb,
-                o = in(_) off,
-                r = out(_) y,
-            );
-        } else {
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
-                p = in(_) pa,
-                o = in(_) off,
-                r = out(_) x,
-            );
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
-                p = in(_) pb,
-                o = in(_) off,
-                r = out(_) y,
-            );
-        }
+        let x = load16::<F, N>(pa, off, stream_loads);
+        let y = load16::<F, N>(pb, off, stream_loads);
         let sum = Vector::<F, N>::reinterpret(x) + Vector::<F, N>::reinterpret(y);
         let z = Vector::<u32, Const<4>>::reinterpret(sum);
         if comptime![stream_stores] {
@@ -104,6 +76,33 @@ fn add_ptx_kernel<F: Float, N: Size>(
             );
         }
     }
+}
+
+/// The 16 bytes at `base + off` as inline PTX: `ld.global.cs` (streaming, evict first) or a plain
+/// load. `gpu_asm!` takes a literal template, so each cache operator spells its own copy.
+#[cube]
+fn load16<F: Float, N: Size>(
+    base: *const Vector<F, N>,
+    off: u64,
+    #[comptime] stream: bool,
+) -> Vector<u32, Const<4>> {
+    let r: Vector<u32, Const<4>>;
+    if comptime![stream] {
+        gpu_asm!(
+            "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
+            p = in(_) base,
+            o = in(_) off,
+            r = out(_) r,
+        );
+    } else {
+        gpu_asm!(
+            "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
+            p = in(_) base,
+            o = in(_) off,
+            r = out(_) r,
+        );
+    }
+    r
 }
 
 /// `silu(g) * u`, computed in f32.
