@@ -9,7 +9,9 @@
 //! - `add eager ptx`, `add eager ptx cs`, `add eager ptx st.cs`, `add eager ptx ld.cs` (CUDA):
 //!   the add with its loads and stores as inline PTX, plain, streaming (`ld/st.global.cs`, evict
 //!   first), or with only the stores or only the loads streaming (see BENCHMARKS.md);
-//! - `add eager u<units>p<vectors>`: other launch shapes (default hints);
+//! - `add eager u<units>p<vectors>`: other launch shapes (default hints); `idx3d`: the default
+//!   shape indexed by CubeCL's 3-D `ABSOLUTE_POS` instead of the x axis alone (the control for
+//!   the flat index, BENCHMARKS.md);
 //! - `add eager 4096x1536`: a size whose operands stay in the L2 from one launch to the next;
 //! - `add pair[ 4096x1536][ hint]`: per call, a default add on one operand set, then the add
 //!   (default or hinted) on another: the hinted add after ordinary L2 traffic;
@@ -155,8 +157,13 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             ..ADD_LAUNCH
         };
         let hint = |hint| AddLaunch { hint, ..ADD_LAUNCH };
+        let idx3d = AddLaunch {
+            flat_index: false,
+            ..ADD_LAUNCH
+        };
         let mut shapes = vec![
             ("", ADD_LAUNCH),
+            (" idx3d", idx3d),
             (" u128p1", shape(128, 1)),
             (" u256p1", shape(256, 1)),
             (" u1024p1", shape(1024, 1)),
@@ -190,10 +197,11 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             })
             .collect();
         let sets = std::rc::Rc::new(sets);
-        // The rotating and L2-resident cases compare the default with streaming hints.
+        // The rotating and L2-resident cases compare the default with the 3-D index, 128-unit
+        // cubes and streaming hints.
         let compared: Vec<_> = shapes
             .iter()
-            .filter(|(suffix, _)| matches!(*suffix, "" | " ptx cs"))
+            .filter(|(suffix, _)| matches!(*suffix, "" | " idx3d" | " u128p1" | " ptx cs"))
             .copied()
             .collect();
         for &(suffix, launch) in &compared {

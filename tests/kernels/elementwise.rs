@@ -66,6 +66,62 @@ fn add_large_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The portable add under other launch shapes: the 3-D index (`flat_index: false`), several
+/// strided vectors per unit, and one unit per cube, which makes 75 000 cubes (f16) or 150 000
+/// (f32) for 1000 x 600: past wgpu's 65 535 along x, so there the cube count spills to y and the
+/// kernel must take the 3-D index even when asked for the flat one.
+fn add_launch_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(27);
+    let shapes = [
+        AddLaunch {
+            flat_index: false,
+            ..ADD_LAUNCH
+        },
+        AddLaunch {
+            units: 128,
+            per_unit: 4,
+            ..ADD_LAUNCH
+        },
+        AddLaunch {
+            units: 1,
+            per_unit: 1,
+            ..ADD_LAUNCH
+        },
+        AddLaunch {
+            units: 1,
+            per_unit: 1,
+            flat_index: false,
+            ..ADD_LAUNCH
+        },
+    ];
+    for dtype in float_dtypes(client) {
+        for (rows, n) in [(3usize, 17usize), (1000, 600)] {
+            let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+            let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+            let (r, rh) = upload(client, &random(&mut rng, n, 2.0), &[n], dtype);
+            for launch in shapes {
+                let what = format!("add {dtype} {rows}x{n} {launch:?}");
+                let out = poisoned(client, &[rows, n], dtype);
+                add_into_with(client, &a, &b, &out, launch).unwrap();
+                assert_close(
+                    &what,
+                    &out.to_f64_vec(client).unwrap(),
+                    &reference::add(&ah, &bh),
+                    tolerance(dtype),
+                );
+                let out = poisoned(client, &[rows, n], dtype);
+                add_into_with(client, &a, &r, &out, launch).unwrap();
+                assert_close(
+                    &format!("{what} row"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &reference::add(&ah, &rh),
+                    tolerance(dtype),
+                );
+            }
+        }
+    }
+}
+
 /// The inline-PTX add variants (CUDA only) against the reference: shapes in whole 16-byte vectors,
 /// one and several waves of cubes with a partial last one; elsewhere, the typed errors.
 fn add_ptx_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -192,6 +248,11 @@ fn add_matches_reference() {
 #[test]
 fn add_large_matches_reference() {
     on_each_runtime!(add_large_case);
+}
+
+#[test]
+fn add_launch_shapes_match_reference() {
+    on_each_runtime!(add_launch_shapes_case);
 }
 
 #[test]

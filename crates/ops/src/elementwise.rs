@@ -18,14 +18,15 @@ fn add_kernel<F: Float, N: Size>(
     b_len: usize,
     #[comptime] broadcast: bool,
     #[comptime] per_unit: usize,
+    #[comptime] flat: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    let stride = grid_units(flat);
     // The modulo (a row vector repeated over the rows) costs a division per element: only the
     // broadcasting variant pays it.
     #[unroll]
     for k in 0..per_unit {
-        let i = ABSOLUTE_POS + k * stride;
+        let i = unit_index(flat) + k * stride;
         if i < len {
             if comptime![broadcast] {
                 out[i] = a[i] + b[i % b_len];
@@ -48,9 +49,10 @@ fn add_ptx_kernel<F: Float, N: Size>(
     len: usize,
     #[comptime] stream_loads: bool,
     #[comptime] stream_stores: bool,
+    #[comptime] flat: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let i = ABSOLUTE_POS;
+    let i = unit_index(flat);
     if i < len {
         let off = u64::cast_from(i) * 16u64;
         let pa = unsafe { a.as_ptr_unchecked() };
@@ -105,6 +107,28 @@ fn load16<F: Float, N: Size>(
     r
 }
 
+/// This unit's index in the grid. With a 1-D cube count (`flat`, see [`Grid`]) it is the x axis
+/// alone, which spares the 3-D arithmetic of `ABSOLUTE_POS` (about 0.07 µs of a 36 µs add on the
+/// H100, BENCHMARKS.md); a cube count spilled to y (past the runtime's maximum along x) needs it.
+#[cube]
+fn unit_index(#[comptime] flat: bool) -> usize {
+    if comptime![flat] {
+        ABSOLUTE_POS_X as usize
+    } else {
+        ABSOLUTE_POS
+    }
+}
+
+/// The number of units in the grid, counted the way [`unit_index`] counts.
+#[cube]
+fn grid_units(#[comptime] flat: bool) -> usize {
+    if comptime![flat] {
+        (CUBE_COUNT_X * CUBE_DIM_X) as usize
+    } else {
+        CUBE_COUNT * CUBE_DIM as usize
+    }
+}
+
 /// `silu(g) * u`, computed in f32.
 #[cube]
 fn silu_times<F: Float, N: Size>(g: Vector<F, N>, u: Vector<F, N>) -> Vector<F, N> {
@@ -120,12 +144,13 @@ fn swiglu_kernel<F: Float, N: Size>(
     up: &[Vector<F, N>],
     out: &mut [Vector<F, N>],
     len: usize,
+    #[comptime] flat: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    let stride = grid_units(flat);
     #[unroll]
     for k in 0..PER_UNIT {
-        let i = ABSOLUTE_POS + k * stride;
+        let i = unit_index(flat) + k * stride;
         if i < len {
             out[i] = silu_times::<F, N>(gate[i], up[i]);
         }
@@ -140,12 +165,13 @@ fn swiglu_concat_kernel<F: Float, N: Size>(
     out: &mut [Vector<F, N>],
     len: usize,
     half: usize,
+    #[comptime] flat: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let stride = CUBE_COUNT * CUBE_DIM as usize;
+    let stride = grid_units(flat);
     #[unroll]
     for k in 0..PER_UNIT {
-        let i = ABSOLUTE_POS + k * stride;
+        let i = unit_index(flat) + k * stride;
         if i < len {
             let row = i / half;
             let g_at = i + row * half;
@@ -175,6 +201,9 @@ pub struct AddLaunch {
     pub units: u32,
     pub per_unit: usize,
     pub hint: AddHint,
+    /// Index by the x axis alone where the cube count allows (the default); `false` always
+    /// takes CubeCL's 3-D `ABSOLUTE_POS` (the benchmark's control).
+    pub flat_index: bool,
 }
 
 /// How the add kernel issues its memory operations.
@@ -199,23 +228,40 @@ pub const ADD_LAUNCH: AddLaunch = AddLaunch {
     units: ADD_CUBE,
     per_unit: ADD_PER_UNIT,
     hint: AddHint::Portable,
+    flat_index: true,
 };
 
-fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> (CubeCount, CubeDim) {
-    grid(client, vectors, CUBE, PER_UNIT)
+fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> Grid {
+    Grid::new(client, vectors, CUBE, PER_UNIT, true)
 }
 
-fn grid<R: Runtime>(
-    client: &ComputeClient<R>,
-    vectors: usize,
-    units: u32,
-    per_unit: usize,
-) -> (CubeCount, CubeDim) {
-    let cubes = vectors.div_ceil(units as usize * per_unit) as u32;
-    (
-        crate::launch::cube_count_1d(client, cubes),
-        CubeDim::new_1d(units),
-    )
+/// Launch geometry of an element-wise kernel: enough cubes of `units` to give each unit
+/// `per_unit` vectors, and whether the kernel may index by the x axis alone (`flat`: the cube
+/// count is 1-D and the grid's unit count fits the 32-bit x index).
+struct Grid {
+    count: CubeCount,
+    dim: CubeDim,
+    flat: bool,
+}
+
+impl Grid {
+    fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        vectors: usize,
+        units: u32,
+        per_unit: usize,
+        allow_flat: bool,
+    ) -> Self {
+        let cubes = vectors.div_ceil(units as usize * per_unit) as u32;
+        let count = crate::launch::cube_count_1d(client, cubes);
+        let one_d = matches!(count, CubeCount::Static(_, 1, 1));
+        let fits = cubes as u64 * units as u64 <= u32::MAX as u64;
+        Grid {
+            count,
+            dim: CubeDim::new_1d(units),
+            flat: allow_flat && one_d && fits,
+        }
+    }
 }
 
 /// `a + b`: same shape, or `b` a row vector `[n]` broadcast over the rows of `a[.., n]`.
@@ -282,12 +328,12 @@ pub fn add_into_with<R: Runtime>(
     if launch.hint != AddHint::Portable {
         return add_ptx(client, [a, b, out], broadcast, vector, len, units, launch);
     }
-    let (count, dim) = grid(client, len, units, launch.per_unit);
+    let grid = Grid::new(client, len, units, launch.per_unit, launch.flat_index);
     unsafe {
         add_kernel::launch_unchecked::<R>(
             client,
-            count,
-            dim,
+            grid.count,
+            grid.dim,
             vector,
             a.as_buffer_arg(),
             b.as_buffer_arg(),
@@ -296,6 +342,7 @@ pub fn add_into_with<R: Runtime>(
             b_len / vector,
             broadcast,
             launch.per_unit,
+            grid.flat,
             a.dtype().elem_type(),
         );
     }
@@ -328,14 +375,14 @@ fn add_ptx<R: Runtime>(
             format!("{hint:?} needs same-shape operands in 16-byte vectors, one per unit"),
         ));
     }
-    let (count, dim) = grid(client, len, units, 1);
+    let grid = Grid::new(client, len, units, 1, launch.flat_index);
     let stream_loads = matches!(hint, AddHint::Stream | AddHint::StreamLoads);
     let stream_stores = matches!(hint, AddHint::Stream | AddHint::StreamStores);
     unsafe {
         add_ptx_kernel::launch_unchecked::<R>(
             client,
-            count,
-            dim,
+            grid.count,
+            grid.dim,
             vector,
             a.as_buffer_arg(),
             b.as_buffer_arg(),
@@ -343,6 +390,7 @@ fn add_ptx<R: Runtime>(
             len,
             stream_loads,
             stream_stores,
+            grid.flat,
             a.dtype().elem_type(),
         );
     }
@@ -371,17 +419,18 @@ pub fn swiglu_into<R: Runtime>(
     validate_rows(client, OP, gate, &[up, out])?;
     let vector = caps::vector_size_for(client, gate.dtype(), gate.numel());
     let len = gate.numel() / vector;
-    let (count, dim) = elementwise_grid(client, len);
+    let grid = elementwise_grid(client, len);
     unsafe {
         swiglu_kernel::launch_unchecked::<R>(
             client,
-            count,
-            dim,
+            grid.count,
+            grid.dim,
             vector,
             gate.as_buffer_arg(),
             up.as_buffer_arg(),
             out.as_buffer_arg(),
             len,
+            grid.flat,
             gate.dtype().elem_type(),
         );
     }
@@ -434,17 +483,18 @@ pub fn swiglu_concat_into<R: Runtime>(
     let half = two_i / 2;
     let vector = caps::vector_size_for(client, gate_up.dtype(), half);
     let len = out.numel() / vector;
-    let (count, dim) = elementwise_grid(client, len);
+    let grid = elementwise_grid(client, len);
     unsafe {
         swiglu_concat_kernel::launch_unchecked::<R>(
             client,
-            count,
-            dim,
+            grid.count,
+            grid.dim,
             vector,
             gate_up.as_buffer_arg(),
             out.as_buffer_arg(),
             len,
             half / vector,
+            grid.flat,
             gate_up.dtype().elem_type(),
         );
     }
