@@ -3,11 +3,14 @@
 # Run on the GPU machine from the repository root, with `cli` built there or carried
 # (default: target/release/cli). Needs nvcc and python3.
 #   runtime_env.cu  - a hand-written f16 add timed eager under cudaMalloc / cudaMallocAsync
-#                     (CubeCL's allocator), the legacy / a non-blocking stream (CubeCL's), and
-#                     a 320-byte parameter block.
+#                     (CubeCL's allocator), the legacy / a non-blocking stream (CubeCL's),
+#                     a 320-byte parameter block, and launches paced by the host.
 #   kernel_code.cu  - hand-written adds (4 x 32-bit or 1 x 128-bit accesses, 128 or 512 threads,
 #                     CubeCL's 3-D index) beside the add kernel CubeCL generates, loaded from its
 #                     PTX like CubeCL does, in one process; then again after a CUDA graph capture.
+#   in_torch.py     - CubeCL's add and hand-written ones (hand_kernels.cu) launched inside
+#                     PyTorch's process, interleaved with torch.add; also on operands from
+#                     cuMemAllocAsync, and queued by a C loop (launch_many.c).
 set -euo pipefail
 CLI=${CLI:-target/release/cli}
 T=$(mktemp -d)
@@ -29,5 +32,12 @@ PY
 nvcc -ptx -arch=sm_90a -lineinfo -o $T/ours.ptx $T/ours.cu
 nvcc -O3 -arch=sm_90 -o $T/runtime_env scripts/add_controls/runtime_env.cu -lcuda
 nvcc -O3 -arch=sm_90 -o $T/kernel_code scripts/add_controls/kernel_code.cu -lcuda
-$T/runtime_env
+[ -z "${KERNEL_CODE_ONLY:-}" ] && $T/runtime_env
 $T/kernel_code $T/ours.ptx
+ONLY=7,0 $T/kernel_code $T/ours.ptx
+[ -n "${KERNEL_CODE_ONLY:-}" ] && exit 0
+LOAD_LATE=1 $T/kernel_code $T/ours.ptx
+nvcc -ptx -arch=sm_90a -o $T/hand.ptx scripts/add_controls/hand_kernels.cu
+CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
+gcc -O2 -shared -fPIC -I"$CUDA_INC" -o $T/launch_many.so scripts/add_controls/launch_many.c -lcuda
+python3 scripts/add_controls/in_torch.py $T/ours.ptx $T/hand.ptx $T/launch_many.so

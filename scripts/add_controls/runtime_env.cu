@@ -1,4 +1,5 @@
-// Does the runtime environment (allocator, stream kind, parameter block size) change the eager
+// Does the runtime environment (allocator, stream kind, parameter block size, how fast the host
+// queues launches) change the eager
 // time of one torch-shaped f16 add (4096x4096, 128 threads x 16-byte vectors)? CubeCL allocates
 // with cuMemAllocAsync from the default pool on a non-blocking stream; PyTorch uses cudaMalloc on
 // the legacy default stream.
@@ -45,7 +46,7 @@ int main() {
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   const int iters = 500;
   Big bg = {}; 
-  struct V { const char* name; h8** m; cudaStream_t* s; int kern; };
+  struct V { const char* name; h8** m; cudaStream_t* s; int kern; double pace_us = 0; };
   V vs[] = {
     {"cudaMalloc legacy", ma, &legacy, 0},
     {"cudaMalloc nonblocking", ma, &nb, 0},
@@ -56,12 +57,20 @@ int main() {
     {"mallocAsync nb 320B params", aa, &nb, 1},
     {"cudaMalloc nb u64 x512", ma, &nb, 2},
     {"mallocAsync nb u64 x512", aa, &nb, 2},
+    // Launches paced by the host (a busy wait after each), as a Python loop spaces them.
+    {"cudaMalloc legacy paced 5us", ma, &legacy, 0, 5},
+    {"cudaMalloc legacy paced 15us", ma, &legacy, 0, 15},
+    {"mallocAsync nb paced 5us", aa, &nb, 0, 5},
+    {"mallocAsync nb paced 15us", aa, &nb, 0, 15},
   };
   const int nvar = sizeof(vs) / sizeof(vs[0]);
   std::vector<std::vector<float>> ev(nvar), wall(nvar);
   auto run = [&](V& v) {
     cudaStream_t s = *v.s;
+    auto start = std::chrono::steady_clock::now();
     for (int k = 0; k < iters; k++) {
+      if (v.pace_us > 0)
+        while (std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() < k * v.pace_us) {}
       if (v.kern == 0) addk<<<nv / 128, 128, 0, s>>>(v.m[0], v.m[1], v.m[2], nv);
       else if (v.kern == 1) addbig<<<nv / 128, 128, 0, s>>>(v.m[0], v.m[1], v.m[2], nv, bg);
       else add64<<<nv / 512, 512, 0, s>>>(v.m[0], v.m[1], v.m[2], nv);
