@@ -8,6 +8,28 @@ use ops::elementwise::{
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
 
+/// `a + b` into a NaN-poisoned output, through [`add_into`] (`launch` None) or
+/// [`add_into_with`], against the reference.
+fn check_add<R: Runtime>(
+    client: &ComputeClient<R>,
+    what: &str,
+    [a, b]: [&DeviceTensor<R>; 2],
+    [ah, bh]: [&[f64]; 2],
+    launch: Option<AddLaunch>,
+) {
+    let out = poisoned(client, a.shape(), a.dtype());
+    match launch {
+        None => add_into(client, a, b, &out).unwrap(),
+        Some(launch) => add_into_with(client, a, b, &out, launch).unwrap(),
+    }
+    assert_close(
+        what,
+        &out.to_f64_vec(client).unwrap(),
+        &reference::add(ah, bh),
+        tolerance(a.dtype()),
+    );
+}
+
 fn add_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(21);
     for dtype in float_dtypes(client) {
@@ -16,23 +38,9 @@ fn add_case<R: Runtime>(client: &ComputeClient<R>) {
                 let (a, ah) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
                 let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
                 let (r, rh) = upload(client, &random(&mut rng, n, 2.0), &[n], dtype);
-                let out = poisoned(client, &[rows, n], dtype);
-                add_into(client, &a, &b, &out).unwrap();
                 let what = format!("add {dtype} {rows}x{n}");
-                assert_close(
-                    &what,
-                    &out.to_f64_vec(client).unwrap(),
-                    &reference::add(&ah, &bh),
-                    tolerance(dtype),
-                );
-                let out = poisoned(client, &[rows, n], dtype);
-                add_into(client, &a, &r, &out).unwrap();
-                assert_close(
-                    &format!("{what} row"),
-                    &out.to_f64_vec(client).unwrap(),
-                    &reference::add(&ah, &rh),
-                    tolerance(dtype),
-                );
+                check_add(client, &what, [&a, &b], [&ah, &bh], None);
+                check_add(client, &format!("{what} row"), [&a, &r], [&ah, &rh], None);
             }
         }
     }
@@ -101,22 +109,9 @@ fn add_launch_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
             let (r, rh) = upload(client, &random(&mut rng, n, 2.0), &[n], dtype);
             for launch in shapes {
                 let what = format!("add {dtype} {rows}x{n} {launch:?}");
-                let out = poisoned(client, &[rows, n], dtype);
-                add_into_with(client, &a, &b, &out, launch).unwrap();
-                assert_close(
-                    &what,
-                    &out.to_f64_vec(client).unwrap(),
-                    &reference::add(&ah, &bh),
-                    tolerance(dtype),
-                );
-                let out = poisoned(client, &[rows, n], dtype);
-                add_into_with(client, &a, &r, &out, launch).unwrap();
-                assert_close(
-                    &format!("{what} row"),
-                    &out.to_f64_vec(client).unwrap(),
-                    &reference::add(&ah, &rh),
-                    tolerance(dtype),
-                );
+                check_add(client, &what, [&a, &b], [&ah, &bh], Some(launch));
+                let what = format!("{what} row");
+                check_add(client, &what, [&a, &r], [&ah, &rh], Some(launch));
             }
         }
     }
