@@ -32,7 +32,7 @@ def main():
         assert cu.cuModuleGetFunction(ctypes.byref(fn), mod, name.encode()) == 0, name
         return fn
 
-    ptrs = [ctypes.c_void_p(t.data_ptr()) for t in (a, b, o)]
+    ptrs = [ctypes.c_uint64(t.data_ptr()) for t in (a, b, o)]
     # CubeCL's kernel takes its scalars in a by-value info struct: {len, b_len}, 4 u32 of metadata.
     info = (ctypes.c_uint32 * 6)(nv, nv, nv, nv, nv, 0)
     n = ctypes.c_uint32(nv)
@@ -54,56 +54,13 @@ def main():
         return go
 
     ours = load(ours_ptx, "add_kernel_f_f16_n_8")
-    # The same operands in memory from the driver's stream-ordered allocator (CubeCL's).
-    async_bufs = []
-    for t in (a, b, o):
-        ptr = ctypes.c_uint64()
-        assert cu.cuMemAllocAsync(ctypes.byref(ptr), ctypes.c_size_t(t.numel() * 2), stream) == 0
-        async_bufs.append(ptr)
-    torch.cuda.synchronize()
-    for t, ptr in zip((a, b), async_bufs):
-        assert cu.cuMemcpyDtoD_v2(ptr, ctypes.c_uint64(t.data_ptr()), ctypes.c_size_t(t.numel() * 2)) == 0
-    async_params = params(*async_bufs, info)
-    # Launches queued by a C loop (as fast as the driver takes them), through a helper library.
-    fast = ctypes.CDLL(sys.argv[3]) if len(sys.argv) > 3 else None
-
-    def fast_loop(fn, threads, p):
-        def go_many(count):
-            r = fast.launch_many(fn, count, nv // threads, threads, stream, p)
-            if r:
-                raise RuntimeError(f"launch_many {r}")
-        return go_many
-
-    variants = {
-        "torch.add": lambda: torch.add(a, b, out=o),
-        "cubecl PTX x512": launcher(ours, 512, ours_params),
-        "w32 x128 (hand)": launcher(load(hand_ptx, "w32_128"), 128, hand_params),
-        "w128 x128 (hand)": launcher(load(hand_ptx, "w128_128"), 128, hand_params),
-        "w128 x512 (hand)": launcher(load(hand_ptx, "w128_512"), 512, hand_params),
-    }
-    async_launch = launcher(ours, 512, async_params)
-    # Loops that queue many launches in one call: name -> (count -> None).
-    batched = {}
-    if fast:
-        batched["cubecl PTX x512, C loop"] = fast_loop(ours, 512, ours_params)
-    for name, go in variants.items():
-        o.fill_(float("nan"))
-        go()
-        torch.cuda.synchronize()
-        assert torch.equal(o, want), name
-    for _ in range(3):
-        async_launch()
-    torch.cuda.synchronize()
-    got = torch.empty_like(o)
-    assert cu.cuMemcpyDtoD_v2(ctypes.c_uint64(got.data_ptr()), async_bufs[2], ctypes.c_size_t(o.numel() * 2)) == 0
-    torch.cuda.synchronize()
-    assert torch.equal(got, want), "async buffers"
-    variants["cubecl PTX x512, cuMemAllocAsync operands"] = async_launch
-    for name, many in batched.items():
-        variants[name] = many
-    # Placement: the same kernel on fresh operand sets from each allocator (cudaMalloc through
-    # torch's caching allocator, cuMemAlloc, cuMemAllocAsync), several sets each, all alive.
     nbytes = ctypes.c_size_t(a.numel() * 2)
+    keep = []  # keeps every operand set (and its parameter block) alive
+
+    def torch_set():
+        ts = (a.clone(), b.clone(), torch.empty_like(o))
+        keep.append(ts)
+        return [ctypes.c_uint64(t.data_ptr()) for t in ts]
 
     def driver_set(alloc):
         bufs = []
@@ -115,24 +72,49 @@ def main():
             assert cu.cuMemcpyDtoD_v2(ptr, ctypes.c_uint64(t.data_ptr()), nbytes) == 0
         return bufs
 
+    # Placement: the same kernel on fresh operand sets from each allocator (cudaMalloc through
+    # torch's caching allocator, cuMemAlloc, cuMemAllocAsync: CubeCL's), several sets each.
     allocators = {
-        "torch": None,
+        "torch": torch_set,
         "cuMemAlloc": lambda: driver_set(lambda p: cu.cuMemAlloc_v2(ctypes.byref(p), nbytes)),
         "cuMemAllocAsync": lambda: driver_set(lambda p: cu.cuMemAllocAsync(ctypes.byref(p), nbytes, stream)),
     }
-    keep = []
+    # name -> (launch function, the output it writes)
+    variants = {
+        "torch.add": (lambda: torch.add(a, b, out=o), ptrs[2]),
+        "cubecl PTX x512": (launcher(ours, 512, ours_params), ptrs[2]),
+        "w32 x128 (hand)": (launcher(load(hand_ptx, "w32_128"), 128, hand_params), ptrs[2]),
+        "w128 x128 (hand)": (launcher(load(hand_ptx, "w128_128"), 128, hand_params), ptrs[2]),
+        "w128 x512 (hand)": (launcher(load(hand_ptx, "w128_512"), 512, hand_params), ptrs[2]),
+    }
     for k in range(SETS):
         for alloc_name, alloc in allocators.items():
-            if alloc_name == "torch":
-                ts = (a.clone(), b.clone(), torch.empty_like(o))
-                keep.append(ts)
-                bufs = [ctypes.c_uint64(t.data_ptr()) for t in ts]
-            else:
-                bufs = alloc()
+            bufs = alloc()
             torch.cuda.synchronize()
             p = params(*bufs, info)
             keep.append((bufs, p))
-            variants[f"cubecl PTX x512, {alloc_name} set {k}"] = launcher(ours, 512, p)
+            variants[f"cubecl PTX x512, {alloc_name} set {k}"] = (launcher(ours, 512, p), bufs[2])
+    # Launches queued by a C loop (as fast as the driver takes them), through a helper library:
+    # these take the launch count.
+    batched = set()
+    if len(sys.argv) > 3:
+        fast = ctypes.CDLL(sys.argv[3])
+
+        def go_many(count):
+            r = fast.launch_many(ours, count, nv // 512, 512, stream, ours_params)
+            if r:
+                raise RuntimeError(f"launch_many {r}")
+        variants["cubecl PTX x512, C loop"] = (go_many, ptrs[2])
+        batched.add("cubecl PTX x512, C loop")
+    # Every variant's output against PyTorch's sum.
+    got = torch.empty_like(o)
+    for name, (go, out) in variants.items():
+        assert cu.cuMemsetD16_v2(out, 0x7E00, ctypes.c_size_t(o.numel())) == 0  # f16 NaN
+        go(1) if name in batched else go()
+        assert cu.cuMemcpyDtoD_v2(ctypes.c_uint64(got.data_ptr()), out, nbytes) == 0
+        torch.cuda.synchronize()
+        assert torch.equal(got, want), name
+    variants = {name: go for name, (go, _) in variants.items()}
     times = {k: [] for k in variants}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     names = list(variants)
