@@ -165,6 +165,37 @@ fn add_ptx_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// A chain of dependent kernels over tensors of several waves: each step reads the tensor the
+/// step before wrote and overwrites the one that step read (adds and RMSNorms alternating over
+/// two buffers). On CUDA sm_90+ every kernel is launched while its predecessor drains (PDL,
+/// vendor/cubecl-cuda/PATCHED.md) and must wait for it before touching memory; a kernel that
+/// read or wrote early would leave stale or overwritten values here.
+fn dependent_chain_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(28);
+    let (rows, n) = (2049usize, 4104usize);
+    let dtype = DType::F32;
+    let (mut x, mut xh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+    let (b, bh) = upload(client, &random(&mut rng, rows * n, 2.0), &[rows, n], dtype);
+    let (w, wh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+    let mut y = poisoned(client, &[rows, n], dtype);
+    for step in 0..24 {
+        if step % 3 == 2 {
+            ops::norm::rms_norm_into(client, &x, &w, 1e-6, &y).unwrap();
+            xh = ops::reference::norm::rms_norm(&xh, &wh, 1e-6);
+        } else {
+            add_into(client, &x, &b, &y).unwrap();
+            xh = reference::add(&xh, &bh);
+        }
+        std::mem::swap(&mut x, &mut y);
+    }
+    assert_close(
+        "dependent chain f32",
+        &x.to_f64_vec(client).unwrap(),
+        &xh,
+        1e-4,
+    );
+}
+
 fn swiglu_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(22);
     for dtype in float_dtypes(client) {
@@ -253,6 +284,11 @@ fn add_launch_shapes_match_reference() {
 #[test]
 fn add_ptx_matches_reference() {
     on_each_runtime!(add_ptx_case);
+}
+
+#[test]
+fn dependent_chain_matches_reference() {
+    on_each_runtime!(dependent_chain_case);
 }
 
 #[test]

@@ -9,6 +9,10 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod norm;
+// The patched CUDA runtime's PDL prologue (vendor/cubecl-cuda/PATCHED.md): its source and PTX
+// checks are std only, so they are tested here, without a GPU.
+#[path = "../../vendor/cubecl-cuda/src/pdl/prologue.rs"]
+mod pdl_prologue;
 mod qkv;
 mod quant;
 mod quant_gemm8;
