@@ -11,6 +11,9 @@
 #   in_torch.py     - CubeCL's add and hand-written ones (hand_kernels.cu) launched inside
 #                     PyTorch's process, interleaved with torch.add; also on operands from
 #                     cuMemAllocAsync, and queued by a C loop (launch_many.c).
+#   cache_hints.cu  - L2 prefetch-size (L2::128B / L2::256B), L1::no_allocate and .nc hints on
+#                     the loads; in a loop of itself, after another add, and L2-resident.
+#   pdl.cu          - programmatic dependent launch (wait only, trigger before/after the wait).
 set -euo pipefail
 CLI=${CLI:-target/release/cli}
 T=$(mktemp -d)
@@ -41,3 +44,7 @@ nvcc -ptx -arch=sm_90a -o $T/hand.ptx scripts/add_controls/hand_kernels.cu
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
 gcc -O2 -shared -fPIC -I"$CUDA_INC" -o $T/launch_many.so scripts/add_controls/launch_many.c -lcuda
 python3 scripts/add_controls/in_torch.py $T/ours.ptx $T/hand.ptx $T/launch_many.so
+nvcc -O3 -arch=sm_90a -o $T/cache_hints scripts/add_controls/cache_hints.cu
+$T/cache_hints
+nvcc -O3 -arch=sm_90a -o $T/pdl scripts/add_controls/pdl.cu
+$T/pdl
