@@ -3,16 +3,7 @@
 // loop of itself at 4096 x 4096 (96 MB, streams from DRAM), after a plain add on another operand
 // set (as in a model, where the L2 holds ordinary lines), and in a loop of itself at 4096 x 1536
 // (operands stay in the 50 MB L2).
-#include <cuda_runtime.h>
-#include <cuda_fp16.h>
-#include <cstdio>
-#include <cstring>
-#include <vector>
-#include <algorithm>
-__device__ __forceinline__ uint4 add128(uint4 x, uint4 y) {
-  uint4 r; __half2* a = (__half2*)&x; __half2* b = (__half2*)&y; __half2* o = (__half2*)&r;
-  for (int k = 0; k < 4; k++) o[k] = __hadd2(a[k], b[k]); return r;
-}
+#include "common.cuh"
 #define LD(name, op)                                                                              \
   __device__ __forceinline__ uint4 name(const uint4* p) {                                         \
     uint4 v; asm volatile(op " {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) \
@@ -60,24 +51,15 @@ void launch(int v, const uint4* a, const uint4* b, uint4* o, unsigned nv, cudaSt
 }
 int main() {
   cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   for (size_t rows : {4096ull, 1536ull}) {
     const size_t N = 4096ull * rows; const unsigned nv = N / 8; const size_t bytes = N * 2;
-    // two operand sets: A for the candidate, B for the plain add that precedes it in "pair"
-    uint4* m[6]; for (int k = 0; k < 6; k++) cudaMallocAsync(&m[k], bytes, s);
-    cudaStreamSynchronize(s);
-    std::vector<__half> h(N); unsigned st = 1;
-    for (int k : {0, 1, 3, 4}) {
-      for (size_t i = 0; i < N; i++) { st = st * 1664525u + 1013904223u; h[i] = __float2half(((st >> 8) / 16777216.0f) * 2 - 1); }
-      cudaMemcpy(m[k], h.data(), bytes, cudaMemcpyHostToDevice);
-    }
-    std::vector<__half> want(N), got(N);
-    auto output_of = [&](int v, std::vector<__half>& dst) {
+    // two operand sets: A (0, 1 -> 2) for the candidate, B (3, 4 -> 5) for the plain add that
+    // precedes it in "pair"
+    uint4* m[6]; alloc_operands(m, 6, {0, 1, 3, 4}, N, s);
+    check_variants(names, nvar, N, [&](int v, std::vector<__half>& dst) {
       cudaMemsetAsync(m[2], 0, bytes, s); launch(v, m[0], m[1], m[2], nv, s);
       cudaMemcpyAsync(dst.data(), m[2], bytes, cudaMemcpyDeviceToHost, s); cudaStreamSynchronize(s);
-    };
-    output_of(0, want);
-    for (int v = 1; v < nvar; v++) { output_of(v, got); if (memcmp(want.data(), got.data(), bytes)) printf("MISMATCH %s\n", names[v]); }
+    });
     const int modes = rows == 4096 ? 2 : 1;
     std::vector<float> ev[2][nvar];
     for (int round = 0; round < 6; round++)
@@ -91,15 +73,12 @@ int main() {
             }
           };
           run(50); cudaStreamSynchronize(s);
-          for (int sm = 0; sm < 3; sm++) {
-            cudaEventRecord(e0, s); run(400); cudaEventRecord(e1, s); cudaEventSynchronize(e1);
-            float ms; cudaEventElapsedTime(&ms, e0, e1); ev[mode][v].push_back(ms * 1000 / 400);
-          }
+          for (int sm = 0; sm < 3; sm++) ev[mode][v].push_back(time_per_iter(s, 400, run));
         }
     for (int mode = 0; mode < modes; mode++)
       for (int v = 0; v < nvar; v++) {
-        auto& t = ev[mode][v]; std::sort(t.begin(), t.end());
-        printf("4096x%zu %-6s %-24s median %.3f (min %.3f max %.3f)\n", rows, mode ? "pair" : "self", names[v], t[t.size() / 2], t[0], t.back());
+        printf("4096x%zu %-6s %-24s ", rows, mode ? "pair" : "self", names[v]);
+        print_stats(ev[mode][v]);
       }
     for (int k = 0; k < 6; k++) cudaFreeAsync(m[k], s);
     cudaStreamSynchronize(s);
