@@ -356,28 +356,21 @@ impl CudaContext {
             })?;
             // cubellm patch: kernels that wait for their predecessor themselves are launched
             // with programmatic stream serialization (`crate::pdl`).
-            let launched = if kernel.pdl {
-                crate::pdl::launch(
-                    kernel.func,
-                    dispatch_count,
-                    (cube_dim.x, cube_dim.y, cube_dim.z),
-                    kernel.shared_mem_bytes as u32,
-                    stream.sys,
-                    resources,
-                )
+            let launch = if kernel.pdl {
+                crate::pdl::launch
             } else {
-                cudarc::driver::result::launch_kernel(
-                    kernel.func,
-                    dispatch_count,
-                    (cube_dim.x, cube_dim.y, cube_dim.z),
-                    // Shared memory is collected into a single buffer, with each shared memory
-                    // being an offset pointer
-                    kernel.shared_mem_bytes as u32,
-                    stream.sys,
-                    resources,
-                )
+                cudarc::driver::result::launch_kernel
             };
-            launched
+            launch(
+                kernel.func,
+                dispatch_count,
+                (cube_dim.x, cube_dim.y, cube_dim.z),
+                // Shared memory is collected into a single buffer, with each shared memory being
+                // an offset pointer
+                kernel.shared_mem_bytes as u32,
+                stream.sys,
+                resources,
+            )
             .map_err(|err| LaunchError::Unknown {
                 reason: format!("{err}"),
                 backtrace: BackTrace::capture(),

@@ -38,14 +38,9 @@ pub fn with_prologue(source: &str, entry: &str) -> Option<String> {
 
 /// Whether a module's PTX holds the wait of [`PROLOGUE`].
 pub fn waits_first(ptx: &[c_char]) -> bool {
-    let bytes: Vec<u8> = ptx
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    bytes
-        .windows(b"griddepcontrol.wait".len())
-        .any(|w| w == b"griddepcontrol.wait")
+    const WAIT: &[u8] = b"griddepcontrol.wait";
+    ptx.windows(WAIT.len())
+        .any(|w| w.iter().zip(WAIT).all(|(&c, &b)| c as u8 == b))
 }
 
 #[cfg(test)]
