@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Reference fixtures for the Qwen2 model, made with Hugging Face transformers.
+"""Reference fixtures for the model families (Qwen2, Qwen3, Llama), made with Hugging Face
+transformers.
 
 Runs where torch and transformers are installed (the project's GPU machine: torch 2.11,
-transformers 5.x; no network needed). For each fixture it builds a small random Qwen2 with
-transformers, saves it as safetensors (bf16, so the files stay small) with its config and the
-project's demo tokenizer (written by `cli make-demo-model`), and records, computed in f32 from
+transformers 5.x; no network needed; on a CPU the same script runs, only slower). For each
+fixture it builds a small random model of its family with transformers, saves it as safetensors (bf16, so the files stay small) with its config and the
+project's demo tokenizer (written by `cubellm make-demo-model`), and records, computed in f32 from
 exactly the saved bf16 values:
 
 - reference.safetensors: `prompt_ids` (i32 [T]), `logits` (f32 [T, V], every prompt position),
@@ -56,7 +57,8 @@ WANT_DISTINCT = 8    # stop searching once a continuation has this many distinct
 STDS = (0.1, 0.2, 0.3)
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json"]
 
-# name -> Qwen2Config overrides (vocab 1024 = the demo tokenizer's size unless said otherwise)
+# name -> config overrides (vocab 1024 = the demo tokenizer's size unless said otherwise); the
+# family is the name's prefix (see ARCHS).
 FIXTURES = {
     # like the target: untied embeddings, GQA (4 query heads per KV head... here 2)
     "qwen2-gqa-untied": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -77,24 +79,94 @@ FIXTURES = {
     "qwen2-odd-vocab": dict(hidden_size=48, intermediate_size=112, num_hidden_layers=2,
                             num_attention_heads=3, num_key_value_heads=1, tie_word_embeddings=False,
                             rope_theta=10000.0, rms_norm_eps=1e-6, vocab_size=1031),
+    # Qwen3: q/k RMSNorm per head, no qkv bias, head_dim 32 wider than hidden / heads (as the
+    # released Qwen3 models: 0.6B has hidden 1024, 16 heads of 128), tied, theta 1e6
+    "qwen3-gqa-tied": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                           tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    # Qwen3 untied, plain multi-head attention, three layers
+    "qwen3-mha-untied": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+                             tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6),
+    # Llama 3.x: the llama3 RoPE scaling with an original context small enough that the three
+    # frequency bands (kept, smoothed, divided by the factor) all occur at head_dim 16; tied as
+    # Llama-3.2-1B, theta 500000, GQA
+    "llama3-rope-scaled": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                               tie_word_embeddings=True, rope_theta=500000.0, rms_norm_eps=1e-5,
+                               rope_scaling=dict(rope_type="llama3", factor=8.0,
+                                                 low_freq_factor=1.0, high_freq_factor=4.0,
+                                                 original_max_position_embeddings=64)),
+    # Llama with attention biases (q, k, v and o), untied, default RoPE, one KV head
+    "llama-bias-untied": dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=1,
+                              tie_word_embeddings=False, rope_theta=10000.0, rms_norm_eps=1e-6,
+                              attention_bias=True),
+}
+
+# family prefix -> (config class, model class) in transformers
+ARCHS = {
+    "qwen25": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
 }
 
 
+def arch_classes(name):
+    """The transformers classes of a fixture, from the family its name starts with."""
+    import transformers
+    for key, (cfg_cls, model_cls) in ARCHS.items():
+        if name.startswith(key):
+            return getattr(transformers, cfg_cls), getattr(transformers, model_cls)
+    raise KeyError(f"{name}: the name starts with no family of {list(ARCHS)}")
+
+
 def make_config(cls, cfg):
-    """A Qwen2Config with rope_theta in force whether this transformers reads `rope_theta`
-    (4.x) or `rope_parameters` (5.x)."""
+    """A config with rope_theta (and the RoPE scaling, if any) in force whether this transformers
+    reads `rope_theta` / `rope_scaling` (4.x) or `rope_parameters` (5.x)."""
+    cfg = dict(cfg)
+    scaling = cfg.pop("rope_scaling", None)
     config = cls(**cfg)
     if hasattr(config, "rope_parameters"):
-        config.rope_parameters = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
+        params = {"rope_type": "default", "rope_theta": cfg["rope_theta"]}
+        if scaling:
+            params.update(scaling)
+        config.rope_parameters = params
+    elif scaling:
+        config.rope_scaling = scaling
     return config
 
 
+def expected_inv_freq(cfg):
+    """The rotary inverse frequencies the fixture's config asks for, computed here from the
+    published formulas (default, and Llama 3's frequency-band scaling)."""
+    import math
+    d = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    s = cfg.get("rope_scaling")
+    if s and s["rope_type"] == "llama3":
+        old = s["original_max_position_embeddings"]
+        low_wl, high_wl = old / s["low_freq_factor"], old / s["high_freq_factor"]
+        out = []
+        for f in inv.tolist():
+            wl = 2 * math.pi / f
+            if wl < high_wl:
+                out.append(f)
+            elif wl > low_wl:
+                out.append(f / s["factor"])
+            else:
+                t = (old / wl - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+                out.append((1 - t) * f / s["factor"] + t * f)
+        inv = torch.tensor(out, dtype=torch.float64)
+    return inv.float()
+
+
 def check_rope(model, cfg):
-    """The model's rotary frequencies are those of the wanted theta."""
-    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    """The model's rotary frequencies are those of the wanted theta and scaling."""
     inv = model.model.rotary_emb.inv_freq.float().cpu()
-    want = 1.0 / cfg["rope_theta"] ** (torch.arange(0, d, 2).float() / d)
-    assert torch.allclose(inv, want, rtol=1e-5), f"rope theta not in force: {inv[:3]} vs {want[:3]}"
+    want = expected_inv_freq(cfg)
+    assert torch.allclose(inv, want, rtol=1e-5), f"rope not in force: {inv} vs {want}"
 
 
 def versions():
@@ -158,16 +230,17 @@ def check_greedy_by_hand(model, ids, new):
 
 
 def make_fixture(name, overrides, tokenizer_dir, out_dir, device):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
     from safetensors.torch import save_file
+    config_cls, model_cls = arch_classes(name)
 
     prompt_ids, tok_vocab = encode(tokenizer_dir)
     cfg = dict(vocab_size=tok_vocab, max_position_embeddings=256, hidden_act="silu",
-               use_sliding_window=False, bos_token_id=None, eos_token_id=None,
-               attn_implementation="eager")
+               bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    if name.startswith("qwen"):
+        cfg["use_sliding_window"] = False
     cfg.update(overrides)
     assert cfg["vocab_size"] >= tok_vocab, "the model must cover the tokenizer's ids"
-    config = make_config(Qwen2Config, cfg)
+    config = make_config(config_cls, cfg)
     ids = torch.tensor([prompt_ids], device=device)
     tries, best, start = 0, None, time.time()
     for seed in range(1, 100000):
@@ -178,7 +251,7 @@ def make_fixture(name, overrides, tokenizer_dir, out_dir, device):
         tries += 1
         std = STDS[seed % len(STDS)]
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.float32).eval()
+        model = model_cls(config).to(device=device, dtype=torch.float32).eval()
         active = randomize(model, seed, tok_vocab, std)
         check_rope(model, cfg)
         new, margins, step_logits = greedy(model, ids)
@@ -296,7 +369,7 @@ def make_big(tokenizer_dir, out_dir, device):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokenizer", required=True,
-                    help="directory with the demo tokenizer (cli make-demo-model --out DIR)")
+                    help="directory with the demo tokenizer (cubellm make-demo-model --out DIR)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--big", action="store_true", help="build the 1.5B-shaped random model")
     ap.add_argument("--only", nargs="*", help="fixture names to build (default: all)")

@@ -1,4 +1,4 @@
-//! `cli bench-generate`: prefill and decode speed of a model, after a warm-up that compiles the
+//! `cubellm bench-generate`: prefill and decode speed of a model, after a warm-up that compiles the
 //! kernels, and (when the model directory carries a transformers `reference.json`) agreement of
 //! the first greedy tokens with it. One JSON line on stdout, a readable summary on stderr.
 
@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use cubecl::prelude::*;
-use cubellm::model::{
+use model::{
     self, GenerateOptions, Generator, LoadOptions, Prompt, Qwen2Model, Qwen2Session, Tokenizer,
 };
-use cubellm::ops::DType;
+use ops::DType;
 
 #[derive(Args, Debug)]
 pub struct BenchGenerateArgs {

@@ -1,4 +1,4 @@
-//! `cli generate` and `cli make-demo-model`.
+//! `cubellm generate` and `cubellm make-demo-model`.
 
 use std::io::Write;
 use std::ops::ControlFlow;
@@ -7,12 +7,12 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use clap::Args;
 use cubecl::prelude::*;
-use cubellm::model::{
+use indicatif::{ProgressBar, ProgressStyle};
+use model::{
     self, demo, hub, ChatMessage, GenerateOptions, GenerationConfig, Generator, LoadOptions,
     Prompt, Qwen2Model, Qwen2Session, SamplingParams, Tokenizer,
 };
-use cubellm::ops::DType;
-use indicatif::{ProgressBar, ProgressStyle};
+use ops::DType;
 
 #[derive(Args, Debug)]
 pub struct GenerateArgs {

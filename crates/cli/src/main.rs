@@ -1,25 +1,26 @@
-//! `cli`: run the library from the command line.
+//! `cubellm`: run the library from the command line.
 //!
 //! ```text
-//! cli --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
-//! cli --runtime cuda bench [--family norm]    # device timings as JSON lines
-//! cli generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
-//! cli make-demo-model --out DIR                # the built-in demo model, as files
+//! cubellm --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
+//! cubellm --runtime cuda bench [--family norm]    # device timings as JSON lines
+//! cubellm generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
+//! cubellm make-demo-model --out DIR                # the built-in demo model, as files
 //! ```
 
 use std::process::ExitCode;
 
 mod bench_generate;
 mod generate;
+mod selfcheck;
 mod weight_args;
 
 use clap::{Parser, Subcommand};
 use cubecl::prelude::*;
-use cubellm::runtime::{self, RuntimeChoice};
+use runtime::RuntimeChoice;
 
 #[derive(Parser, Debug)]
 #[command(
-    name = "cli",
+    name = "cubellm",
     version,
     about = "Portable LLM-inference kernels (CubeCL): generate, check, bench"
 )]
@@ -53,7 +54,7 @@ enum Command {
 }
 
 fn selfcheck<R: Runtime>(client: &ComputeClient<R>) -> anyhow::Result<bool> {
-    let rows = cubellm::selfcheck::run(client)?;
+    let rows = crate::selfcheck::run(client)?;
     println!(
         "{:<22} {:<6} {:<12} {:>12} {:>10}  result",
         "op", "dtype", "shape", "rel. error", "tolerance"
@@ -80,18 +81,18 @@ fn bench<R: Runtime>(
     filter: &str,
 ) -> anyhow::Result<()> {
     let families: Vec<&'static str> = match family {
-        Some(f) => match cubellm::bench::FAMILIES.iter().find(|k| **k == f) {
+        Some(f) => match bench::FAMILIES.iter().find(|k| **k == f) {
             Some(k) => vec![*k],
             None => anyhow::bail!(
                 "unknown bench family '{f}' (known: {})",
-                cubellm::bench::FAMILIES.join(", ")
+                bench::FAMILIES.join(", ")
             ),
         },
-        None => cubellm::bench::FAMILIES.to_vec(),
+        None => bench::FAMILIES.to_vec(),
     };
     for f in families {
-        let cases = cubellm::bench::cases(client, f);
-        cubellm::bench::measure(client, f, cases, filter);
+        let cases = bench::cases(client, f);
+        bench::measure(client, f, cases, filter);
     }
     Ok(())
 }
@@ -103,7 +104,7 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     let backend = runtime::resolve(cli.runtime)?;
     eprintln!("runtime: {backend}");
-    cubellm::with_runtime!(backend, |client: R| match &cli.command {
+    runtime::with_runtime!(backend, |client: R| match &cli.command {
         Command::Selfcheck => selfcheck::<R>(&client),
         Command::Bench { family, filter } =>
             bench::<R>(&client, family.as_deref(), filter).map(|_| true),

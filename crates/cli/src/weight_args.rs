@@ -1,7 +1,7 @@
 //! The weight-format flags shared by `generate` and `bench-generate`.
 
 use clap::Args;
-use cubellm::model::{Compression, Int4Group, LoadReport, QuantMode};
+use model::{Compression, Int4Group, LoadReport, QuantMode};
 
 #[derive(Args, Debug, Clone)]
 pub struct WeightArgs {

@@ -12,7 +12,7 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn cli(args: &[&str], home: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cli"))
+    Command::new(env!("CARGO_BIN_EXE_cubellm"))
         .args(args)
         .env("XDG_CACHE_HOME", home.join("cache"))
         .env("HF_HOME", home.join("hf"))
@@ -219,7 +219,7 @@ fn without_a_model_the_demo_model_is_used() {
     assert!(stderr.contains("built-in demo model"), "{stderr}");
     assert!(home
         .join("cache/cubellm")
-        .join(cubellm::model::demo::DEMO_VERSION)
+        .join(model::demo::DEMO_VERSION)
         .join("model.safetensors")
         .is_file());
     assert!(o.status.success(), "{stderr}");

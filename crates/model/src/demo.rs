@@ -3,7 +3,7 @@
 //! tokenizers crate on the text in `assets/corpus/` (public-domain texts, the project's own
 //! notes, documentation and sources), compiled into the library.
 //!
-//! It exists so that `cli generate` works on any machine with no download: the text it writes
+//! It exists so that `cubellm generate` works on any machine with no download: the text it writes
 //! is gibberish (the weights are random), but every part of the pipeline runs. Building it is
 //! deterministic: the same files, byte for byte, every time (the tokenizer trainer orders its
 //! merges by count and then by pair, and the weights come from this crate's own generator using
@@ -309,7 +309,7 @@ pub fn ensure_demo_model() -> Result<PathBuf> {
     let dir = demo_cache_dir().ok_or_else(|| ModelError::ModelNotFound {
         spec: "demo".into(),
         detail:
-            "no cache directory (set XDG_CACHE_HOME or HOME), use `cli make-demo-model --out DIR`"
+            "no cache directory (set XDG_CACHE_HOME or HOME), use `cubellm make-demo-model --out DIR`"
                 .into(),
     })?;
     ensure_demo_model_in(&dir)?;

@@ -5,119 +5,13 @@
 //! and all of them leave the SwiGLU to the element-wise kernel.
 
 use cubecl::prelude::*;
+use ops::linear::{Epilogue, Linear, LinearWorkspace};
 use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
 use ops::{DType, DeviceTensor};
-use quant::{ActScratch, Fp8Linear, QuantFormat, W4A16Linear, W8A8Linear};
-use sparse::SparseLinear;
 
 use crate::config::Qwen2Config;
 use crate::qwen2::Weight;
 use crate::Result;
-
-/// A linear layer whose weight is not a dense matrix; it owns its bias.
-// Held once per projection (four per layer): the variant sizes do not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum CompressedLayer<R: Runtime> {
-    /// Block-sparse (BSR) weight from pruning: an accuracy trade-off the user asked for.
-    Sparse(SparseLinear<R>),
-    /// int8 weights per output channel, activations quantized per token (W8A8).
-    W8A8(W8A8Linear<R>),
-    /// fp8 e4m3 weights and activations, the same scaling as W8A8.
-    Fp8(Fp8Linear<R>),
-    /// int4 weights (per channel or per group along K), float activations.
-    W4A16(W4A16Linear<R>),
-}
-
-impl<R: Runtime> CompressedLayer<R> {
-    /// The product (plus `residual`) into `out`; the 8-bit layers quantize `x` into the
-    /// scratch's buffers (allocated here when there is no scratch) and add the residual in their
-    /// GEMM epilogue; the others write the product first (into `scratch.product` when given,
-    /// since an output may not alias an input of the same launch) and add it after.
-    fn forward_into(
-        &self,
-        client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
-        residual: Option<&DeviceTensor<R>>,
-        out: &DeviceTensor<R>,
-        scratch: Option<&ProjectionScratch<R>>,
-    ) -> Result<()> {
-        macro_rules! linear8 {
-            ($l:expr, $act:ident) => {{
-                let own;
-                let act = match scratch {
-                    Some(s) => &s.$act,
-                    None => {
-                        own = $l.scratch(client, x.rows());
-                        &own
-                    }
-                };
-                match residual {
-                    Some(r) => $l.forward_residual_into(client, x, r, act, out)?,
-                    None => $l.forward_into(client, x, act, out)?,
-                }
-            }};
-        }
-        match (self, residual) {
-            (Self::W8A8(l), _) => linear8!(l, int8),
-            (Self::Fp8(l), _) => linear8!(l, fp8),
-            (_, Some(r)) => {
-                let product = match scratch {
-                    Some(s) => s.product.reshape(out.shape())?,
-                    None => DeviceTensor::empty(client, out.shape(), out.dtype()),
-                };
-                self.forward_into(client, x, None, &product, scratch)?;
-                ops::elementwise::add_into(client, &product, r, out)?;
-            }
-            (Self::Sparse(l), None) => l.forward_into(client, x, out)?,
-            (Self::W4A16(l), None) => l.forward_into(client, x, out)?,
-        }
-        Ok(())
-    }
-
-    fn out_features(&self) -> usize {
-        match self {
-            Self::Sparse(l) => l.out_features(),
-            Self::W8A8(l) => l.out_features(),
-            Self::Fp8(l) => l.out_features(),
-            Self::W4A16(l) => l.out_features(),
-        }
-    }
-
-    /// Device bytes of the weight, its indices or scales, and the bias.
-    fn bytes(&self) -> usize {
-        match self {
-            Self::Sparse(l) => {
-                let w = &l.weight;
-                let b = l.bias.as_ref().map_or(0, tensor_bytes);
-                tensor_bytes(w.values())
-                    + tensor_bytes(w.crow_indices())
-                    + tensor_bytes(w.col_indices())
-                    + b
-            }
-            Self::W8A8(l) => l.weight_bytes(),
-            Self::Fp8(l) => l.weight_bytes(),
-            Self::W4A16(l) => l.weight_bytes(),
-        }
-    }
-
-    /// What the format is, for load reports.
-    pub fn describe(&self) -> String {
-        match self {
-            Self::Sparse(l) => format!(
-                "block-sparse {}x{}, density {:.2}",
-                l.weight.block_size(),
-                l.weight.block_size(),
-                l.weight.density()
-            ),
-            Self::W8A8(_) => "int8 (W8A8)".into(),
-            Self::Fp8(_) => "fp8 e4m3".into(),
-            Self::W4A16(l) => match l.group_size() {
-                Some(g) => format!("int4, group {g} (W4A16)"),
-                None => "int4, per channel (W4A16)".into(),
-            },
-        }
-    }
-}
 
 fn tensor_bytes<R: Runtime>(t: &DeviceTensor<R>) -> usize {
     t.numel() * t.dtype().size()
@@ -134,7 +28,8 @@ pub enum Projection<R: Runtime> {
     Compressed {
         /// The checkpoint tensors it was made of (several for a fused projection).
         parts: Vec<String>,
-        layer: CompressedLayer<R>,
+        layer: Box<dyn Linear<R>>,
+        bias: Option<DeviceTensor<R>>,
     },
 }
 
@@ -142,7 +37,7 @@ impl<R: Runtime> std::fmt::Debug for Projection<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Dense { weight, .. } => write!(f, "{weight:?}"),
-            Self::Compressed { parts, layer } => {
+            Self::Compressed { parts, layer, .. } => {
                 write!(f, "{}: {}", parts.join(" + "), layer.describe())
             }
         }
@@ -150,27 +45,18 @@ impl<R: Runtime> std::fmt::Debug for Projection<R> {
 }
 
 /// Intermediates of a compressed projection in the decode step (preallocated, so that the step
-/// stays allocation-free): its bare product before the residual add, the gate-up product before
-/// SwiGLU, and the quantized activation of the 8-bit layers.
+/// stays allocation-free).
 pub struct ProjectionScratch<R: Runtime> {
-    /// `[1, hidden]`.
-    pub product: DeviceTensor<R>,
-    /// `[1, 2 * intermediate]`.
-    pub gate_up: DeviceTensor<R>,
-    /// One row of the widest projection input, as int8 and as fp8 codes with their scale.
-    pub int8: ActScratch<R>,
-    pub fp8: ActScratch<R>,
+    pub linear: LinearWorkspace<R>,
 }
 
 impl<R: Runtime> ProjectionScratch<R> {
     pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
-        let widest = h.max(i).max(config.q_dim());
+        let widest_in = h.max(i).max(config.q_dim());
+        let widest_out = (2 * i).max(h).max(config.q_dim() + 2 * config.kv_dim());
         Self {
-            product: DeviceTensor::empty(client, &[1, h], dtype),
-            gate_up: DeviceTensor::empty(client, &[1, 2 * i], dtype),
-            int8: ActScratch::new(client, 1, widest, QuantFormat::Int8),
-            fp8: ActScratch::new(client, 1, widest, QuantFormat::Fp8E4M3),
+            linear: LinearWorkspace::new(client, 1, widest_in, widest_out, dtype),
         }
     }
 }
@@ -201,13 +87,10 @@ impl<R: Runtime> Projection<R> {
     /// split-row partials per call (a replayed graph would keep writing to memory the pool has
     /// since handed to someone else). The quantized layers run from the step's scratch.
     pub fn graph_safe(&self) -> bool {
-        !matches!(
-            self,
-            Self::Compressed {
-                layer: CompressedLayer::Sparse(_),
-                ..
-            }
-        )
+        match self {
+            Self::Dense { .. } => true,
+            Self::Compressed { layer, .. } => layer.graph_safe(),
+        }
     }
 
     /// Device bytes of the weight (and bias, scales, indices).
@@ -216,14 +99,16 @@ impl<R: Runtime> Projection<R> {
             Self::Dense { weight, bias } => {
                 tensor_bytes(&weight.tensor) + bias.as_ref().map_or(0, |b| tensor_bytes(&b.tensor))
             }
-            Self::Compressed { layer, .. } => layer.bytes(),
+            Self::Compressed { layer, bias, .. } => {
+                layer.weight_bytes() + bias.as_ref().map_or(0, tensor_bytes)
+            }
         }
     }
 
     fn out_features(&self) -> usize {
         match self {
             Self::Dense { weight, .. } => weight.tensor.shape()[0],
-            Self::Compressed { layer, .. } => layer.out_features(),
+            Self::Compressed { layer, .. } => layer.out_rows(),
         }
     }
 
@@ -252,7 +137,15 @@ impl<R: Runtime> Projection<R> {
     ) -> Result<()> {
         match self {
             Self::Dense { weight, bias } => dense_into(client, weight, bias, x, residual, out),
-            Self::Compressed { layer, .. } => layer.forward_into(client, x, residual, out, scratch),
+            Self::Compressed { layer, bias, .. } => {
+                let epilogue = Epilogue::NONE.bias(bias.as_ref());
+                let epilogue = match residual {
+                    Some(r) => epilogue.residual(r),
+                    None => epilogue,
+                };
+                let ws = scratch.map(|s| &s.linear);
+                Ok(layer.forward_into(client, x, epilogue, out, ws)?)
+            }
         }
     }
 
@@ -271,15 +164,9 @@ impl<R: Runtime> Projection<R> {
                 let w = GatedWeights::Concatenated(&weight.tensor);
                 fused_gated_mlp_into(client, x, w, Activation::Silu, out)?;
             }
-            Self::Compressed { layer, .. } => {
-                let mut shape = x.shape().to_vec();
-                *shape.last_mut().expect("activations have rank >= 1") = layer.out_features();
-                let gate_up = match scratch {
-                    Some(s) => s.gate_up.reshape(&shape)?,
-                    None => DeviceTensor::empty(client, &shape, x.dtype()),
-                };
-                layer.forward_into(client, x, None, &gate_up, scratch)?;
-                ops::elementwise::swiglu_concat_into(client, &gate_up, out)?;
+            Self::Compressed { layer, bias, .. } => {
+                let epilogue = Epilogue::NONE.bias(bias.as_ref()).gated(Activation::Silu);
+                layer.forward_into(client, x, epilogue, out, scratch.map(|s| &s.linear))?;
             }
         }
         Ok(())

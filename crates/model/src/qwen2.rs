@@ -52,7 +52,7 @@ use crate::config::{GenerationConfig, Qwen2Config};
 use crate::error::{ModelError, Result};
 use crate::generate::CausalLm;
 use crate::kv_cache::KvCache;
-use crate::projection::{CompressedLayer, Projection, ProjectionScratch};
+use crate::projection::{Projection, ProjectionScratch};
 use crate::weights::WeightStore;
 
 /// Context length used when neither the caller nor a smaller `max_position_embeddings` says
@@ -355,12 +355,15 @@ impl Compression {
         w: &HostWeight,
         bias: Option<&HostWeight>,
         dtype: DType,
-    ) -> Result<CompressedLayer<R>> {
+    ) -> Result<BuiltLayer<R>> {
         let [n, k] = w.shape[..] else {
             unreachable!("projections are matrices (checked by plan_weights)")
         };
-        let bias = bias.map(|b| b.data.as_slice());
-        match *self {
+        let bias = match bias {
+            Some(b) => Some(DeviceTensor::from_f32(client, &b.data, &[n], dtype)?),
+            None => None,
+        };
+        let layer: Box<dyn ops::linear::Linear<R>> = match *self {
             Self::None => unreachable!("dense projections are not built here"),
             Self::Sparsify { sparsity } => {
                 let block = [32, 16]
@@ -376,46 +379,43 @@ impl Compression {
                             ),
                         )
                     })?;
-                let layer = sparse::SparseLinear::prune(
+                Box::new(sparse::SparseLinear::prune(
                     client,
                     &w.data,
                     [n, k],
-                    bias,
                     block,
                     sparsity,
                     dtype,
-                )?;
-                Ok(CompressedLayer::Sparse(layer))
+                )?)
             }
-            Self::Quant { mode, .. } => Ok(match mode {
-                QuantMode::W8A8 => CompressedLayer::W8A8(quant::W8A8Linear::from_dense(
+            Self::Quant { mode, .. } => match mode {
+                QuantMode::W8A8 => Box::new(quant::W8A8Linear::from_dense(
                     client,
                     &w.data,
                     [n, k],
-                    bias,
                     dtype,
                 )?),
-                QuantMode::Fp8 => CompressedLayer::Fp8(quant::Fp8Linear::from_dense(
+                QuantMode::Fp8 => Box::new(quant::Fp8Linear::from_dense(
                     client,
                     &w.data,
                     [n, k],
-                    bias,
                     dtype,
                 )?),
-                QuantMode::W4A16 { group } => {
-                    CompressedLayer::W4A16(quant::W4A16Linear::from_dense(
-                        client,
-                        &w.data,
-                        [n, k],
-                        bias,
-                        dtype,
-                        group.for_k(k),
-                    )?)
-                }
-            }),
-        }
+                QuantMode::W4A16 { group } => Box::new(quant::W4A16Linear::from_dense(
+                    client,
+                    &w.data,
+                    [n, k],
+                    dtype,
+                    group.for_k(k),
+                )?),
+            },
+        };
+        Ok((layer, bias))
     }
 }
+
+/// A compressed layer and its bias.
+type BuiltLayer<R> = (Box<dyn ops::linear::Linear<R>>, Option<DeviceTensor<R>>);
 
 /// A checkpoint tensor (or fused group) read to the host in f32, to be compressed.
 struct HostWeight {
@@ -625,10 +625,11 @@ impl<R: Runtime> Qwen2Model<R> {
                         Upload::Host(b) => b,
                         Upload::Dense(_) => unreachable!("a bias is read like its weight"),
                     });
-                    let layer = compression.build(client, &w, bias.as_ref(), dtype)?;
+                    let (layer, bias) = compression.build(client, &w, bias.as_ref(), dtype)?;
                     Projection::Compressed {
                         parts: w.parts,
                         layer,
+                        bias,
                     }
                 }
             })

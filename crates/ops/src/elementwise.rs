@@ -6,7 +6,7 @@
 
 use cubecl::prelude::*;
 
-use crate::launch::{check_same_dtype, validate_rows};
+use crate::launch::{check_same_dtype, grid_units, unit_index, validate_rows, Grid};
 use crate::{caps, DeviceTensor, OpsError, Result};
 
 #[cube(launch_unchecked)]
@@ -34,98 +34,6 @@ fn add_kernel<F: Float, N: Size>(
                 out[i] = a[i] + b[i];
             }
         }
-    }
-}
-
-/// [`add_kernel`] (same shapes, no broadcasting) with its 16-byte loads and stores issued as
-/// inline PTX, so that they can carry a cache operator: `.cs` ("cache streaming", evict first)
-/// where `stream_loads` / `stream_stores` ask for it, the default `.ca` / `.wb` otherwise.
-/// CUDA only, and only where a vector is 16 bytes; one vector per unit.
-#[cube(launch_unchecked)]
-fn add_ptx_kernel<F: Float, N: Size>(
-    a: &[Vector<F, N>],
-    b: &[Vector<F, N>],
-    out: &mut [Vector<F, N>],
-    len: usize,
-    #[comptime] stream_loads: bool,
-    #[comptime] stream_stores: bool,
-    #[comptime] flat: bool,
-    #[define(F)] _dtype: ElemType,
-) {
-    let i = unit_index(flat);
-    if i < len {
-        let off = u64::cast_from(i) * 16u64;
-        let pa = unsafe { a.as_ptr_unchecked() };
-        let pb = unsafe { b.as_ptr_unchecked() };
-        let po = unsafe { out.as_mut_ptr_unchecked() };
-        let x = load16::<F, N>(pa, off, stream_loads);
-        let y = load16::<F, N>(pb, off, stream_loads);
-        let sum = Vector::<F, N>::reinterpret(x) + Vector::<F, N>::reinterpret(y);
-        let z = Vector::<u32, Const<4>>::reinterpret(sum);
-        if comptime![stream_stores] {
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; st.global.cs.v4.b32 [t], {v}; }}",
-                p = in(_) po,
-                o = in(_) off,
-                v = in(_) z,
-            );
-        } else {
-            gpu_asm!(
-                "{{ .reg .b64 t; add.s64 t, {p}, {o}; st.global.v4.b32 [t], {v}; }}",
-                p = in(_) po,
-                o = in(_) off,
-                v = in(_) z,
-            );
-        }
-    }
-}
-
-/// The 16 bytes at `base + off` as inline PTX: `ld.global.cs` (streaming, evict first) or a plain
-/// load. `gpu_asm!` takes a literal template, so each cache operator spells its own copy.
-#[cube]
-fn load16<F: Float, N: Size>(
-    base: *const Vector<F, N>,
-    off: u64,
-    #[comptime] stream: bool,
-) -> Vector<u32, Const<4>> {
-    let r: Vector<u32, Const<4>>;
-    if comptime![stream] {
-        gpu_asm!(
-            "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.cs.v4.b32 {r}, [t]; }}",
-            p = in(_) base,
-            o = in(_) off,
-            r = out(_) r,
-        );
-    } else {
-        gpu_asm!(
-            "{{ .reg .b64 t; add.s64 t, {p}, {o}; ld.global.v4.b32 {r}, [t]; }}",
-            p = in(_) base,
-            o = in(_) off,
-            r = out(_) r,
-        );
-    }
-    r
-}
-
-/// This unit's index in the grid. With a 1-D cube count (`flat`, see [`Grid`]) it is the x axis
-/// alone, which spares the 3-D arithmetic of `ABSOLUTE_POS` (about 0.07 µs of a 36 µs add on the
-/// H100, BENCHMARKS.md); a cube count spilled to y (past the runtime's maximum along x) needs it.
-#[cube]
-fn unit_index(#[comptime] flat: bool) -> usize {
-    if comptime![flat] {
-        ABSOLUTE_POS_X as usize
-    } else {
-        ABSOLUTE_POS
-    }
-}
-
-/// The number of units in the grid, counted the way [`unit_index`] counts.
-#[cube]
-fn grid_units(#[comptime] flat: bool) -> usize {
-    if comptime![flat] {
-        (CUBE_COUNT_X * CUBE_DIM_X) as usize
-    } else {
-        CUBE_COUNT * CUBE_DIM as usize
     }
 }
 
@@ -192,76 +100,8 @@ const PER_UNIT: usize = 4;
 const ADD_CUBE: u32 = 512;
 const ADD_PER_UNIT: usize = 1;
 
-/// Launch shape of the add kernel: units per cube, 16-byte vectors per unit (strided by the
-/// grid) and how its loads and stores are issued. For the benchmarks that sweep it; [`add_into`]
-/// uses the measured default.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AddLaunch {
-    pub units: u32,
-    pub per_unit: usize,
-    pub hint: AddHint,
-    /// Index by the x axis alone where the cube count allows (the default); `false` always
-    /// takes CubeCL's 3-D `ABSOLUTE_POS` (the benchmark's control).
-    pub flat_index: bool,
-}
-
-/// How the add kernel issues its memory operations.
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AddHint {
-    /// The portable kernel (the default everywhere).
-    Portable,
-    /// Inline PTX (CUDA, 16-byte vectors, one per unit) with plain loads and stores: the
-    /// control for the two below.
-    Ptx,
-    /// Inline PTX, `ld.global.cs` and `st.global.cs` (streaming, evict first).
-    Stream,
-    /// Inline PTX, plain loads and `st.global.cs`.
-    StreamStores,
-    /// Inline PTX, `ld.global.cs` and plain stores.
-    StreamLoads,
-}
-
-#[doc(hidden)]
-pub const ADD_LAUNCH: AddLaunch = AddLaunch {
-    units: ADD_CUBE,
-    per_unit: ADD_PER_UNIT,
-    hint: AddHint::Portable,
-    flat_index: true,
-};
-
 fn elementwise_grid<R: Runtime>(client: &ComputeClient<R>, vectors: usize) -> Grid {
-    Grid::new(client, vectors, CUBE, PER_UNIT, true)
-}
-
-/// Launch geometry of an element-wise kernel: enough cubes of `units` to give each unit
-/// `per_unit` vectors, and whether the kernel may index by the x axis alone (`flat`: the cube
-/// count is 1-D and the grid's unit count fits the 32-bit x index).
-struct Grid {
-    count: CubeCount,
-    dim: CubeDim,
-    flat: bool,
-}
-
-impl Grid {
-    fn new<R: Runtime>(
-        client: &ComputeClient<R>,
-        vectors: usize,
-        units: u32,
-        per_unit: usize,
-        allow_flat: bool,
-    ) -> Self {
-        let cubes = vectors.div_ceil(units as usize * per_unit) as u32;
-        let count = crate::launch::cube_count_1d(client, cubes);
-        let one_d = matches!(count, CubeCount::Static(_, 1, 1));
-        let fits = cubes as u64 * units as u64 <= u32::MAX as u64;
-        Grid {
-            count,
-            dim: CubeDim::new_1d(units),
-            flat: allow_flat && one_d && fits,
-        }
-    }
+    Grid::new(client, vectors, CUBE, PER_UNIT)
 }
 
 /// `a + b`: same shape, or `b` a row vector `[n]` broadcast over the rows of `a[.., n]`.
@@ -283,25 +123,7 @@ pub fn add_into<R: Runtime>(
     b: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    add_into_with(client, a, b, out, ADD_LAUNCH)
-}
-
-/// [`add_into`] with an explicit launch shape (benchmark sweeps).
-#[doc(hidden)]
-pub fn add_into_with<R: Runtime>(
-    client: &ComputeClient<R>,
-    a: &DeviceTensor<R>,
-    b: &DeviceTensor<R>,
-    out: &DeviceTensor<R>,
-    launch: AddLaunch,
-) -> Result<()> {
     const OP: &str = "add";
-    if launch.units == 0 || launch.per_unit == 0 {
-        return Err(OpsError::invalid(
-            OP,
-            format!("empty launch shape {launch:?}"),
-        ));
-    }
     validate_rows(client, OP, a, &[out])?;
     check_same_dtype(OP, a, b)?;
     if !b.is_contiguous() {
@@ -322,13 +144,8 @@ pub fn add_into_with<R: Runtime>(
     let b_len = b.numel();
     let vector = caps::vector_size_for(client, a.dtype(), b_len.min(a.numel()));
     let len = a.numel() / vector;
-    let units = launch
-        .units
-        .min(client.properties().hardware.max_units_per_cube);
-    if launch.hint != AddHint::Portable {
-        return add_ptx(client, [a, b, out], broadcast, vector, len, units, launch);
-    }
-    let grid = Grid::new(client, len, units, launch.per_unit, launch.flat_index);
+    let units = ADD_CUBE.min(client.properties().hardware.max_units_per_cube);
+    let grid = Grid::new(client, len, units, ADD_PER_UNIT);
     unsafe {
         add_kernel::launch_unchecked::<R>(
             client,
@@ -341,55 +158,7 @@ pub fn add_into_with<R: Runtime>(
             len,
             b_len / vector,
             broadcast,
-            launch.per_unit,
-            grid.flat,
-            a.dtype().elem_type(),
-        );
-    }
-    Ok(())
-}
-
-/// The inline-PTX add ([`AddHint`] other than `Portable`): CUDA only, same shapes, 16-byte
-/// vectors, one per unit; anything else is refused rather than run another way.
-fn add_ptx<R: Runtime>(
-    client: &ComputeClient<R>,
-    [a, b, out]: [&DeviceTensor<R>; 3],
-    broadcast: bool,
-    vector: usize,
-    len: usize,
-    units: u32,
-    launch: AddLaunch,
-) -> Result<()> {
-    const OP: &str = "add";
-    let hint = launch.hint;
-    if !caps::runtime_name(client).contains("cuda") {
-        return Err(OpsError::UnsupportedFeature {
-            op: OP,
-            runtime: caps::runtime_name(client),
-            feature: format!("inline PTX ({hint:?})"),
-        });
-    }
-    if broadcast || vector * a.dtype().size() != 16 || launch.per_unit != 1 {
-        return Err(OpsError::invalid(
-            OP,
-            format!("{hint:?} needs same-shape operands in 16-byte vectors, one per unit"),
-        ));
-    }
-    let grid = Grid::new(client, len, units, 1, launch.flat_index);
-    let stream_loads = matches!(hint, AddHint::Stream | AddHint::StreamLoads);
-    let stream_stores = matches!(hint, AddHint::Stream | AddHint::StreamStores);
-    unsafe {
-        add_ptx_kernel::launch_unchecked::<R>(
-            client,
-            grid.count,
-            grid.dim,
-            vector,
-            a.as_buffer_arg(),
-            b.as_buffer_arg(),
-            out.as_buffer_arg(),
-            len,
-            stream_loads,
-            stream_stores,
+            ADD_PER_UNIT,
             grid.flat,
             a.dtype().elem_type(),
         );

@@ -90,3 +90,54 @@ pub fn cube_count_1d<R: Runtime>(client: &ComputeClient<R>, n: u32) -> CubeCount
         CubeCount::Static(n.div_ceil(y), y, 1)
     }
 }
+
+/// Launch geometry of an element-wise kernel: enough cubes of `units` to give each unit
+/// `per_unit` vectors, and whether the kernel may index by the x axis alone (`flat`: the cube
+/// count is 1-D and the grid's unit count fits the 32-bit x index).
+pub struct Grid {
+    pub count: CubeCount,
+    pub dim: CubeDim,
+    /// Pass to [`unit_index`] and [`grid_units`].
+    pub flat: bool,
+}
+
+impl Grid {
+    pub fn new<R: Runtime>(
+        client: &ComputeClient<R>,
+        vectors: usize,
+        units: u32,
+        per_unit: usize,
+    ) -> Self {
+        let cubes = vectors.div_ceil(units as usize * per_unit) as u32;
+        let count = cube_count_1d(client, cubes);
+        let one_d = matches!(count, CubeCount::Static(_, 1, 1));
+        let fits = cubes as u64 * units as u64 <= u32::MAX as u64;
+        Grid {
+            count,
+            dim: CubeDim::new_1d(units),
+            flat: one_d && fits,
+        }
+    }
+}
+
+/// This unit's index in the grid. With a 1-D cube count (`flat`, see [`Grid`]) it is the x axis
+/// alone, which spares the 3-D arithmetic of `ABSOLUTE_POS` (about 0.07 µs of a 36 µs add on the
+/// H100); a cube count spilled to y (past the runtime's maximum along x) needs it.
+#[cube]
+pub fn unit_index(#[comptime] flat: bool) -> usize {
+    if comptime![flat] {
+        ABSOLUTE_POS_X as usize
+    } else {
+        ABSOLUTE_POS
+    }
+}
+
+/// The number of units in the grid, counted the way [`unit_index`] counts.
+#[cube]
+pub fn grid_units(#[comptime] flat: bool) -> usize {
+    if comptime![flat] {
+        (CUBE_COUNT_X * CUBE_DIM_X) as usize
+    } else {
+        CUBE_COUNT * CUBE_DIM as usize
+    }
+}

@@ -14,6 +14,7 @@ pub mod elementwise;
 pub mod embedding;
 pub mod error;
 pub mod launch;
+pub mod linear;
 pub mod matmul;
 pub mod norm;
 pub mod online_softmax;

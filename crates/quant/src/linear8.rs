@@ -1,7 +1,7 @@
 //! 8-bit linear layers: W8A8 (int8 weights and activations, exact i32 accumulation) and FP8
 //! (e4m3 weights and activations, f32 accumulation), both as
 //! `y = (q_x · q_wᵀ) · s_x[m] · s_w[n] (+ b)` with per-token activation scales and per-output-
-//! channel weight scales (DESIGN §5).
+//! channel weight scales.
 //!
 //! The activation is quantized by a pre-pass ([`crate::rowquant`]: one launch, `M·K` bytes out)
 //! for prefill-sized inputs: a per-row scale needs the whole row's maximum before the first code
@@ -12,6 +12,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
+use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
@@ -148,7 +149,6 @@ struct Weight8<R: Runtime> {
     format: QuantFormat,
     q: DeviceTensor<R>,
     scales: DeviceTensor<R>,
-    bias: Option<DeviceTensor<R>>,
     choice: KernelChoice,
 }
 
@@ -157,67 +157,52 @@ impl<R: Runtime> Weight8<R> {
         client: &ComputeClient<R>,
         weight: &[f32],
         shape: [usize; 2],
-        bias: Option<&[f32]>,
         act_dtype: DType,
         format: QuantFormat,
     ) -> Result<Self> {
-        let op = "quantized linear";
-        caps::check_float_dtype(client, op, act_dtype)?;
+        caps::check_float_dtype(client, "quantized linear", act_dtype)?;
         let [n, k] = shape;
         let w = quantize_weight_8bit(weight, n, k, format)?;
-        let bias = match bias {
-            Some(b) if b.len() != n => {
-                return Err(OpsError::shape(
-                    op,
-                    format!("{} bias values for {n} output features", b.len()),
-                ))
-            }
-            Some(b) => Some(DeviceTensor::from_f32(client, b, &[n], act_dtype)?),
-            None => None,
-        };
         Ok(Self {
             format,
             q: w.q.upload(client, format.dtype()),
             scales: DeviceTensor::from_f32(client, &w.scales, &[n], DType::F32)?,
-            bias,
             choice: KernelChoice::default(),
         })
     }
 
     fn bytes(&self) -> usize {
-        let b = self
-            .bias
-            .as_ref()
-            .map_or(0, |b| b.numel() * b.dtype().size());
-        self.q.handle().size_in_used() as usize + self.scales.numel() * 4 + b
+        self.q.handle().size_in_used() as usize + self.scales.numel() * 4
     }
 
-    fn forward(&self, client: &ComputeClient<R>, x: &DeviceTensor<R>) -> Result<DeviceTensor<R>> {
-        let out = DeviceTensor::empty(client, &output_shape(x, self.q.shape()[0]), x.dtype());
-        let scratch = ActScratch::new(client, x.rows(), x.last_dim(), self.format);
-        self.forward_into(client, x, None, &scratch, &out)?;
-        Ok(out)
-    }
-
+    /// The product with bias and residual in the GEMM's epilogue; a gated epilogue writes the
+    /// product into the workspace and applies SwiGLU after ([`unfused_epilogue`]).
     fn forward_into(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
-        residual: Option<&DeviceTensor<R>>,
-        scratch: &ActScratch<R>,
+        epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        linear8_into(
-            client,
-            x,
-            &self.q,
-            &self.scales,
-            self.bias.as_ref(),
-            residual,
-            scratch,
-            out,
-            self.choice,
-        )
+        const OP: &str = "quantized linear";
+        let (rows, k) = (x.rows(), x.last_dim());
+        let own;
+        let (q, s) = match workspace {
+            Some(w) => w.codes(OP, rows, k, self.format.dtype())?,
+            None => {
+                own = ActScratch::new(client, rows, k, self.format);
+                own.views(OP, rows, k)?
+            }
+        };
+        let (w, ws, choice) = (&self.q, &self.scales, self.choice);
+        if epilogue.activation.is_none() {
+            let (bias, residual) = (epilogue.bias, epilogue.residual);
+            return linear8_into(client, x, w, ws, bias, residual, (&q, &s), out, choice);
+        }
+        unfused_epilogue(client, OP, epilogue, out, workspace, |dst, bias| {
+            linear8_into(client, x, w, ws, bias, None, (&q, &s), dst, choice)
+        })
     }
 }
 
@@ -231,17 +216,21 @@ fn linear8_into<R: Runtime>(
     w_scale: &DeviceTensor<R>,
     bias: Option<&DeviceTensor<R>>,
     residual: Option<&DeviceTensor<R>>,
-    scratch: &ActScratch<R>,
+    (q, s): (&DeviceTensor<R>, &DeviceTensor<R>),
     out: &DeviceTensor<R>,
     choice: KernelChoice,
 ) -> Result<()> {
     const OP: &str = "quantized linear";
-    if scratch.format.dtype() != qweight.dtype() {
+    let format = match qweight.dtype() {
+        DType::I8 => QuantFormat::Int8,
+        _ => QuantFormat::Fp8E4M3,
+    };
+    if q.dtype() != qweight.dtype() {
         return Err(OpsError::invalid(
             OP,
             format!(
-                "the scratch is for {:?} activations, the weight is {}",
-                scratch.format,
+                "the activation codes are {}, the weight is {}",
+                q.dtype(),
                 qweight.dtype()
             ),
         ));
@@ -257,7 +246,7 @@ fn linear8_into<R: Runtime>(
         ));
     }
     let (rows, k) = (x.rows(), x.last_dim());
-    let w_pitch = check_byte_matrix(OP, "qweight", qweight, scratch.format.dtype())?;
+    let w_pitch = check_byte_matrix(OP, "qweight", qweight, format.dtype())?;
     let n = qweight.shape()[0];
     if qweight.shape()[1] != k {
         return Err(OpsError::shape(
@@ -283,16 +272,15 @@ fn linear8_into<R: Runtime>(
         }
         None => None,
     };
-    let (q, s) = scratch.views(OP, rows, k)?;
     let x2 = x.reshape(&[rows, k])?;
     let out2 = out.reshape(&[rows, n])?;
-    let fp8 = scratch.format == QuantFormat::Fp8E4M3;
+    let fp8 = format == QuantFormat::Fp8E4M3;
     let gemm = Gemm8 {
-        a: &q,
+        a: q,
         a_pitch: crate::format::row_pitch(k),
         b: qweight,
         b_pitch: w_pitch,
-        sa: &s,
+        sa: s,
         sa_scalar: false,
         sb: w_scale,
         sb_scalar: check_scales(OP, "w_scale", w_scale, n, true)?,
@@ -309,7 +297,7 @@ fn linear8_into<R: Runtime>(
         // scratch is not written).
         gemm.launch_fused(client, &x2);
     } else {
-        quantize_per_row_into(client, &x2, scratch.format, &q, &s)?;
+        quantize_per_row_into(client, &x2, format, q, s)?;
         gemm.launch(client, choice);
     }
     Ok(())
@@ -348,6 +336,7 @@ pub fn w8a8_linear_into<R: Runtime>(
             "the weight and the activation scratch must be int8",
         ));
     }
+    let (q, s) = scratch.views("w8a8_linear", x.rows(), x.last_dim())?;
     linear8_into(
         client,
         x,
@@ -355,7 +344,7 @@ pub fn w8a8_linear_into<R: Runtime>(
         w_scale,
         bias,
         None,
-        scratch,
+        (&q, &s),
         out,
         KernelChoice::default(),
     )
@@ -365,7 +354,8 @@ macro_rules! linear8_layer {
     ($name:ident, $format:expr, $what:literal) => {
         #[doc = concat!("A linear layer with ", $what, " weights and activations, quantized per output channel at")]
         /// construction from a float weight, which is not kept: there is no way to change the
-        /// weight afterwards, so the quantized copy can never go stale.
+        /// weight afterwards, so the quantized copy can never go stale. The bias and residual
+        /// come with the [`Epilogue`] and are added in the GEMM's epilogue.
         pub struct $name<R: Runtime> {
             inner: Weight8<R>,
         }
@@ -377,10 +367,9 @@ macro_rules! linear8_layer {
                 client: &ComputeClient<R>,
                 weight: &[f32],
                 shape: [usize; 2],
-                bias: Option<&[f32]>,
                 act_dtype: DType,
             ) -> Result<Self> {
-                let inner = Weight8::from_dense(client, weight, shape, bias, act_dtype, $format)?;
+                let inner = Weight8::from_dense(client, weight, shape, act_dtype, $format)?;
                 Ok(Self { inner })
             }
 
@@ -389,61 +378,39 @@ macro_rules! linear8_layer {
                 self.inner.choice = choice;
                 self
             }
+        }
 
-            pub fn in_features(&self) -> usize {
+        impl<R: Runtime> Linear<R> for $name<R> {
+            fn in_features(&self) -> usize {
                 self.inner.q.shape()[1]
             }
 
-            pub fn out_features(&self) -> usize {
+            fn out_rows(&self) -> usize {
                 self.inner.q.shape()[0]
             }
 
-            /// Device bytes of the codes (rows padded to 16 bytes), scales and bias.
-            pub fn weight_bytes(&self) -> usize {
+            fn forward_into(
+                &self,
+                client: &ComputeClient<R>,
+                x: &DeviceTensor<R>,
+                epilogue: Epilogue<'_, R>,
+                out: &DeviceTensor<R>,
+                workspace: Option<&LinearWorkspace<R>>,
+            ) -> Result<()> {
+                self.inner.forward_into(client, x, epilogue, out, workspace)
+            }
+
+            /// Device bytes of the codes (rows padded to 16 bytes) and scales.
+            fn weight_bytes(&self) -> usize {
                 self.inner.bytes()
             }
 
-            /// A scratch for inputs of up to `max_rows` rows.
-            pub fn scratch(&self, client: &ComputeClient<R>, max_rows: usize) -> ActScratch<R> {
-                ActScratch::new(client, max_rows, self.in_features(), $format)
-            }
-
-            /// `x[.., in] -> y[.., out]`, allocating.
-            pub fn forward(
-                &self,
-                client: &ComputeClient<R>,
-                x: &DeviceTensor<R>,
-            ) -> Result<DeviceTensor<R>> {
-                self.inner.forward(client, x)
-            }
-
-            /// Into a preallocated `out`, the activation quantized into `scratch`.
-            pub fn forward_into(
-                &self,
-                client: &ComputeClient<R>,
-                x: &DeviceTensor<R>,
-                scratch: &ActScratch<R>,
-                out: &DeviceTensor<R>,
-            ) -> Result<()> {
-                self.inner.forward_into(client, x, None, scratch, out)
-            }
-
-            /// `y = x · Wᵀ (+ b) + residual` into `out`, the residual added in the GEMM's
-            /// epilogue (the pre-norm block's skip connection without a separate add).
-            /// `residual` has the output's shape and dtype and must not be `out` itself.
-            pub fn forward_residual_into(
-                &self,
-                client: &ComputeClient<R>,
-                x: &DeviceTensor<R>,
-                residual: &DeviceTensor<R>,
-                scratch: &ActScratch<R>,
-                out: &DeviceTensor<R>,
-            ) -> Result<()> {
-                self.inner.forward_into(client, x, Some(residual), scratch, out)
+            fn describe(&self) -> String {
+                $what.into()
             }
         }
     };
 }
 
-linear8_layer!(W8A8Linear, QuantFormat::Int8, "int8");
+linear8_layer!(W8A8Linear, QuantFormat::Int8, "int8 (W8A8)");
 linear8_layer!(Fp8Linear, QuantFormat::Fp8E4M3, "fp8 e4m3");

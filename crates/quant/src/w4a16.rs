@@ -19,6 +19,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::{check_same_dtype, cube_count_1d};
+use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::codec::sext_nibble;
@@ -567,15 +568,15 @@ fn check_operands<R: Runtime>(
     Ok((k, n))
 }
 
-/// `y = x · Wᵀ (+ bias)` with `W[out_features, in_features]` quantized to int4 (per output
-/// channel, or per group of `group_size` input features) when the layer is built.
+/// `y = x · Wᵀ` with `W[out_features, in_features]` quantized to int4 (per output channel, or
+/// per group of `group_size` input features) when the layer is built; the bias, residual and
+/// gated activation come with the [`Epilogue`] (the GEMV adds the bias, the rest runs after it).
 ///
 /// The float weight is quantized once in [`W4A16Linear::from_dense`] and not kept, and the layer
 /// exposes no way to change its weight: it cannot go stale. A new float weight means a new layer.
 pub struct W4A16Linear<R: Runtime> {
     qweight: DeviceTensor<R>,
     scales: DeviceTensor<R>,
-    bias: Option<DeviceTensor<R>>,
     group_size: Option<usize>,
     in_features: usize,
     out_features: usize,
@@ -587,7 +588,6 @@ impl<R: Runtime> Clone for W4A16Linear<R> {
         Self {
             qweight: self.qweight.clone(),
             scales: self.scales.clone(),
-            bias: self.bias.clone(),
             group_size: self.group_size,
             in_features: self.in_features,
             out_features: self.out_features,
@@ -598,14 +598,13 @@ impl<R: Runtime> Clone for W4A16Linear<R> {
 
 impl<R: Runtime> W4A16Linear<R> {
     /// Quantizes a host float weight `[out_features, in_features]` (row-major f32, PyTorch's
-    /// layout) with [`crate::host::quantize_weight_int4`]; `bias` `[out_features]` is stored in
-    /// `act_dtype`, the float dtype of x and y. `in_features` must be a multiple of 8 and of
-    /// `group_size` (64 or 128 are usual; `None` = one scale per output channel).
+    /// layout) with [`crate::host::quantize_weight_int4`]; `act_dtype` is the float dtype of x
+    /// and y. `in_features` must be a multiple of 8 and of `group_size` (64 or 128 are usual;
+    /// `None` = one scale per output channel).
     pub fn from_dense(
         client: &ComputeClient<R>,
         weight: &[f32],
         shape: [usize; 2],
-        bias: Option<&[f32]>,
         act_dtype: DType,
         group_size: Option<usize>,
     ) -> Result<Self> {
@@ -619,29 +618,6 @@ impl<R: Runtime> W4A16Linear<R> {
             ));
         }
         let q = crate::host::quantize_weight_int4(weight, out_features, in_features, group_size)?;
-        let bias = match bias {
-            Some(b) => {
-                if b.len() != out_features {
-                    return Err(OpsError::shape(
-                        OP,
-                        format!("bias has {} values, expected {out_features}", b.len()),
-                    ));
-                }
-                if let Some(i) = b.iter().position(|v| !v.is_finite()) {
-                    return Err(OpsError::invalid(
-                        OP,
-                        format!("bias element {i} is {} (must be finite)", b[i]),
-                    ));
-                }
-                Some(DeviceTensor::from_f32(
-                    client,
-                    b,
-                    &[out_features],
-                    act_dtype,
-                )?)
-            }
-            None => None,
-        };
         // Stored column-major (see `crate::w4a16_nk`): the decode GEMV's layout.
         let (packed, scales) = crate::w4a16_nk::transpose_to_nk(&q);
         let groups = scales.len() / out_features;
@@ -650,20 +626,11 @@ impl<R: Runtime> W4A16Linear<R> {
         Ok(Self {
             qweight,
             scales,
-            bias,
             group_size,
             in_features,
             out_features,
             act_dtype,
         })
-    }
-
-    pub fn in_features(&self) -> usize {
-        self.in_features
-    }
-
-    pub fn out_features(&self) -> usize {
-        self.out_features
     }
 
     /// The group size along K (`None`: per output channel).
@@ -676,50 +643,22 @@ impl<R: Runtime> W4A16Linear<R> {
         self.act_dtype
     }
 
-    /// Device bytes of the packed weight, the f32 scales and the bias.
-    pub fn weight_bytes(&self) -> usize {
-        4 * (self.qweight.numel() + self.scales.numel())
-            + self
-                .bias
-                .as_ref()
-                .map_or(0, |b| b.numel() * b.dtype().size())
-    }
-
-    /// `x[.., in] -> y[.., out]` (act_dtype). Allocates y.
-    pub fn forward(
+    /// `x · Wᵀ + bias` into `out`. Up to 16 rows (decode) it runs the int4 GEMV and allocates
+    /// nothing (safe inside CUDA graph capture); above, it dequantizes the weight into a
+    /// temporary `[out, in]` matrix of the activation dtype and runs the dense GEMM (tensor
+    /// cores on CUDA), so prefill needs that much transient memory for the largest layer.
+    fn product_into(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
-    ) -> Result<DeviceTensor<R>> {
-        self.check_x(x)?;
-        let out = DeviceTensor::empty(client, &output_shape(x, self.out_features), x.dtype());
-        self.forward_into(client, x, &out)?;
-        Ok(out)
-    }
-
-    /// [`Self::forward`] into a preallocated contiguous `out[.., out]`. Up to 16 rows (decode)
-    /// it runs the int4 GEMV and allocates nothing (safe inside CUDA graph capture); above, it
-    /// dequantizes the weight into a temporary `[out, in]` matrix of the activation dtype and
-    /// runs the dense GEMM (tensor cores on CUDA), so prefill needs that much transient memory
-    /// for the largest layer.
-    pub fn forward_into(
-        &self,
-        client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
+        bias: Option<&DeviceTensor<R>>,
         out: &DeviceTensor<R>,
     ) -> Result<()> {
-        self.check_x(x)?;
-        check_same_dtype("W4A16Linear::forward", x, out)?;
-        check_output(
-            client,
-            "W4A16Linear::forward",
-            out,
-            &output_shape(x, self.out_features),
-            None,
-        )?;
+        const OP: &str = "W4A16Linear::forward";
+        check_same_dtype(OP, x, out)?;
+        check_output(client, OP, out, &output_shape(x, self.out_features), bias)?;
         let (m, k, n) = (x.rows(), self.in_features, self.out_features);
         let group = self.group_size.unwrap_or(k);
-        let bias = self.bias.as_ref();
         if m <= GEMV_MAX_M {
             crate::w4a16_nk::gemv_nk(
                 client,
@@ -777,5 +716,46 @@ impl<R: Runtime> W4A16Linear<R> {
             ));
         }
         Ok(())
+    }
+}
+
+impl<R: Runtime> Linear<R> for W4A16Linear<R> {
+    fn in_features(&self) -> usize {
+        self.in_features
+    }
+
+    fn out_rows(&self) -> usize {
+        self.out_features
+    }
+
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        self.check_x(x)?;
+        unfused_epilogue(
+            client,
+            "W4A16Linear::forward",
+            epilogue,
+            out,
+            workspace,
+            |dst, bias| self.product_into(client, x, bias, dst),
+        )
+    }
+
+    /// Device bytes of the packed weight and the f32 scales.
+    fn weight_bytes(&self) -> usize {
+        4 * (self.qweight.numel() + self.scales.numel())
+    }
+
+    fn describe(&self) -> String {
+        match self.group_size {
+            Some(g) => format!("int4, group {g} (W4A16)"),
+            None => "int4, per channel (W4A16)".into(),
+        }
     }
 }

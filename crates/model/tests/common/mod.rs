@@ -144,5 +144,5 @@ pub fn demo_model() -> TempDir {
 
 /// The fixtures made by scripts/make_hf_fixtures.py.
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/hf")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")
 }

@@ -1,5 +1,5 @@
 //! The source and PTX side of [`super`]: std only, so that cubellm's test suite can include this
-//! file (`tests/kernels/main.rs`) and check it without a GPU.
+//! file (`crates/runtime/tests/pdl_prologue.rs`) and check it without a GPU.
 
 use std::ffi::c_char;
 

@@ -1,0 +1,185 @@
+//! Cases for `quant`: the W8A8 linear (activation quantization pre-pass + int8 GEMM + dequant
+//! epilogue, as the model runs it) at the issue's GEMM shapes and at the 1.5B model's decode
+//! shapes, W4A16 at the same shapes, and the e4m3 GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names
+//! match `scripts/bench_torch.py`'s peers; the decode cases compare with this run's own bf16
+//! GEMVs (`matmul` family, `gemv <name> 1x<k>x<n>`), as the issue asks.
+//!
+//! Bytes are the minimum the op moves: the float activation in and out, the 8-bit weight and
+//! its scales.
+
+use cubecl::prelude::*;
+use ops::linear::{Epilogue, Linear, LinearWorkspace};
+use ops::{caps, DType, DeviceTensor};
+use quant::{gemm8_into, Fp8Linear, KernelChoice, QuantFormat, W4A16Linear, W8A8Linear};
+
+use super::matmul::MODEL_SHAPES;
+use super::Case;
+
+fn pseudo_random(n: usize, seed: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| (((i + seed) * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+/// bf16 activations where the runtime has them (the model's dtype), else f16.
+fn act_dtype<R: Runtime>(client: &ComputeClient<R>) -> DType {
+    if caps::supports_dtype(client, DType::BF16) {
+        DType::BF16
+    } else {
+        DType::F16
+    }
+}
+
+pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    let dtype = act_dtype(client);
+    let e = dtype.size() as f64;
+    let mut out = Vec::new();
+    let mut w8a8 = |name: String, m: usize, k: usize, n: usize, choice: KernelChoice| {
+        let layer = W8A8Linear::from_dense(client, &pseudo_random(n * k, 1), [n, k], dtype)
+            .expect("bench weight")
+            .with_kernel(choice);
+        let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 2), &[m, k], dtype).unwrap();
+        let y = DeviceTensor::empty(client, &[m, n], dtype);
+        let ws = LinearWorkspace::new(client, m, k, n, dtype);
+        out.push(Case {
+            name,
+            dtype,
+            bytes: e * (m * k + m * n) as f64 + (n * k + 4 * n) as f64,
+            flops: 2.0 * (m * n * k) as f64,
+            run: Box::new(move || {
+                let e = Epilogue::NONE;
+                layer.forward_into(client, &x, e, &y, Some(&ws)).unwrap()
+            }),
+        });
+    };
+    // "simt": the portable kernel, beside the default (tensor cores on CUDA).
+    for m in [512, 4096] {
+        w8a8(
+            format!("w8a8 {m}x4096x4096"),
+            m,
+            4096,
+            4096,
+            KernelChoice::Auto,
+        );
+    }
+    w8a8(
+        "w8a8 512x4096x4096 simt".into(),
+        512,
+        4096,
+        4096,
+        KernelChoice::Portable,
+    );
+    for (name, k, n) in MODEL_SHAPES {
+        for m in [1, 16] {
+            w8a8(
+                format!("w8a8 {name} {m}x{k}x{n}"),
+                m,
+                k,
+                n,
+                KernelChoice::Auto,
+            );
+        }
+    }
+    // e4m3 x e4m3 on operands quantized beforehand (the layer's weight, a quantized activation).
+    for (m, choice, suffix) in [
+        (4096, KernelChoice::Auto, ""),
+        (512, KernelChoice::Auto, ""),
+        (512, KernelChoice::Portable, " simt"),
+    ] {
+        let (name, k, n) = (format!("fp8_gemm {m}x4096x4096{suffix}"), 4096, 4096);
+        let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 3), &[m, k], dtype).unwrap();
+        let (qa, sa) = quant::quantize_per_row(client, &x, QuantFormat::Fp8E4M3).unwrap();
+        let w = DeviceTensor::from_f32(client, &pseudo_random(n * k, 4), &[n, k], dtype).unwrap();
+        let (qb, sb) = quant::quantize_per_row(client, &w, QuantFormat::Fp8E4M3).unwrap();
+        let y = DeviceTensor::empty(client, &[m, n], dtype);
+        out.push(Case {
+            name,
+            dtype,
+            bytes: (m * k + n * k) as f64 + e * (m * n) as f64,
+            flops: 2.0 * (m * n * k) as f64,
+            run: Box::new(move || {
+                gemm8_into(client, &qa, &sa, &qb, &sb, None, &y, choice).unwrap()
+            }),
+        });
+    }
+    // W4A16 (group 128): decode shapes against this run's bf16 GEMVs, and M = 4096 against
+    // cuBLAS bf16 (`matmul` family `gemm 4096x4096x4096` in the PyTorch run).
+    let mut w4a16 = |name: String, m: usize, k: usize, n: usize| {
+        let w = pseudo_random(n * k, 7);
+        let layer =
+            W4A16Linear::from_dense(client, &w, [n, k], dtype, Some(128)).expect("bench weight");
+        let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 8), &[m, k], dtype).unwrap();
+        let y = DeviceTensor::empty(client, &[m, n], dtype);
+        out.push(Case {
+            name,
+            dtype,
+            bytes: e * (m * k + m * n) as f64 + (n * k / 2 + 4 * n * k / 128) as f64,
+            flops: 2.0 * (m * n * k) as f64,
+            run: Box::new(move || {
+                let e = Epilogue::NONE;
+                layer.forward_into(client, &x, e, &y, None).unwrap()
+            }),
+        });
+    };
+    w4a16("w4a16 4096x4096x4096".into(), 4096, 4096, 4096);
+    for (name, k, n) in MODEL_SHAPES {
+        for m in [1, 16] {
+            w4a16(format!("w4a16 {name} {m}x{k}x{n}"), m, k, n);
+        }
+    }
+    // The FP8 layer at decode (activation quantization included).
+    for (name, k, n) in MODEL_SHAPES {
+        let layer = Fp8Linear::from_dense(client, &pseudo_random(n * k, 5), [n, k], dtype)
+            .expect("bench weight");
+        let x = DeviceTensor::from_f32(client, &pseudo_random(k, 6), &[1, k], dtype).unwrap();
+        let y = DeviceTensor::empty(client, &[1, n], dtype);
+        let ws = LinearWorkspace::new(client, 1, k, n, dtype);
+        out.push(Case {
+            name: format!("fp8 {name} 1x{k}x{n}"),
+            dtype,
+            bytes: e * (k + n) as f64 + (n * k + 4 * n) as f64,
+            flops: 2.0 * (n * k) as f64,
+            run: Box::new(move || {
+                let e = Epilogue::NONE;
+                layer.forward_into(client, &x, e, &y, Some(&ws)).unwrap()
+            }),
+        });
+    }
+    // The two halves of an 8-bit decode projection apart: the activation quantization pre-pass
+    // and the skinny GEMM on pre-quantized operands.
+    for fmt in [QuantFormat::Int8, QuantFormat::Fp8E4M3] {
+        let tag = if fmt == QuantFormat::Int8 {
+            "int8"
+        } else {
+            "fp8"
+        };
+        for k in [1536, 8960] {
+            let x = DeviceTensor::from_f32(client, &pseudo_random(k, 9), &[1, k], dtype).unwrap();
+            out.push(Case {
+                name: format!("quantize_per_row {tag} 1x{k}"),
+                dtype,
+                bytes: (e + 1.0) * k as f64,
+                flops: 0.0,
+                run: Box::new(move || {
+                    quant::quantize_per_row(client, &x, fmt).unwrap();
+                }),
+            });
+        }
+        let (k, n) = (8960, 1536);
+        let x = DeviceTensor::from_f32(client, &pseudo_random(k, 10), &[1, k], dtype).unwrap();
+        let (qa, sa) = quant::quantize_per_row(client, &x, fmt).unwrap();
+        let w = DeviceTensor::from_f32(client, &pseudo_random(n * k, 11), &[n, k], dtype).unwrap();
+        let (qb, sb) = quant::quantize_per_row(client, &w, fmt).unwrap();
+        let y = DeviceTensor::empty(client, &[1, n], dtype);
+        out.push(Case {
+            name: format!("gemm8 {tag} 1x{k}x{n}"),
+            dtype,
+            bytes: (k + n * k) as f64 + e * n as f64,
+            flops: 2.0 * (n * k) as f64,
+            run: Box::new(move || {
+                gemm8_into(client, &qa, &sa, &qb, &sb, None, &y, KernelChoice::Auto).unwrap()
+            }),
+        });
+    }
+    out
+}

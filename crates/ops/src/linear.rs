@@ -1,0 +1,358 @@
+//! One capability for every linear-layer format: `y = x · Wᵀ`, followed by an [`Epilogue`]
+//! (bias, residual, gated activation), into a preallocated output, with a [`LinearWorkspace`]
+//! for the intermediates a format needs.
+//!
+//! [`Linear`] is implemented by the dense layer here ([`DenseLinear`]) and by the quantized
+//! (`quant::{W8A8Linear, Fp8Linear, W4A16Linear}`) and block-sparse (`sparse::SparseLinear`)
+//! layers, so that a model holds `Box<dyn Linear<R>>` and never matches on the format. Each
+//! format applies what it can inside its kernel (the dense kernels fuse all three; the 8-bit
+//! GEMM adds bias and residual in its epilogue) and the rest through [`unfused_epilogue`]: the
+//! bare product into the workspace, then the element-wise add or SwiGLU.
+//!
+//! Layers own their weights, not their biases: the bias travels in the epilogue, so that one
+//! layer type serves projections with and without one.
+
+use cubecl::prelude::*;
+use cubecl::server::Handle;
+
+use crate::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
+use crate::{DType, DeviceTensor, OpsError, Result};
+
+/// What follows the product `x · Wᵀ`.
+///
+/// - `bias` `[N]` is added to every row (`N` the rows of `W`);
+/// - `residual` `[.., N]` (the output's shape) is added after the bias; it must not be `out`;
+/// - `activation` makes the layer gated: `W` holds `2I` rows, the gate rows then the matching
+///   up rows, and the output `[.., I]` is `act(x · Gᵀ) * (x · Uᵀ)` (the gated MLP's first half).
+pub struct Epilogue<'a, R: Runtime> {
+    pub bias: Option<&'a DeviceTensor<R>>,
+    pub residual: Option<&'a DeviceTensor<R>>,
+    pub activation: Option<Activation>,
+}
+
+impl<R: Runtime> Clone for Epilogue<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for Epilogue<'_, R> {}
+
+impl<R: Runtime> Default for Epilogue<'_, R> {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl<'a, R: Runtime> Epilogue<'a, R> {
+    /// The bare product.
+    pub const NONE: Self = Self {
+        bias: None,
+        residual: None,
+        activation: None,
+    };
+
+    /// `+ bias` (nothing when `None`).
+    pub fn bias(self, bias: Option<&'a DeviceTensor<R>>) -> Self {
+        Self { bias, ..self }
+    }
+
+    /// `+ residual`.
+    pub fn residual(self, residual: &'a DeviceTensor<R>) -> Self {
+        Self {
+            residual: Some(residual),
+            ..self
+        }
+    }
+
+    /// Gated with `act` (see the type's docs).
+    pub fn gated(self, act: Activation) -> Self {
+        Self {
+            activation: Some(act),
+            ..self
+        }
+    }
+
+    /// The output width for a weight of `rows` rows.
+    pub fn out_width(&self, rows: usize) -> usize {
+        if self.activation.is_some() {
+            rows / 2
+        } else {
+            rows
+        }
+    }
+}
+
+/// Preallocated intermediates of [`Linear::forward_into`] for inputs of up to `max_rows` rows
+/// of up to `max_in` features into weights of up to `max_out` rows, so that a decode step
+/// allocates nothing (a captured CUDA graph must not allocate). Formats that cannot fuse an
+/// epilogue write their bare product into [`Self::product`]; the 8-bit formats quantize the
+/// activation into [`Self::codes`] (16-byte aligned rows of one byte per feature) and
+/// [`Self::scales`] (one f32 per row).
+pub struct LinearWorkspace<R: Runtime> {
+    pub max_rows: usize,
+    pub max_in: usize,
+    pub max_out: usize,
+    product: DeviceTensor<R>,
+    codes: Handle,
+    scales: DeviceTensor<R>,
+}
+
+/// Bytes of one row of `k` one-byte codes, padded to 16 bytes (the 8-bit kernels' row pitch).
+pub fn code_row_pitch(k: usize) -> usize {
+    k.div_ceil(16).max(1) * 16
+}
+
+impl<R: Runtime> LinearWorkspace<R> {
+    /// Room for `max_rows` rows, `max_in` input features and `max_out` weight rows (for a
+    /// gated layer, its `2I`), with products in `dtype`.
+    pub fn new(
+        client: &ComputeClient<R>,
+        max_rows: usize,
+        max_in: usize,
+        max_out: usize,
+        dtype: DType,
+    ) -> Self {
+        let (rows, k, n) = (max_rows.max(1), max_in.max(1), max_out.max(1));
+        Self {
+            max_rows: rows,
+            max_in: k,
+            max_out: n,
+            product: DeviceTensor::empty(client, &[rows * n], dtype),
+            codes: client.empty(rows * code_row_pitch(k)),
+            scales: DeviceTensor::empty(client, &[rows], DType::F32),
+        }
+    }
+
+    fn check(
+        &self,
+        op: &'static str,
+        rows: usize,
+        width: usize,
+        what: &str,
+        max: usize,
+    ) -> Result<()> {
+        if rows > self.max_rows || width > max {
+            return Err(OpsError::shape(
+                op,
+                format!(
+                    "the linear workspace holds {} rows of {max} {what}, the call needs {rows} of {width}",
+                    self.max_rows
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A contiguous `shape` view of the product buffer (`shape`'s last dimension at most
+    /// `max_out`, its rows at most `max_rows`), in the workspace's dtype.
+    pub fn product(&self, op: &'static str, shape: &[usize]) -> Result<DeviceTensor<R>> {
+        let width = shape.last().copied().unwrap_or(0);
+        let rows = shape.iter().product::<usize>() / width.max(1);
+        self.check(op, rows, width, "outputs", self.max_out)?;
+        Ok(DeviceTensor::from_handle(
+            self.product.handle().clone(),
+            shape,
+            self.product.dtype(),
+        ))
+    }
+
+    /// The code buffer as `rows` rows of `k` one-byte codes of `dtype` (pitch
+    /// [`code_row_pitch`]`(k)`), and the `[rows]` f32 scales.
+    pub fn codes(
+        &self,
+        op: &'static str,
+        rows: usize,
+        k: usize,
+        dtype: DType,
+    ) -> Result<(DeviceTensor<R>, DeviceTensor<R>)> {
+        self.check(op, rows, k, "input features", self.max_in)?;
+        let pitch = code_row_pitch(k);
+        let q = DeviceTensor::from_parts(self.codes.clone(), &[rows, k], &[pitch, 1], dtype);
+        let s = DeviceTensor::from_parts(self.scales.handle().clone(), &[rows], &[1], DType::F32);
+        Ok((q, s))
+    }
+}
+
+/// A linear layer in some weight format.
+pub trait Linear<R: Runtime>: Send + Sync {
+    /// Features of x (`K`).
+    fn in_features(&self) -> usize;
+    /// Rows of `W` (`N`; `2I` for the weight of a gated layer).
+    fn out_rows(&self) -> usize;
+    /// `x[.., K] · Wᵀ` followed by `epilogue`, into the contiguous `out[.., epilogue.out_width(N)]`
+    /// of x's dtype. With a workspace large enough for the call nothing is allocated; without
+    /// one, intermediates are allocated per call.
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()>;
+    /// Device bytes of the weight and whatever the format keeps beside it (scales, indices).
+    fn weight_bytes(&self) -> usize;
+    /// The format, for load reports (e.g. `"int8 (W8A8)"`).
+    fn describe(&self) -> String;
+    /// Whether [`Self::forward_into`] with a workspace allocates nothing, so that it may be
+    /// captured in a CUDA graph.
+    fn graph_safe(&self) -> bool {
+        true
+    }
+
+    /// [`Self::forward_into`] into a new output.
+    fn forward(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+    ) -> Result<DeviceTensor<R>> {
+        let mut shape = x.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = epilogue.out_width(self.out_rows());
+        }
+        let out = DeviceTensor::empty(client, &shape, x.dtype());
+        self.forward_into(client, x, epilogue, &out, None)?;
+        Ok(out)
+    }
+}
+
+/// The epilogue of a format whose kernel only adds a bias: `product(dst, bias)` writes
+/// `x · Wᵀ + bias` into `dst`; a residual or a gated activation then runs as an element-wise
+/// kernel over the product, which lives in the workspace (or a temporary without one).
+pub fn unfused_epilogue<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    epilogue: Epilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    workspace: Option<&LinearWorkspace<R>>,
+    product: impl FnOnce(&DeviceTensor<R>, Option<&DeviceTensor<R>>) -> Result<()>,
+) -> Result<()> {
+    match (epilogue.activation, epilogue.residual) {
+        (None, None) => product(out, epilogue.bias),
+        (Some(_), Some(_)) => Err(OpsError::invalid(
+            op,
+            "a gated epilogue with a residual is not supported",
+        )),
+        (Some(act), None) => {
+            if act != Activation::Silu {
+                return Err(OpsError::invalid(
+                    op,
+                    format!("the {act:?}-gated epilogue needs a dense weight (only SiLU here)"),
+                ));
+            }
+            let mut shape = out.shape().to_vec();
+            *shape.last_mut().expect("outputs have rank >= 1") *= 2;
+            let tmp = scratch(client, op, &shape, out.dtype(), workspace)?;
+            product(&tmp, epilogue.bias)?;
+            crate::elementwise::swiglu_concat_into(client, &tmp, out)
+        }
+        (None, Some(residual)) => {
+            let tmp = scratch(client, op, out.shape(), out.dtype(), workspace)?;
+            product(&tmp, epilogue.bias)?;
+            crate::elementwise::add_into(client, &tmp, residual, out)
+        }
+    }
+}
+
+fn scratch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    shape: &[usize],
+    dtype: DType,
+    workspace: Option<&LinearWorkspace<R>>,
+) -> Result<DeviceTensor<R>> {
+    match workspace {
+        Some(w) if w.product.dtype() == dtype => w.product(op, shape),
+        Some(w) => Err(OpsError::UnsupportedDType {
+            op,
+            dtype,
+            runtime: "any",
+            detail: format!("the linear workspace holds {} products", w.product.dtype()),
+        }),
+        None => Ok(DeviceTensor::empty(client, shape, dtype)),
+    }
+}
+
+/// A dense weight `[N, K]` in the compute dtype: the GEMV/GEMM of [`crate::matmul`] with every
+/// epilogue fused into the kernel.
+pub struct DenseLinear<R: Runtime> {
+    weight: DeviceTensor<R>,
+}
+
+impl<R: Runtime> Clone for DenseLinear<R> {
+    fn clone(&self) -> Self {
+        Self {
+            weight: self.weight.clone(),
+        }
+    }
+}
+
+impl<R: Runtime> DenseLinear<R> {
+    /// Wraps a `[N, K]` weight (PyTorch's layout).
+    pub fn new(weight: DeviceTensor<R>) -> Result<Self> {
+        if weight.rank() != 2 || weight.numel() == 0 || !weight.is_contiguous() {
+            return Err(OpsError::shape(
+                "DenseLinear::new",
+                format!(
+                    "the weight must be a non-empty contiguous [N, K] matrix, got {:?}",
+                    weight.shape()
+                ),
+            ));
+        }
+        Ok(Self { weight })
+    }
+
+    pub fn weight(&self) -> &DeviceTensor<R> {
+        &self.weight
+    }
+}
+
+impl<R: Runtime> Linear<R> for DenseLinear<R> {
+    fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    fn out_rows(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        _workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        match epilogue.activation {
+            None => linear_into(
+                client,
+                x,
+                &self.weight,
+                epilogue.bias,
+                epilogue.residual,
+                out,
+            ),
+            Some(act) => {
+                if epilogue.bias.is_some() || epilogue.residual.is_some() {
+                    return Err(OpsError::invalid(
+                        "DenseLinear",
+                        "a gated epilogue takes no bias or residual",
+                    ));
+                }
+                let w = GatedWeights::Concatenated(&self.weight);
+                fused_gated_mlp_into(client, x, w, act, out)
+            }
+        }
+    }
+
+    fn weight_bytes(&self) -> usize {
+        self.weight.numel() * self.weight.dtype().size()
+    }
+
+    fn describe(&self) -> String {
+        format!("dense {}", self.weight.dtype())
+    }
+}

@@ -1,0 +1,485 @@
+use cubecl::prelude::*;
+use ops::matmul::{
+    fused_gated_mlp, fused_gated_mlp_into, fused_gated_mlp_into_with_tile, linear, linear_into,
+    linear_into_with_tile, plan, Activation, CmmaTile, FusedGatedMlp, GatedMlpWeights,
+    GatedWeights, Kernel,
+};
+use ops::reference::matmul as reference;
+use ops::{DType, DeviceTensor};
+use testkit::*;
+
+fn on_cuda<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    ops::caps::runtime_name(client) == "cuda"
+}
+
+/// (M, N, K): every M of the issue, N and K off every tile size; the large ones on CUDA only
+/// (lavapipe runs them on the CPU).
+fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
+    let mut s = vec![
+        (1, 33, 127),
+        (2, 127, 33),
+        (3, 1000, 64),
+        (16, 130, 1536),
+        (17, 127, 1000),
+        (64, 33, 200),
+        (129, 100, 127),
+        (512, 64, 72),
+    ];
+    if on_cuda(client) {
+        s.extend([
+            (1, 1536, 8960),
+            (16, 8960, 1536),
+            (64, 1000, 1536),
+            (129, 1536, 1536),
+            (512, 1536, 1000),
+            (512, 2048, 1536),
+        ]);
+    }
+    s
+}
+
+fn tol(dtype: DType) -> f64 {
+    // f32 accumulation over K, then one rounding to the dtype.
+    match dtype {
+        DType::F32 => 2e-5,
+        d => tolerance(d),
+    }
+}
+
+fn linear_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(71);
+    for dtype in float_dtypes(client) {
+        for (si, (m, n, k)) in shapes(client).into_iter().enumerate() {
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (w, wh) = upload(client, &random(&mut rng, n * k, 1.0), &[n, k], dtype);
+            let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+            let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let what = format!("linear {dtype} {m}x{n}x{k} ({:?})", plan(client, m, dtype));
+            // Every epilogue on a GEMV and a GEMM shape; one per other shape: each combination
+            // is a kernel compile (slow on lavapipe, and the pipelined CUDA kernels are long
+            // compiles too), and the forced-tile tests cover the epilogues on many shapes.
+            let all = [(false, false), (true, false), (false, true), (true, true)];
+            let epilogues = if si == 0 || si == 6 {
+                &all[..]
+            } else {
+                &all[si % 4..si % 4 + 1]
+            };
+            for &(bias, res) in epilogues {
+                let out = poisoned(client, &[m, n], dtype);
+                linear_into(client, &x, &w, bias.then_some(&b), res.then_some(&r), &out).unwrap();
+                let want = reference::linear(
+                    &xh,
+                    &wh,
+                    bias.then_some(&bh[..]),
+                    res.then_some(&rh[..]),
+                    (m, n, k),
+                );
+                assert_close(
+                    &format!("{what} bias={bias} res={res}"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    tol(dtype),
+                );
+            }
+        }
+        // Leading dims are flattened: [2, 3, K] -> [2, 3, N].
+        let (x, xh) = upload(client, &random(&mut rng, 6 * 40, 1.0), &[2, 3, 40], dtype);
+        let (w, wh) = upload(client, &random(&mut rng, 24 * 40, 1.0), &[24, 40], dtype);
+        let y = linear(client, &x, &w, None, None).unwrap();
+        assert_eq!(y.shape(), &[2, 3, 24]);
+        assert_close(
+            "linear batched",
+            &y.to_f64_vec(client).unwrap(),
+            &reference::linear(&xh, &wh, None, None, (6, 24, 40)),
+            tol(dtype),
+        );
+    }
+}
+
+fn gated_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(72);
+    for dtype in float_dtypes(client) {
+        let mut cases = vec![
+            (1usize, 96usize, 64usize),
+            (3, 33, 127),
+            (17, 100, 40),
+            (129, 70, 96),
+        ];
+        if on_cuda(client) {
+            cases.extend([(1, 8960, 1536), (512, 1000, 1536)]);
+        }
+        for (m, i, k) in cases {
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (gu, guh) = upload(
+                client,
+                &random(&mut rng, 2 * i * k, 1.0),
+                &[2 * i, k],
+                dtype,
+            );
+            let gate = upload_f64(client, &guh[..i * k], &[i, k], dtype);
+            let up = upload_f64(client, &guh[i * k..], &[i, k], dtype);
+            for act in [Activation::Silu, Activation::Gelu] {
+                let want = reference::gated_mlp(
+                    &xh,
+                    &guh[..i * k],
+                    &guh[i * k..],
+                    act == Activation::Gelu,
+                    (m, i, k),
+                );
+                let what = format!(
+                    "gated {act:?} {dtype} {m}x{i}x{k} ({:?})",
+                    plan(client, m, dtype)
+                );
+                let out = poisoned(client, &[m, i], dtype);
+                fused_gated_mlp_into(client, &x, GatedWeights::Concatenated(&gu), act, &out)
+                    .unwrap();
+                // Two roundings (the products, then the result).
+                assert_close(
+                    &format!("{what} concatenated"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    2.0 * tol(dtype),
+                );
+                let out = fused_gated_mlp(
+                    client,
+                    &x,
+                    GatedWeights::Separate {
+                        gate: &gate,
+                        up: &up,
+                    },
+                    act,
+                )
+                .unwrap();
+                assert_close(
+                    &format!("{what} separate"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    2.0 * tol(dtype),
+                );
+            }
+        }
+        let module = FusedGatedMlp {
+            gate_up: GatedMlpWeights::Separate {
+                gate: DeviceTensor::from_f32(client, &[0.5; 8], &[2, 4], dtype).unwrap(),
+                up: DeviceTensor::from_f32(client, &[0.25; 8], &[2, 4], dtype).unwrap(),
+            },
+            act: Activation::Silu,
+        };
+        let x = DeviceTensor::from_f32(client, &[1.0; 4], &[1, 4], dtype).unwrap();
+        let y = module
+            .forward(client, &x)
+            .unwrap()
+            .to_f64_vec(client)
+            .unwrap();
+        let want = reference::silu(2.0) * 1.0;
+        assert_close("FusedGatedMlp", &y, &[want, want], 2.0 * tol(dtype));
+    }
+}
+
+fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let f = |shape: &[usize]| {
+        DeviceTensor::from_f32(
+            client,
+            &vec![0.5; shape.iter().product()],
+            shape,
+            DType::F32,
+        )
+        .unwrap()
+    };
+    let (x, w) = (f(&[3, 8]), f(&[5, 8]));
+    assert!(linear(client, &x, &w, None, None).is_ok());
+    assert_err(
+        "K mismatch",
+        linear(client, &x, &f(&[5, 7]), None, None),
+        "shape",
+    );
+    assert_err(
+        "bias",
+        linear(client, &x, &w, Some(&f(&[4])), None),
+        "shape",
+    );
+    assert_err(
+        "residual",
+        linear(client, &x, &w, None, Some(&f(&[3, 4]))),
+        "shape",
+    );
+    assert_err(
+        "out",
+        linear_into(client, &x, &w, None, None, &f(&[3, 4])),
+        "shape",
+    );
+    let wh = DeviceTensor::from_f32(client, &[0.5; 40], &[5, 8], DType::F16).unwrap();
+    assert_err(
+        "dtype mismatch",
+        linear(client, &x, &wh, None, None),
+        "dtype",
+    );
+    let strided = f(&[8, 3]).view(&[3, 8], &[1, 3]).unwrap();
+    assert_err(
+        "strided x",
+        linear(client, &strided, &w, None, None),
+        "shape",
+    );
+    let ids = DeviceTensor::from_slice(client, &[1i32; 24], &[3, 8]).unwrap();
+    assert_err("int x", linear(client, &ids, &w, None, None), "dtype");
+    assert_err(
+        "odd concatenated",
+        fused_gated_mlp(client, &x, GatedWeights::Concatenated(&w), Activation::Silu),
+        "shape",
+    );
+    assert_err(
+        "gate/up mismatch",
+        fused_gated_mlp(
+            client,
+            &x,
+            GatedWeights::Separate {
+                gate: &w,
+                up: &f(&[4, 8]),
+            },
+            Activation::Silu,
+        ),
+        "shape",
+    );
+    if !ops::caps::supports_dtype(client, DType::BF16) {
+        let xb = DeviceTensor::from_f32(client, &[0.5; 24], &[3, 8], DType::BF16).unwrap();
+        let wb = DeviceTensor::from_f32(client, &[0.5; 40], &[5, 8], DType::BF16).unwrap();
+        assert_err(
+            "bf16 unsupported",
+            linear(client, &xb, &wb, None, None),
+            "dtype",
+        );
+    }
+    // The dispatch rule.
+    assert_eq!(plan(client, 1, DType::F32), Kernel::Gemv);
+    assert_eq!(plan(client, 16, DType::F32), Kernel::Gemv);
+    assert_ne!(plan(client, 17, DType::F32), Kernel::Gemv);
+}
+
+/// The pipeline configurations the forced-tile tests run: the defaults, a deeper pipeline with
+/// BK = 64, one-plane tiles with the deepest pipeline, and the register-staged path (stages 0).
+/// (Each is a separate CUDA compile per epilogue and copy width: kept short.)
+const FORCED_TILES: [CmmaTile; 7] = [
+    CmmaTile::LARGE,
+    CmmaTile::LARGE_DEEP,
+    CmmaTile::LARGE_GATED,
+    CmmaTile::SMALL,
+    CmmaTile::new(128, 128, 2, 2, 4).with_bk(64),
+    CmmaTile::new(16, 32, 1, 1, 8),
+    CmmaTile::new(64, 128, 2, 4, 0),
+];
+
+/// (M, N, K) crossing tile and stage boundaries: K = 1000 and 200 end mid-step (16-byte
+/// copies), 72 has fewer steps than the deepest pipelines' prologue, 1536 walks many barrier
+/// phases, 36 and 34 give 8- and 4-byte copies, 127 (odd) runs the register path whatever the
+/// tile asks for.
+const FORCED_SHAPES: [(usize, usize, usize); 7] = [
+    (17, 33, 127),
+    (64, 127, 1000),
+    (129, 1000, 200),
+    (512, 130, 72),
+    (33, 64, 36),
+    (65, 48, 34),
+    (129, 96, 1536),
+];
+
+/// Whether the forced-tile tests can run here; says why not once per runtime.
+fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    let tile = CmmaTile::LARGE;
+    let x = DeviceTensor::from_f32(client, &[0.5; 8 * 16], &[8, 16], dtype).unwrap();
+    let w = DeviceTensor::from_f32(client, &[0.5; 4 * 16], &[4, 16], dtype).unwrap();
+    let out = DeviceTensor::empty(client, &[8, 4], dtype);
+    match linear_into_with_tile(client, &x, &w, None, None, &out, tile) {
+        Ok(()) => true,
+        Err(e) => {
+            assert_eq!(e.kind(), "feature", "{e}");
+            assert_ne!(plan(client, 17, dtype), Kernel::TensorCore);
+            eprintln!(
+                "forced tensor-core tiles skipped on {}: {e}",
+                ops::caps::runtime_name(client)
+            );
+            false
+        }
+    }
+}
+
+/// The half-precision dtypes with tensor cores here, or none (the tests then skip).
+fn tensor_core_dtypes<R: Runtime>(client: &ComputeClient<R>) -> Vec<DType> {
+    let dtypes: Vec<DType> = [DType::F16, DType::BF16]
+        .into_iter()
+        .filter(|&d| ops::caps::supports_dtype(client, d))
+        .collect();
+    match dtypes.first() {
+        Some(&d) if tensor_cores(client, d) => dtypes,
+        _ => Vec::new(),
+    }
+}
+
+fn forced_linear_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtypes = tensor_core_dtypes(client);
+    if dtypes.is_empty() {
+        return;
+    }
+    let mut rng = rng(73);
+    for (ti, tile) in FORCED_TILES.into_iter().enumerate() {
+        for (si, (m, n, k)) in FORCED_SHAPES.into_iter().enumerate() {
+            let dtype = dtypes[(ti + si) % dtypes.len()];
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (w, wh) = upload(client, &random(&mut rng, n * k, 1.0), &[n, k], dtype);
+            let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+            let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            // Each shape with one epilogue, rotating so that every tile meets all four.
+            let (bias, res) =
+                [(true, true), (false, false), (true, false), (false, true)][(ti + si) % 4];
+            let out = poisoned(client, &[m, n], dtype);
+            linear_into_with_tile(
+                client,
+                &x,
+                &w,
+                bias.then_some(&b),
+                res.then_some(&r),
+                &out,
+                tile,
+            )
+            .unwrap();
+            let want = reference::linear(
+                &xh,
+                &wh,
+                bias.then_some(&bh[..]),
+                res.then_some(&rh[..]),
+                (m, n, k),
+            );
+            assert_close(
+                &format!("linear {tile:?} {dtype} {m}x{n}x{k} bias={bias} res={res}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tol(dtype),
+            );
+        }
+    }
+}
+
+fn forced_gated_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtypes = tensor_core_dtypes(client);
+    if dtypes.is_empty() {
+        return;
+    }
+    let mut rng = rng(74);
+    for (ti, tile) in FORCED_TILES.into_iter().enumerate() {
+        for (si, (m, i, k)) in FORCED_SHAPES.into_iter().enumerate() {
+            let dtype = dtypes[(ti + si + 1) % dtypes.len()];
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (gu, guh) = upload(
+                client,
+                &random(&mut rng, 2 * i * k, 1.0),
+                &[2 * i, k],
+                dtype,
+            );
+            let act = [Activation::Silu, Activation::Gelu][(ti + si) % 2];
+            let concatenated = (ti + si / 2) % 2 == 0;
+            let want = reference::gated_mlp(
+                &xh,
+                &guh[..i * k],
+                &guh[i * k..],
+                act == Activation::Gelu,
+                (m, i, k),
+            );
+            let out = poisoned(client, &[m, i], dtype);
+            let (gate, up);
+            let weights = if concatenated {
+                GatedWeights::Concatenated(&gu)
+            } else {
+                gate = upload_f64(client, &guh[..i * k], &[i, k], dtype);
+                up = upload_f64(client, &guh[i * k..], &[i, k], dtype);
+                GatedWeights::Separate {
+                    gate: &gate,
+                    up: &up,
+                }
+            };
+            fused_gated_mlp_into_with_tile(client, &x, weights, act, &out, tile).unwrap();
+            assert_close(
+                &format!("gated {act:?} {tile:?} {dtype} {m}x{i}x{k} concatenated={concatenated}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                2.0 * tol(dtype),
+            );
+        }
+    }
+}
+
+fn forced_errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let dtype = DType::F16;
+    if !ops::caps::supports_dtype(client, dtype) {
+        return;
+    }
+    let x = DeviceTensor::from_f32(client, &[0.5; 32 * 64], &[32, 64], dtype).unwrap();
+    let w = DeviceTensor::from_f32(client, &[0.5; 64 * 64], &[64, 64], dtype).unwrap();
+    let out = DeviceTensor::empty(client, &[32, 64], dtype);
+    let half = DeviceTensor::empty(client, &[32, 32], dtype);
+    let bad = CmmaTile::new(100, 128, 2, 4, 3);
+    // A tile with one B fragment per plane cannot split it into gate and up.
+    let odd = CmmaTile::new(64, 64, 2, 4, 3);
+    let gated = |tile| {
+        fused_gated_mlp_into_with_tile(
+            client,
+            &x,
+            GatedWeights::Concatenated(&w),
+            Activation::Silu,
+            &half,
+            tile,
+        )
+    };
+    if tensor_core_dtypes(client).is_empty() {
+        assert_err(
+            "forced tile without cmma",
+            linear_into_with_tile(client, &x, &w, None, None, &out, CmmaTile::LARGE),
+            "feature",
+        );
+        return;
+    }
+    assert_err(
+        "invalid tile",
+        linear_into_with_tile(client, &x, &w, None, None, &out, bad),
+        "argument",
+    );
+    assert!(linear_into_with_tile(client, &x, &w, None, None, &out, odd).is_ok());
+    assert_err("odd gated tile", gated(odd), "argument");
+    assert!(gated(CmmaTile::SMALL).is_ok());
+    let f32x = DeviceTensor::from_f32(client, &[0.5; 32 * 64], &[32, 64], DType::F32).unwrap();
+    let f32w = DeviceTensor::from_f32(client, &[0.5; 64 * 64], &[64, 64], DType::F32).unwrap();
+    let f32o = DeviceTensor::empty(client, &[32, 64], DType::F32);
+    assert_err(
+        "forced tile on f32",
+        linear_into_with_tile(client, &f32x, &f32w, None, None, &f32o, CmmaTile::LARGE),
+        "feature",
+    );
+}
+
+#[test]
+fn linear_forced_tiles_match_reference() {
+    on_each_runtime!(forced_linear_case);
+}
+
+#[test]
+fn fused_gated_mlp_forced_tiles_match_reference() {
+    on_each_runtime!(forced_gated_case);
+}
+
+#[test]
+fn matmul_forced_tiles_reject_bad_tiles() {
+    on_each_runtime!(forced_errors_case);
+}
+
+#[test]
+fn linear_matches_reference() {
+    on_each_runtime!(linear_case);
+}
+
+#[test]
+fn fused_gated_mlp_matches_reference() {
+    on_each_runtime!(gated_case);
+}
+
+#[test]
+fn matmul_rejects_bad_inputs() {
+    on_each_runtime!(errors_case);
+}

@@ -1,0 +1,429 @@
+//! W4A16: the GEMV (M <= 16) and tiled kernels against the f64 reference of the same dequantized
+//! arithmetic (`quant::reference::w4a16`), the quantization error against the float product
+//! within the int4 bound, the layer, and every validation error.
+
+use cubecl::prelude::*;
+use ops::linear::{Epilogue, Linear};
+use ops::{caps, DType, DeviceTensor};
+use quant::host::{self, Int4Weight};
+use quant::reference as qref;
+use quant::w4a16::{w4a16_linear, w4a16_linear_into, w4a16_linear_into_with};
+use quant::{W4A16Linear, W4a16Kernel};
+use testkit::*;
+
+/// Device operands of a quantized weight: qweight `[K/8, N]` i32 and scales `[N]` / `[K/g, N]`.
+fn upload_weight<R: Runtime>(
+    client: &ComputeClient<R>,
+    w: &Int4Weight,
+) -> (DeviceTensor<R>, DeviceTensor<R>) {
+    let q = DeviceTensor::from_slice(client, &w.packed, &[w.k / 8, w.n]).unwrap();
+    let shape = match w.group_size {
+        None => vec![w.n],
+        Some(g) => vec![w.k / g, w.n],
+    };
+    let s = DeviceTensor::from_slice(client, &w.scales, &shape).unwrap();
+    (q, s)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Case {
+    m: usize,
+    k: usize,
+    n: usize,
+    group: Option<usize>,
+    bias: bool,
+}
+
+/// Runs one case with `kernel` into a NaN-poisoned output (and, for `Auto`, through the
+/// allocating form too) and compares with the reference. `lead` reshapes x's rows (`[.., K]`).
+fn check_case<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    c: Case,
+    kernel: W4a16Kernel,
+    lead: Option<&[usize]>,
+    seed: u64,
+) {
+    let mut rng = rng(seed);
+    let w = random(&mut rng, c.n * c.k, 1.0);
+    let qw = host::quantize_weight_int4(&w, c.n, c.k, c.group).unwrap();
+    let (q, s) = upload_weight(client, &qw);
+    let mut x_shape = lead.map_or(vec![c.m], |l| l.to_vec());
+    assert_eq!(x_shape.iter().product::<usize>(), c.m);
+    x_shape.push(c.k);
+    let (x, xr) = upload(client, &random(&mut rng, c.m * c.k, 1.0), &x_shape, dtype);
+    let (b, br) = if c.bias {
+        let (b, br) = upload(client, &random(&mut rng, c.n, 1.0), &[c.n], dtype);
+        (Some(b), Some(br))
+    } else {
+        (None, None)
+    };
+    let want = qref::w4a16(&xr, c.m, &qw, br.as_deref());
+    let mut out_shape = x_shape.clone();
+    *out_shape.last_mut().unwrap() = c.n;
+    let out = poisoned(client, &out_shape, dtype);
+    w4a16_linear_into_with(client, &x, &q, &s, c.group, b.as_ref(), &out, kernel).unwrap();
+    let what = format!("{c:?} {dtype} {kernel:?}");
+    assert_close(
+        &what,
+        &out.to_f64_vec(client).unwrap(),
+        &want,
+        tolerance(dtype),
+    );
+    if kernel == W4a16Kernel::Auto {
+        let y = w4a16_linear(client, &x, &q, &s, c.group, b.as_ref()).unwrap();
+        assert_eq!(y.shape(), out_shape.as_slice(), "{what}: allocated shape");
+        assert_eq!(y.dtype(), dtype);
+        let y = y.to_f64_vec(client).unwrap();
+        assert_close(&format!("{what} (allocating)"), &y, &want, tolerance(dtype));
+    }
+}
+
+fn matches_reference_case<R: Runtime>(client: &ComputeClient<R>) {
+    // K = 8 (one word), 136 (17 words, not a multiple of the tiled kernel's 16-wide K step),
+    // 1024 (per channel and groups of 64 / 128); N around the 32-column cube width.
+    let shapes = [
+        (8usize, 33usize, None),
+        (136, 127, None),
+        (136, 1, Some(8)),
+        (1024, 300, Some(128)),
+        (1024, 33, Some(64)),
+        (1024, 1, None),
+    ];
+    let mut seed = 0;
+    for dtype in float_dtypes(client) {
+        for m in [1usize, 3, 16, 17, 40] {
+            for (i, &(k, n, group)) in shapes.iter().enumerate() {
+                seed += 1;
+                let c = Case {
+                    m,
+                    k,
+                    n,
+                    group,
+                    bias: (i + m) % 2 == 0,
+                };
+                check_case(client, dtype, c, W4a16Kernel::Auto, None, seed);
+            }
+        }
+    }
+}
+
+fn explicit_kernels_case<R: Runtime>(client: &ComputeClient<R>) {
+    // The GEMV with several columns per unit (Auto picks them only for large N), and the tiled
+    // kernel on decode-sized M, on shapes with partial cubes / tiles.
+    let mut seed = 100;
+    for dtype in float_dtypes(client) {
+        for (m, k, n, group) in [
+            (3usize, 136usize, 300usize, None),
+            (1, 1024, 127, Some(128)),
+        ] {
+            for kernel in [
+                W4a16Kernel::Gemv { cols_per_unit: 2 },
+                W4a16Kernel::Gemv { cols_per_unit: 4 },
+                W4a16Kernel::Tiled,
+            ] {
+                seed += 1;
+                let c = Case {
+                    m,
+                    k,
+                    n,
+                    group,
+                    bias: true,
+                };
+                check_case(client, dtype, c, kernel, None, seed);
+            }
+        }
+        // A wide N, where Auto may give each GEMV unit several columns (K = 8 keeps it cheap).
+        let wide = Case {
+            m: 2,
+            k: 8,
+            n: 4500,
+            group: None,
+            bias: true,
+        };
+        check_case(client, dtype, wide, W4a16Kernel::Auto, None, 150);
+        // x of rank 3: rows are all leading dimensions.
+        let c = Case {
+            m: 6,
+            k: 64,
+            n: 33,
+            group: Some(64),
+            bias: false,
+        };
+        check_case(client, dtype, c, W4a16Kernel::Auto, Some(&[2, 3]), 200);
+        let c = Case { m: 18, ..c };
+        check_case(client, dtype, c, W4a16Kernel::Auto, Some(&[3, 6]), 201);
+    }
+}
+
+/// `|y - x·wᵀ| <= Σ_k |x[m, k]| · s(k, n) / 2`: symmetric int4 with `s = amax / 7` never clamps,
+/// so each weight is off by at most half a step. Checked through the layer, with an all-zero
+/// output channel, an all-zero row of x and a large weight outlier.
+fn error_bound_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(300);
+    for dtype in float_dtypes(client) {
+        for (m, k, n, group) in [(4usize, 256usize, 40usize, None), (20, 256, 40, Some(64))] {
+            let mut w = random(&mut rng, n * k, 1.0);
+            w[..k].fill(0.0);
+            w[2 * k + 5] = 50.0;
+            let mut xv = random(&mut rng, m * k, 1.0);
+            xv[k..2 * k].fill(0.0);
+            let bias = random(&mut rng, n, 1.0);
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            let (x, xr) = upload(client, &xv, &[m, k], dtype);
+            let (b, _) = upload(client, &bias, &[n], dtype);
+            let got = layer
+                .forward(client, &x, Epilogue::NONE.bias(Some(&b)))
+                .unwrap()
+                .to_f64_vec(client)
+                .unwrap();
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let w64: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            let br = round_to(&bias, dtype);
+            let exact = qref::linear(&xr, &w64, Some(&br), m, n, k);
+            let rms = (exact.iter().map(|v| v * v).sum::<f64>() / exact.len() as f64).sqrt();
+            // Rounding errors are at most uniform on [-s/2, s/2] and independent across k, so
+            // the mean square error is at most the mean of Σ_k x² s² / 12 (a tighter, statistical
+            // check than the worst case; 1.5x covers the sampling noise of m·n elements). The
+            // zero and outlier channels (0 and 2) are left out: their errors are far below it
+            // and would hide the others.
+            let (mut sq_err, mut sq_expected) = (0f64, 0f64);
+            for i in 0..m {
+                for j in 3..n {
+                    sq_err += (got[i * n + j] - exact[i * n + j]).powi(2);
+                    sq_expected += (0..k)
+                        .map(|t| (xr[i * k + t] * qw.scale(t, j) as f64).powi(2) / 12.0)
+                        .sum::<f64>();
+                }
+            }
+            let (rms_err, rms_expected) = (sq_err.sqrt(), sq_expected.sqrt());
+            assert!(
+                rms_err <= 1.5 * rms_expected,
+                "{dtype} group {group:?}: rms error {rms_err:.4e} > 1.5 x {rms_expected:.4e}"
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    let bound: f64 = (0..k)
+                        .map(|t| xr[i * k + t].abs() * qw.scale(t, j) as f64 / 2.0)
+                        .sum();
+                    let e = exact[i * n + j];
+                    // Plus the kernel's own rounding (the output dtype).
+                    let slack = tolerance(dtype) * (e.abs() + rms);
+                    let err = (got[i * n + j] - e).abs();
+                    assert!(
+                        err <= bound + slack,
+                        "{dtype} group {group:?} [{i}, {j}]: error {err:.4e} > bound {bound:.4e}"
+                    );
+                    if i == 1 {
+                        // Zero row of x: exactly the bias (rounded to the dtype).
+                        assert!(err <= slack, "zero row [{i}, {j}]: {err:.3e}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn layer_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(400);
+    for dtype in float_dtypes(client) {
+        // The layer's own layout and kernels: the column-major GEMV for M <= 16 (K/8 odd: one
+        // word per load; group 8: a scale per word), the tiled kernel above.
+        for (m, k, n, group, with_bias) in [
+            (5usize, 256usize, 70usize, None, true),
+            (5, 256, 70, Some(128), false),
+            (1, 264, 33, Some(8), true),
+            (16, 1536, 9, Some(64), false),
+            (17, 256, 70, Some(128), true),
+            (40, 136, 65, None, false),
+        ] {
+            let w = random(&mut rng, n * k, 0.5);
+            let bias = random(&mut rng, n, 1.0);
+            let (b, _) = upload(client, &bias, &[n], dtype);
+            let epilogue = Epilogue::NONE.bias(with_bias.then_some(&b));
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            assert_eq!(layer.in_features(), k);
+            assert_eq!(layer.out_rows(), n);
+            let scales = group.map_or(n, |g| k / g * n);
+            assert_eq!(layer.weight_bytes(), 4 * (k / 8 * n) + 4 * scales);
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let (x, xr) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let br = round_to(&bias, dtype);
+            let want = qref::w4a16(&xr, m, &qw, with_bias.then_some(&br[..]));
+            let out = poisoned(client, &[m, n], dtype);
+            layer
+                .forward_into(client, &x, epilogue, &out, None)
+                .unwrap();
+            let what = format!("layer {dtype} {m}x{k}x{n} group {group:?}");
+            assert_close(
+                &what,
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tolerance(dtype),
+            );
+            let y = layer.forward(client, &x, epilogue).unwrap();
+            assert_close(
+                &what,
+                &y.to_f64_vec(client).unwrap(),
+                &want,
+                tolerance(dtype),
+            );
+        }
+    }
+}
+
+fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let (m, k, n) = (2usize, 128usize, 16usize);
+    let f = DType::F32;
+    let mut rng = rng(500);
+    let w = random(&mut rng, n * k, 1.0);
+    let qw = host::quantize_weight_int4(&w, n, k, Some(64)).unwrap();
+    let (q, s) = upload_weight(client, &qw);
+    let s_chan = DeviceTensor::from_f32(client, &vec![1.0; n], &[n], f).unwrap();
+    let x = DeviceTensor::from_f32(client, &random(&mut rng, m * k, 1.0), &[m, k], f).unwrap();
+    let out = poisoned(client, &[m, n], f);
+    let g = Some(64);
+    let run = |x: &DeviceTensor<R>,
+               q: &DeviceTensor<R>,
+               s: &DeviceTensor<R>,
+               g: Option<usize>,
+               b: Option<&DeviceTensor<R>>,
+               out: &DeviceTensor<R>| w4a16_linear_into(client, x, q, s, g, b, out);
+
+    assert!(run(&x, &q, &s, g, None, &out).is_ok());
+    // K not a multiple of 8, or of the group; a group that is not a multiple of 8.
+    let x12 = DeviceTensor::from_f32(client, &[0.0; 2 * 12], &[2, 12], f).unwrap();
+    let q12 = DeviceTensor::from_slice(client, &vec![0i32; 2 * n], &[2, n]).unwrap();
+    assert_err("K % 8", run(&x12, &q12, &s_chan, None, None, &out), "shape");
+    let x136 = DeviceTensor::from_f32(client, &vec![0.0; 136], &[1, 136], f).unwrap();
+    let q136 = DeviceTensor::from_slice(client, &vec![0i32; 17 * n], &[17, n]).unwrap();
+    let out1 = poisoned(client, &[1, n], f);
+    assert_err("K % g", run(&x136, &q136, &s, g, None, &out1), "shape");
+    assert_err("g % 8", run(&x, &q, &s, Some(12), None, &out), "argument");
+    assert_err("g = 0", run(&x, &q, &s, Some(0), None, &out), "argument");
+    // qweight: dtype, K mismatch, rank.
+    let qf = DeviceTensor::from_f32(client, &vec![0.0; k / 8 * n], &[k / 8, n], f).unwrap();
+    assert_err("qweight dtype", run(&x, &qf, &s, g, None, &out), "dtype");
+    let q_short = DeviceTensor::from_slice(client, &vec![0i32; 8 * n], &[8, n]).unwrap();
+    assert_err("qweight K", run(&x, &q_short, &s, g, None, &out), "shape");
+    let q_flat = q.reshape(&[k / 8 * n]).unwrap();
+    assert_err("qweight rank", run(&x, &q_flat, &s, g, None, &out), "shape");
+    // scales: dtype, per-channel vs grouped shapes.
+    let s16 = DeviceTensor::from_f32(client, &vec![1.0; 2 * n], &[2, n], DType::F16);
+    if let Ok(s16) = s16 {
+        assert_err("scales dtype", run(&x, &q, &s16, g, None, &out), "dtype");
+    }
+    assert_err(
+        "grouped scales",
+        run(&x, &q, &s_chan, g, None, &out),
+        "shape",
+    );
+    assert_err("channel scales", run(&x, &q, &s, None, None, &out), "shape");
+    // bias: dtype, shape.
+    let b_short = DeviceTensor::from_f32(client, &vec![0.0; n - 1], &[n - 1], f).unwrap();
+    assert_err(
+        "bias shape",
+        run(&x, &q, &s, g, Some(&b_short), &out),
+        "shape",
+    );
+    let b_i32 = DeviceTensor::from_slice(client, &vec![0i32; n], &[n]).unwrap();
+    assert_err(
+        "bias dtype",
+        run(&x, &q, &s, g, Some(&b_i32), &out),
+        "dtype",
+    );
+    // out: shape, dtype.
+    let out_bad = poisoned(client, &[m, n + 1], f);
+    assert_err("out shape", run(&x, &q, &s, g, None, &out_bad), "shape");
+    if caps::supports_dtype(client, DType::F16) {
+        let out16 = poisoned(client, &[m, n], DType::F16);
+        assert_err("out dtype", run(&x, &q, &s, g, None, &out16), "dtype");
+    }
+    // x: not float, not contiguous, bf16 where the runtime lacks it.
+    let xi = DeviceTensor::from_slice(client, &vec![0i32; m * k], &[m, k]).unwrap();
+    assert_err("x dtype", run(&xi, &q, &s, g, None, &out), "dtype");
+    let big = DeviceTensor::from_f32(client, &vec![0.0; m * 2 * k], &[m, 2 * k], f).unwrap();
+    let strided = big.view(&[m, k], &[2 * k, 1]).unwrap();
+    assert_err("x strided", run(&strided, &q, &s, g, None, &out), "shape");
+    if !caps::supports_dtype(client, DType::BF16) {
+        let xb = DeviceTensor::from_f32(client, &vec![0.0; m * k], &[m, k], DType::BF16).unwrap();
+        let ob = poisoned(client, &[m, n], DType::BF16);
+        assert_err("x bf16", run(&xb, &q, &s, g, None, &ob), "dtype");
+        assert_err(
+            "layer bf16",
+            W4A16Linear::from_dense(client, &w, [n, k], DType::BF16, None),
+            "dtype",
+        );
+    }
+    // Explicit kernels out of their range.
+    let x17 = DeviceTensor::from_f32(client, &vec![0.0; 17 * k], &[17, k], f).unwrap();
+    let out17 = poisoned(client, &[17, n], f);
+    let gemv = W4a16Kernel::Gemv { cols_per_unit: 1 };
+    assert_err(
+        "gemv M > 16",
+        w4a16_linear_into_with(client, &x17, &q, &s, g, None, &out17, gemv),
+        "argument",
+    );
+    let gemv3 = W4a16Kernel::Gemv { cols_per_unit: 3 };
+    assert_err(
+        "cols_per_unit",
+        w4a16_linear_into_with(client, &x, &q, &s, g, None, &out, gemv3),
+        "argument",
+    );
+
+    // The layer.
+    let l = |w: &[f32], shape: [usize; 2], g: Option<usize>| {
+        W4A16Linear::from_dense(client, w, shape, f, g)
+    };
+    assert_err("layer K % 8", l(&vec![0.0; 12 * n], [n, 12], None), "shape");
+    assert_err("layer K % g", l(&w, [n, k], Some(96)), "shape");
+    assert_err("layer len", l(&w[1..], [n, k], None), "shape");
+    let mut w_nan = w.clone();
+    w_nan[7] = f32::NAN;
+    assert_err("layer NaN", l(&w_nan, [n, k], None), "argument");
+    let layer = l(&w, [n, k], g).unwrap();
+    let none = Epilogue::NONE;
+    let x_short = DeviceTensor::from_f32(client, &vec![0.0; m * 64], &[m, 64], f).unwrap();
+    assert_err("forward K", layer.forward(client, &x_short, none), "shape");
+    if caps::supports_dtype(client, DType::F16) {
+        let x16 = DeviceTensor::from_f32(client, &vec![0.0; m * k], &[m, k], DType::F16).unwrap();
+        assert_err("forward dtype", layer.forward(client, &x16, none), "dtype");
+    }
+    assert_err(
+        "forward_into out",
+        layer.forward_into(client, &x, none, &out_bad, None),
+        "shape",
+    );
+    let short_bias = DeviceTensor::from_f32(client, &[0.0; 3], &[3], f).unwrap();
+    let out = poisoned(client, &[m, n], f);
+    assert_err(
+        "layer bias",
+        layer.forward_into(client, &x, none.bias(Some(&short_bias)), &out, None),
+        "shape",
+    );
+}
+
+#[test]
+fn matches_reference() {
+    on_each_runtime!(matches_reference_case);
+}
+
+#[test]
+fn explicit_kernels_and_rank3() {
+    on_each_runtime!(explicit_kernels_case);
+}
+
+#[test]
+fn error_within_int4_bound() {
+    on_each_runtime!(error_bound_case);
+}
+
+#[test]
+fn layer() {
+    on_each_runtime!(layer_case);
+}
+
+#[test]
+fn rejects_bad_inputs() {
+    on_each_runtime!(errors_case);
+}

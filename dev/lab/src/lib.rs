@@ -1,0 +1,11 @@
+//! The lab: variants and diagnostics kept to re-run investigations (written up under
+//! `docs/investigations/`), apart from the product crates. Nothing here is library API.
+//!
+//! - [`add_variants`]: the element-wise add under other launch shapes and with inline-PTX cache
+//!   operators;
+//! - [`addlab`]: the add investigation's benchmark cases (the `lab` binary prints them as JSON
+//!   lines, as `cubellm bench` does; `scripts/bench_torch.py --family addlab` times PyTorch's
+//!   counterparts).
+
+pub mod add_variants;
+pub mod addlab;
