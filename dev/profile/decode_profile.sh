@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Profiles the graph-replayed decode step of `cubellm bench-generate` on the GPU machine, per
+# weight format: a CUPTI kernel trace of the real replays (times, gaps) and, with NCU=1, one
+# replay under Nsight Compute for the DRAM bytes of each kernel; then the per-kernel table.
+#
+#   dev/profile/decode_profile.sh CLI MODEL_DIR OUT_DIR [modes...]     (modes: none w8a8 fp8 w4a16)
+#
+# CLI is a cubellm binary (or an older `cli` one: same flags); libkernel_trace.so is looked for
+# beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
+# NEW_TOKENS (64) set the run; the cache holds PROMPT_LEN + NEW_TOKENS + 64 positions.
+set -uo pipefail
+cli=$1 model=$2 out=$3
+shift 3
+modes=${*:-none}
+here=$(cd "$(dirname "$0")" && pwd)
+lib=${TRACE_LIB:-$here/libkernel_trace.so}
+cu13=$(python3 -c 'import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))' 2>/dev/null)
+[ -n "$cu13" ] && export LD_LIBRARY_PATH="$cu13/lib:${LD_LIBRARY_PATH:-}"
+mkdir -p "$out"
+args=(--runtime cuda bench-generate --model "$model" --prompt-len "${PROMPT_LEN:-512}"
+      --new-tokens "${NEW_TOKENS:-64}" --runs 1)
+for mode in $modes; do
+  q=(); [ "$mode" != none ] && q=(--quant "$mode")
+  CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
+    "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"
+  ncu_arg=()
+  if [ "${NCU:-0}" = 1 ]; then
+    read -r _ skip _ count _ < <(python3 "$here/decode_table.py" "$out/trace_$mode.csv" --skip-info)
+    timeout "${NCU_TIMEOUT:-300}" ncu --graph-profiling node --cache-control none --clock-control none \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum \
+      --launch-skip "$skip" --launch-count "$count" --csv \
+      "$cli" "${args[@]}" "${q[@]}" > "$out/ncu_$mode.csv" 2> "$out/ncu_$mode.log"
+    ncu_arg=(--ncu "$out/ncu_$mode.csv")
+  fi
+  echo "== $mode"
+  python3 "$here/decode_table.py" "$out/trace_$mode.csv" "${ncu_arg[@]}" \
+    --json "$out/table_$mode.json" --markdown > "$out/table_$mode.md"
+  tail -3 "$out/table_$mode.md"
+done
