@@ -7,11 +7,13 @@
 
 The trace holds every kernel of the process; the decode step is the kernels launched from CUDA
 graphs (graph_id != 0). Each replay launches the same nodes in the same order; the table gives,
-per node (in launch order), the median over replays of its duration and of the gap between the
-previous kernel's end and its start (what a launch costs beyond the kernel itself), its grid,
-and, with --ncu, the bytes it moved and the share of the copy bandwidth that makes. Kernels are
-also summed by name, and the step's wall time is the median over replays of first start to last
-end.
+per node (in launch order), the median over replays of the time it adds to the step (its end
+minus the previous kernel's end: with programmatic dependent launch a kernel starts before its
+predecessor ends and waits, so its own duration overlaps the one before), its duration, the gap
+between the previous kernel's end and its start (negative: launched early), its grid, and, with
+--ncu, the bytes it moved and the share of the copy bandwidth that makes over the time it adds.
+Kernels are also summed by name, and the step's wall time is the median over replays of first
+start to last end.
 
 `--skip-info` prints, for the ncu pass, how many kernels ran before the first replay and how
 many one replay has (ncu --launch-skip / --launch-count, which count graph nodes as launches
@@ -106,7 +108,9 @@ def main():
     # Leave out the first replays (clocks, caches) when there are enough.
     timed = runs[2:] if len(runs) > 6 else runs
     n = len(timed[0])
-    dur = [statistics.median((r[i]["end"] - r[i]["start"]) / 1e3 for r in timed) for i in range(n)]
+    busy = [statistics.median((r[i]["end"] - r[i]["start"]) / 1e3 for r in timed) for i in range(n)]
+    dur = [busy[0]] + [statistics.median((r[i]["end"] - r[i - 1]["end"]) / 1e3 for r in timed)
+                       for i in range(1, n)]
     gap = [0.0] + [statistics.median((r[i]["start"] - r[i - 1]["end"]) / 1e3 for r in timed)
                    for i in range(1, n)]
     step = statistics.median((r[-1]["end"] - r[0]["start"]) / 1e3 for r in timed)
@@ -119,7 +123,8 @@ def main():
     for i, k in enumerate(timed[0]):
         row = {"i": i, "kernel": short(k["name"]), "grid": "x".join(map(str, k["grid"])),
                "block": "x".join(map(str, k["block"])), "us": round(dur[i], 2),
-               "gap_us": round(gap[i], 2), "share": round(dur[i] / step, 4)}
+               "busy_us": round(busy[i], 2), "gap_us": round(gap[i], 2),
+               "share": round(dur[i] / step, 4)}
         if nbytes:
             row["bytes"] = int(nbytes[i])
             row["bw_share"] = round(nbytes[i] / (dur[i] * 1e-6) / args.bandwidth, 3)
@@ -131,13 +136,13 @@ def main():
         agg["us"] += row["us"]
         agg["bytes"] += row.get("bytes", 0)
     summary = {"replays": len(timed), "kernels_per_step": n, "step_us": round(step, 1),
-               "kernel_us": round(sum(dur), 1), "gap_us": round(sum(gap), 1),
+               "kernel_us": round(sum(busy), 1), "gap_us": round(sum(gap), 1),
                "bytes": int(sum(nbytes)) if nbytes else None}
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"summary": summary, "kernels": table, "by_name": by_name}, f, indent=1)
     sep = " | " if args.markdown else "  "
-    head = ["#", "kernel", "grid", "block", "µs", "gap µs", "share"]
+    head = ["#", "kernel", "grid", "block", "µs added", "busy µs", "gap µs", "share"]
     if nbytes:
         head += ["MB", "% copy BW"]
     if args.markdown:
@@ -145,7 +150,7 @@ def main():
         print("|" + "---|" * len(head))
     for row in table:
         cells = [row["i"], row["kernel"], row["grid"], row["block"], f"{row['us']:.2f}",
-                 f"{row['gap_us']:.2f}", f"{100 * row['share']:.1f}%"]
+                 f"{row['busy_us']:.2f}", f"{row['gap_us']:.2f}", f"{100 * row['share']:.1f}%"]
         if nbytes:
             cells += [f"{row['bytes'] / 1e6:.2f}", f"{100 * row['bw_share']:.0f}%"]
         line = sep.join(str(c) for c in cells)
@@ -156,7 +161,8 @@ def main():
         + (f", {100 * v['bytes'] / (v['us'] * 1e-6) / args.bandwidth:.0f}% BW" if nbytes else "")
         for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]["us"])))
     print(f"step {summary['step_us']} µs over {len(timed)} replays: {n} kernels, "
-          f"{summary['kernel_us']} µs in kernels, {summary['gap_us']} µs between them"
+          f"{summary['kernel_us']} µs of kernel durations (overlapping), "
+          f"{summary['gap_us']} µs of gaps"
           + (f", {summary['bytes'] / 1e6:.1f} MB moved "
              f"({100 * summary['bytes'] / (step * 1e-6) / args.bandwidth:.0f}% of copy bandwidth)"
              if nbytes else ""))
