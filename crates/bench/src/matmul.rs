@@ -1,9 +1,13 @@
 //! Cases for `ops::matmul`: prefill GEMMs (compute-bound: TFLOP/s) at the shapes and
 //! the 1.5B model's, decode GEMVs (bandwidth-bound: GB/s of weight read) at the model's
-//! projections, and the fused gated MLP.
+//! projections, and the fused gated MLP. [`cases_with`] forces a tensor-core tile on the cases
+//! that run on tensor cores (tile sweeps: `cubellm bench --gemm-tile`).
 
 use cubecl::prelude::*;
-use ops::matmul::{Activation, GatedWeights};
+use ops::matmul::{
+    fused_gated_mlp_into_with, linear_into_with, plan, Activation, CmmaTile, GatedWeights, Kernel,
+    MatmulStrategy,
+};
 use ops::{caps, DType, DeviceTensor};
 
 use super::Case;
@@ -30,6 +34,38 @@ pub(crate) fn filled<R: Runtime>(
 }
 
 pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    cases_with(client, None)
+}
+
+/// The strategy of a case of `m` rows: `tile` on the tensor-core GEMM where the case runs there
+/// and the tile can run it (valid for the product, within the device's shared memory; else the
+/// per-shape default, said on stderr), [`MatmulStrategy::Auto`] otherwise.
+fn strategy<R: Runtime>(
+    client: &ComputeClient<R>,
+    tile: Option<CmmaTile>,
+    name: &str,
+    m: usize,
+    dtype: DType,
+    gated: bool,
+) -> MatmulStrategy {
+    let Some(tile) = tile else {
+        return MatmulStrategy::Auto;
+    };
+    if plan(client, m, dtype) != Kernel::TensorCore {
+        return MatmulStrategy::Auto;
+    }
+    let smem = client.properties().hardware.max_shared_memory_size;
+    if tile.is_valid(gated) && tile.shared_bytes(dtype.size(), gated) <= smem {
+        MatmulStrategy::TensorCore(tile)
+    } else {
+        eprintln!("{name} {dtype}: tile {tile:?} cannot run it here; default tile");
+        MatmulStrategy::Auto
+    }
+}
+
+/// The cases, with those that run on the tensor-core GEMM forced onto `tile` when given and
+/// when it can run them (else their default tile, said on stderr).
+pub fn cases_with<R: Runtime>(client: &ComputeClient<R>, tile: Option<CmmaTile>) -> Vec<Case<'_>> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         if !caps::supports_dtype(client, dtype) {
@@ -40,13 +76,14 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             let x = filled(client, &[m, k], dtype);
             let w = filled(client, &[n, k], dtype);
             let y = DeviceTensor::empty(client, &[m, n], dtype);
+            let strategy = strategy(client, tile, &name, m, dtype, false);
             out.push(Case {
                 name,
                 dtype,
                 bytes: e * (m * k + n * k + m * n) as f64,
                 flops: 2.0 * (m * n * k) as f64,
                 run: Box::new(move || {
-                    ops::matmul::linear_into(client, &x, &w, None, None, &y).unwrap()
+                    linear_into_with(client, &x, &w, None, None, &y, strategy).unwrap()
                 }),
             });
         };
@@ -65,18 +102,21 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             let x = filled(client, &[m, h], dtype);
             let w = filled(client, &[2 * i, h], dtype);
             let y = DeviceTensor::empty(client, &[m, i], dtype);
+            let name = format!("gated_mlp {m}x{h}x{i}");
+            let strategy = strategy(client, tile, &name, m, dtype, true);
             out.push(Case {
-                name: format!("gated_mlp {m}x{h}x{i}"),
+                name,
                 dtype,
                 bytes: e * (m * h + 2 * i * h + m * i) as f64,
                 flops: 4.0 * (m * i * h) as f64,
                 run: Box::new(move || {
-                    ops::matmul::fused_gated_mlp_into(
+                    fused_gated_mlp_into_with(
                         client,
                         &x,
                         GatedWeights::Concatenated(&w),
                         Activation::Silu,
                         &y,
+                        strategy,
                     )
                     .unwrap()
                 }),

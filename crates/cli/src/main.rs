@@ -3,6 +3,7 @@
 //! ```text
 //! cubellm --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
 //! cubellm --runtime cuda bench [--family norm]    # device timings as JSON lines
+//! cubellm bench --family matmul --gemm-tile 128,128,2,4,3   # a tensor-core tile sweep point
 //! cubellm generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
 //! cubellm make-demo-model --out DIR                # the built-in demo model, as files
 //! ```
@@ -16,6 +17,7 @@ mod weight_args;
 
 use clap::{Parser, Subcommand};
 use cubecl::prelude::*;
+use ops::matmul::CmmaTile;
 use runtime::RuntimeChoice;
 
 #[derive(Parser, Debug)]
@@ -44,6 +46,11 @@ enum Command {
         /// Only cases whose name contains this text.
         #[arg(long, default_value = "")]
         filter: String,
+        /// Force this tensor-core tile, `bm,bn,warps_m,warps_n,stages[,bk]` (e.g.
+        /// 128,128,2,4,3; stages 0 = register staging, bk 32 or 64), on the matmul cases that
+        /// run on tensor cores (those it cannot run keep their default tile).
+        #[arg(long, value_parser = parse_gemm_tile)]
+        gemm_tile: Option<CmmaTile>,
     },
     /// Generate text with a Qwen2 model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
@@ -75,10 +82,22 @@ fn selfcheck<R: Runtime>(client: &ComputeClient<R>) -> anyhow::Result<bool> {
     Ok(failed == 0)
 }
 
+/// `--gemm-tile`: a tile [`CmmaTile::parse`] accepts.
+fn parse_gemm_tile(text: &str) -> Result<CmmaTile, String> {
+    CmmaTile::parse(text).ok_or_else(|| {
+        format!(
+            "'{text}' is not a tensor-core tile: expected bm,bn,warps_m,warps_n,stages[,bk] \
+             (e.g. 128,128,2,4,3) with planes of whole 16x16 fragments, stages 0 or 2-8, bk 32 \
+             or 64"
+        )
+    })
+}
+
 fn bench<R: Runtime>(
     client: &ComputeClient<R>,
     family: Option<&str>,
     filter: &str,
+    gemm_tile: Option<CmmaTile>,
 ) -> anyhow::Result<()> {
     let families: Vec<&'static str> = match family {
         Some(f) => match bench::FAMILIES.iter().find(|k| **k == f) {
@@ -91,7 +110,10 @@ fn bench<R: Runtime>(
         None => bench::FAMILIES.to_vec(),
     };
     for f in families {
-        let cases = bench::cases(client, f);
+        let cases = match (f, gemm_tile) {
+            ("matmul", Some(tile)) => bench::matmul::cases_with(client, Some(tile)),
+            _ => bench::cases(client, f),
+        };
         bench::measure(client, f, cases, filter);
     }
     Ok(())
@@ -106,8 +128,11 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     eprintln!("runtime: {backend}");
     runtime::with_runtime!(backend, |client: R| match &cli.command {
         Command::Selfcheck => selfcheck::<R>(&client),
-        Command::Bench { family, filter } =>
-            bench::<R>(&client, family.as_deref(), filter).map(|_| true),
+        Command::Bench {
+            family,
+            filter,
+            gemm_tile,
+        } => bench::<R>(&client, family.as_deref(), filter, *gemm_tile).map(|_| true),
         Command::Generate(args) => generate::generate::<R>(&client, args).map(|_| true),
         Command::BenchGenerate(args) =>
             bench_generate::bench_generate::<R>(&client, args).map(|_| true),

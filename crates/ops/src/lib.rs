@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod elementwise;
 pub mod embedding;
 pub mod error;
+pub mod gemm;
 pub mod launch;
 pub mod linear;
 pub mod matmul;

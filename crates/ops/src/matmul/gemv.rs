@@ -9,9 +9,13 @@
 
 use cubecl::prelude::*;
 
+use super::Problem;
+use crate::caps;
+use crate::gemm::{write_epilogue, EpilogueBlueprint};
+
 /// Comptime shape of a GEMV launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct GemvPlan {
+pub struct GemvBlueprint {
     /// Rows of x (1..=16), unrolled into per-row accumulators.
     pub m: u32,
     /// Lanes per output column: the plane size when plane ops are used, else 32.
@@ -19,12 +23,8 @@ pub struct GemvPlan {
     /// Output columns per cube (one per plane).
     pub cols_per_cube: u32,
     pub use_plane: bool,
-    pub has_bias: bool,
-    pub has_residual: bool,
-    /// Gated: two weight rows per column and `act(g) * u` in the epilogue.
-    pub gated: bool,
-    /// The gate activation when gated: false = SiLU, true = GELU (erf).
-    pub gelu: bool,
+    /// Gated (`epilogue.gate`): two weight rows per column and `act(g) * u` in the epilogue.
+    pub epilogue: EpilogueBlueprint,
 }
 
 /// `x` dot `w` for one vector, in f32.
@@ -39,17 +39,6 @@ fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
     s
 }
 
-/// The gate activations, in f32.
-#[cube]
-pub(crate) fn activation(g: f32, #[comptime] gelu: bool) -> f32 {
-    // PyTorch's default F.gelu is the exact erf form.
-    if comptime![gelu] {
-        0.5f32 * g * (1f32 + Erf::erf(g * 0.707_106_77f32))
-    } else {
-        g / (1f32 + f32::exp(-g))
-    }
-}
-
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_kernel<F: Float, N: Size>(
@@ -62,7 +51,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     n_cols: usize,
     k_vectors: usize,
     up_row_offset: usize,
-    #[comptime] plan: GemvPlan,
+    #[comptime] plan: GemvBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
     let col = CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize;
@@ -85,7 +74,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
         for m in 0..m_rows {
             acc[m] += dot(x[m * k_vectors + kv], wv);
         }
-        if comptime![plan.gated] {
+        if comptime![plan.epilogue.is_gated()] {
             let uv = w_up[up_base + kv];
             #[unroll]
             for m in 0..m_rows {
@@ -97,25 +86,58 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     for m in 0..m_rows {
         let total = crate::reduce::row_sum(acc[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         let mut total_up = 0f32;
-        if comptime![plan.gated] {
+        if comptime![plan.epilogue.is_gated()] {
             total_up =
                 crate::reduce::row_sum(acc_up[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         }
         if active && UNIT_POS_X == 0 {
-            let mut y = total;
-            if comptime![plan.gated] {
-                // Round each product to the activation dtype first, as two linears would.
-                let g = f32::cast_from(F::cast_from(y));
-                let u = f32::cast_from(F::cast_from(total_up));
-                y = activation(g, plan.gelu) * u;
-            }
-            if comptime![plan.has_bias] {
-                y += f32::cast_from(bias[col]);
-            }
-            if comptime![plan.has_residual] {
-                y += f32::cast_from(residual[m * n_cols + col]);
-            }
-            out[m * n_cols + col] = F::cast_from(y);
+            write_epilogue::<F>(
+                out,
+                total,
+                total_up,
+                m,
+                col,
+                n_cols,
+                bias,
+                residual,
+                plan.epilogue,
+            );
         }
     }
+}
+
+/// Launches the GEMV on a validated problem (M <= 16).
+pub(super) fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) {
+    let vector = caps::vector_size_for(client, p.x.dtype(), p.k);
+    let use_plane = caps::has_plane_ops(client)
+        && client.properties().hardware.plane_size_min
+            == client.properties().hardware.plane_size_max;
+    let lanes = if use_plane {
+        caps::plane_size_min(client)
+    } else {
+        32
+    };
+    let cols_per_cube = (256 / lanes).max(1);
+    let bp = GemvBlueprint {
+        m: p.m as u32,
+        lanes,
+        cols_per_cube,
+        use_plane,
+        epilogue: p.epilogue(),
+    };
+    let cubes = p.n.div_ceil(cols_per_cube as usize) as u32;
+    launch_dense!(gemv_kernel::<R>(
+        client,
+        crate::launch::cube_count_1d(client, cubes),
+        CubeDim::new_2d(lanes, cols_per_cube),
+        p,
+        [vector],
+        [
+            p.n,
+            p.k / vector,
+            p.up_row_offset,
+            bp,
+            p.x.dtype().elem_type()
+        ]
+    ));
 }

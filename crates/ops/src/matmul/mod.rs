@@ -9,36 +9,44 @@
 //! tiled GEMM. Inputs must be contiguous (strided views are rejected with `ShapeMismatch`: the
 //! kernels address rows by `row * K`).
 //!
-//! The tensor-core GEMM (`cmma_gemm`) feeds its shared-memory stages with a multi-stage
-//! `cp.async` pipeline on CUDA, picks its tile per shape ([`CmmaTile::auto`]) and takes a tile
-//! from [`TUNE_ENV`] for benchmark sweeps; [`linear_into_with_tile`] and
-//! [`fused_gated_mlp_into_with_tile`] force one (tests).
-
-mod cmma_gemm;
-mod gemv;
-mod tiled;
+//! The tensor-core GEMM (`cmma`) feeds its shared-memory stages with a multi-stage `cp.async`
+//! pipeline on CUDA and picks its tile per shape ([`CmmaTile::auto`]). [`linear_into_with`] and
+//! [`fused_gated_mlp_into_with`] force a kernel (and a tile) with a [`MatmulStrategy`] (tests,
+//! benchmark sweeps). The three kernels share their epilogue, stage drivers and copies with the
+//! other GEMM-like kernels through [`crate::gemm`].
 
 use cubecl::prelude::*;
 
 use crate::launch::check_same_dtype;
 use crate::{caps, DeviceTensor, OpsError, Result};
 
-pub use cmma_gemm::{CmmaTile, TUNE_ENV};
-pub use gemv::GemvPlan;
-pub use tiled::TilePlan;
+/// Launches a dense kernel whose first buffers are `x, w, w_up, bias, residual, out` (the
+/// operands of [`Problem::operands`]): `[$pre]` come before them (the vector width), `[$post]`
+/// after (sizes, blueprint, dtype). Only for a validated [`Problem`] (shapes, dtypes and
+/// contiguity checked by the public entry points), which keeps every kernel in bounds.
+macro_rules! launch_dense {
+    ($kernel:ident::<$r:ty>($client:expr, $count:expr, $dim:expr, $p:expr,
+        [$($pre:expr),*], [$($post:expr),* $(,)?])) => {{
+        let [x, w, w_up, bias, residual, out] = unsafe { $p.operands() };
+        unsafe {
+            $kernel::launch_unchecked::<$r>(
+                $client, $count, $dim, $($pre,)* x, w, w_up, bias, residual, out, $($post,)*
+            )
+        }
+    }};
+}
+
+mod cmma;
+mod gemv;
+mod tiled;
+
+pub use crate::gemm::Activation;
+pub use cmma::{CmmaBlueprint, CmmaTile};
+pub use gemv::GemvBlueprint;
+pub use tiled::TiledBlueprint;
 
 /// Rows of x up to which the GEMV path is used.
 pub const GEMV_MAX_M: usize = 16;
-
-/// The gate activation of [`fused_gated_mlp`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub enum Activation {
-    /// `x * sigmoid(x)` (Qwen2, Llama).
-    #[default]
-    Silu,
-    /// PyTorch's default `F.gelu` (exact, erf).
-    Gelu,
-}
 
 /// The two weights of a gated MLP.
 pub enum GatedWeights<'a, R: Runtime> {
@@ -63,11 +71,29 @@ pub enum Kernel {
 pub fn plan<R: Runtime>(client: &ComputeClient<R>, m: usize, dtype: crate::DType) -> Kernel {
     if m <= GEMV_MAX_M {
         Kernel::Gemv
-    } else if cmma_gemm::supported(client, dtype) {
+    } else if cmma::supported(client, dtype) {
         Kernel::TensorCore
     } else {
         Kernel::Tiled
     }
+}
+
+/// Which kernel a product runs on: [`plan`]'s choice, or a forced one (tests, benchmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum MatmulStrategy {
+    /// What [`plan`] picks, with the tensor-core tile [`CmmaTile::auto`] picks.
+    #[default]
+    Auto,
+    /// The GEMV at any M up to [`GEMV_MAX_M`] (`InvalidArgument` above).
+    Gemv,
+    /// The portable shared-memory tiled GEMM, at any M.
+    Tiled,
+    /// The tensor-core GEMM with this tile, at any M: `UnsupportedFeature` where the runtime has
+    /// no f16/bf16 16x16x16 `cmma` (see [`plan`]), `InvalidArgument` for a tile the kernel
+    /// cannot run here (see [`CmmaTile::is_valid`]; for the gated MLP `bn` counts gate and up
+    /// rows, so a tile covers `bn / 2` output columns). A tile with `stages >= 2` runs the
+    /// register-staged path where `cp.async` cannot be used.
+    TensorCore(CmmaTile),
 }
 
 /// Everything the launchers need, validated.
@@ -83,6 +109,37 @@ struct Problem<'a, R: Runtime> {
     n: usize,
     k: usize,
     gated: Option<Activation>,
+}
+
+impl<R: Runtime> Problem<'_, R> {
+    /// The epilogue the kernels compile in.
+    fn epilogue(&self) -> crate::gemm::EpilogueBlueprint {
+        crate::gemm::EpilogueBlueprint {
+            has_bias: self.bias.is_some(),
+            has_residual: self.residual.is_some(),
+            gate: self.gated,
+        }
+    }
+
+    /// The buffers every dense kernel takes first: `x, w, w_up, bias, residual, out`. Absent
+    /// epilogue operands are bound to x (never read: the kernels' comptime flags skip them).
+    ///
+    /// # Safety
+    /// The kernel they are given to must stay within the validated shapes.
+    unsafe fn operands(&self) -> [BufferArg<R>; 6] {
+        let bias = self.bias.unwrap_or(self.x);
+        let residual = self.residual.unwrap_or(self.x);
+        unsafe {
+            [
+                self.x.as_buffer_arg(),
+                self.w.as_buffer_arg(),
+                self.w_up.as_buffer_arg(),
+                bias.as_buffer_arg(),
+                residual.as_buffer_arg(),
+                self.out.as_buffer_arg(),
+            ]
+        }
+    }
 }
 
 fn check_contiguous<R: Runtime>(op: &'static str, t: &DeviceTensor<R>, what: &str) -> Result<()> {
@@ -121,23 +178,20 @@ pub fn linear_into<R: Runtime>(
     residual: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    linear_impl(client, x, w, bias, residual, out, None)
+    linear_impl(client, x, w, bias, residual, out, MatmulStrategy::Auto)
 }
 
-/// [`linear_into`] forced onto the tensor-core GEMM with `tile` at any M (tests and tuning).
-/// Fails with `UnsupportedFeature` where the runtime has no f16/bf16 `cmma` (see [`plan`]) and
-/// `InvalidArgument` for a tile the kernel cannot run (see [`CmmaTile::is_valid`]). A tile with
-/// `stages >= 2` runs the register-staged path where `cp.async` cannot be used.
-pub fn linear_into_with_tile<R: Runtime>(
+/// [`linear_into`] on the kernel `strategy` asks for (errors: see [`MatmulStrategy`]).
+pub fn linear_into_with<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     w: &DeviceTensor<R>,
     bias: Option<&DeviceTensor<R>>,
     residual: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
-    tile: CmmaTile,
+    strategy: MatmulStrategy,
 ) -> Result<()> {
-    linear_impl(client, x, w, bias, residual, out, Some(tile))
+    linear_impl(client, x, w, bias, residual, out, strategy)
 }
 
 fn linear_impl<R: Runtime>(
@@ -147,7 +201,7 @@ fn linear_impl<R: Runtime>(
     bias: Option<&DeviceTensor<R>>,
     residual: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
-    tile: Option<CmmaTile>,
+    strategy: MatmulStrategy,
 ) -> Result<()> {
     const OP: &str = "linear";
     let (m, k) = check_x(client, OP, x)?;
@@ -171,7 +225,7 @@ fn linear_impl<R: Runtime>(
         gated: None,
     };
     check_epilogue(OP, &p)?;
-    launch(client, OP, &p, tile)
+    launch(client, OP, &p, strategy)
 }
 
 /// `act(x·gateᵀ) * (x·upᵀ)` in one kernel: `x[.., H]` -> `[.., I]`; both products share the x
@@ -203,20 +257,20 @@ pub fn fused_gated_mlp_into<R: Runtime>(
     act: Activation,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, None)
+    gated_impl(client, x, weights, act, out, MatmulStrategy::Auto)
 }
 
-/// [`fused_gated_mlp_into`] forced onto the tensor-core GEMM with `tile` (whose `bn` counts
-/// gate and up rows: it covers `bn / 2` output columns); errors as [`linear_into_with_tile`].
-pub fn fused_gated_mlp_into_with_tile<R: Runtime>(
+/// [`fused_gated_mlp_into`] on the kernel `strategy` asks for (errors: see
+/// [`MatmulStrategy`]).
+pub fn fused_gated_mlp_into_with<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     weights: GatedWeights<'_, R>,
     act: Activation,
     out: &DeviceTensor<R>,
-    tile: CmmaTile,
+    strategy: MatmulStrategy,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, Some(tile))
+    gated_impl(client, x, weights, act, out, strategy)
 }
 
 fn gated_impl<R: Runtime>(
@@ -225,7 +279,7 @@ fn gated_impl<R: Runtime>(
     weights: GatedWeights<'_, R>,
     act: Activation,
     out: &DeviceTensor<R>,
-    tile: Option<CmmaTile>,
+    strategy: MatmulStrategy,
 ) -> Result<()> {
     const OP: &str = "fused_gated_mlp";
     let (m, k) = check_x(client, OP, x)?;
@@ -274,7 +328,7 @@ fn gated_impl<R: Runtime>(
         gated: Some(act),
     };
     check_epilogue(OP, &p)?;
-    launch(client, OP, &p, tile)
+    launch(client, OP, &p, strategy)
 }
 
 /// A gated MLP as a module: the weights and the activation.
@@ -362,14 +416,19 @@ fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     p: &Problem<'_, R>,
-    tile: Option<CmmaTile>,
+    strategy: MatmulStrategy,
 ) -> Result<()> {
-    // Unused epilogue operands are bound to x (never read: the kernel's comptime flags skip them).
-    let bias = p.bias.unwrap_or(p.x);
-    let residual = p.residual.unwrap_or(p.x);
-    let dtype = p.x.dtype().elem_type();
-    let kernel = match tile {
-        Some(_) if !cmma_gemm::supported(client, p.x.dtype()) => {
+    let kernel = match strategy {
+        MatmulStrategy::Auto => plan(client, p.m, p.x.dtype()),
+        MatmulStrategy::Gemv if p.m > GEMV_MAX_M => {
+            return Err(OpsError::invalid(
+                op,
+                format!("the GEMV takes at most {GEMV_MAX_M} rows, not {}", p.m),
+            ))
+        }
+        MatmulStrategy::Gemv => Kernel::Gemv,
+        MatmulStrategy::Tiled => Kernel::Tiled,
+        MatmulStrategy::TensorCore(_) if !cmma::supported(client, p.x.dtype()) => {
             return Err(OpsError::UnsupportedFeature {
                 op,
                 runtime: caps::runtime_name(client),
@@ -379,86 +438,23 @@ fn launch<R: Runtime>(
                 ),
             })
         }
-        Some(_) => Kernel::TensorCore,
-        None => plan(client, p.m, p.x.dtype()),
+        MatmulStrategy::TensorCore(_) => Kernel::TensorCore,
     };
     match kernel {
-        Kernel::Gemv => {
-            let vector = caps::vector_size_for(client, p.x.dtype(), p.k);
-            let use_plane = caps::has_plane_ops(client)
-                && client.properties().hardware.plane_size_min
-                    == client.properties().hardware.plane_size_max;
-            let lanes = if use_plane {
-                caps::plane_size_min(client)
-            } else {
-                32
-            };
-            let cols_per_cube = (256 / lanes).max(1);
-            let gp = GemvPlan {
-                m: p.m as u32,
-                lanes,
-                cols_per_cube,
-                use_plane,
-                has_bias: p.bias.is_some(),
-                has_residual: p.residual.is_some(),
-                gated: p.gated.is_some(),
-                gelu: p.gated == Some(Activation::Gelu),
-            };
-            let cubes = p.n.div_ceil(cols_per_cube as usize) as u32;
-            unsafe {
-                gemv::gemv_kernel::launch_unchecked::<R>(
-                    client,
-                    crate::launch::cube_count_1d(client, cubes),
-                    CubeDim::new_2d(lanes, cols_per_cube),
-                    vector,
-                    p.x.as_buffer_arg(),
-                    p.w.as_buffer_arg(),
-                    p.w_up.as_buffer_arg(),
-                    bias.as_buffer_arg(),
-                    residual.as_buffer_arg(),
-                    p.out.as_buffer_arg(),
-                    p.n,
-                    p.k / vector,
-                    p.up_row_offset,
-                    gp,
-                    dtype,
-                );
-            }
-        }
-        Kernel::TensorCore => cmma_gemm::launch(client, op, p, bias, residual, tile)?,
-        Kernel::Tiled => {
-            let tp = TilePlan {
-                bm: 64,
-                bn: 64,
-                bk: 16,
-                tm: 4,
-                tn: 4,
-                group_m: 8,
-                has_bias: p.bias.is_some(),
-                has_residual: p.residual.is_some(),
-                gated: p.gated.is_some(),
-                gelu: p.gated == Some(Activation::Gelu),
-            };
-            let tiles = p.m.div_ceil(tp.bm as usize) * p.n.div_ceil(tp.bn as usize);
-            unsafe {
-                tiled::tiled_gemm_kernel::launch_unchecked::<R>(
-                    client,
-                    crate::launch::cube_count_1d(client, tiles as u32),
-                    CubeDim::new_1d(tp.units()),
-                    p.x.as_buffer_arg(),
-                    p.w.as_buffer_arg(),
-                    p.w_up.as_buffer_arg(),
-                    bias.as_buffer_arg(),
-                    residual.as_buffer_arg(),
-                    p.out.as_buffer_arg(),
+        Kernel::Gemv => gemv::launch(client, p),
+        Kernel::Tiled => tiled::launch(client, p),
+        Kernel::TensorCore => {
+            let tile = match strategy {
+                MatmulStrategy::TensorCore(tile) => tile,
+                _ => CmmaTile::auto(
                     p.m,
                     p.n,
                     p.k,
-                    p.up_row_offset,
-                    tp,
-                    dtype,
-                );
-            }
+                    p.gated.is_some(),
+                    caps::num_sms(client) as usize,
+                ),
+            };
+            cmma::launch(client, op, p, tile)?;
         }
     }
     Ok(())

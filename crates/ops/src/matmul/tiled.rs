@@ -8,74 +8,42 @@
 
 use cubecl::prelude::*;
 
-use super::gemv::activation;
+use super::Problem;
+use crate::gemm::{grouped_tile, load_tile_transposed, write_epilogue, EpilogueBlueprint};
 
 /// Comptime configuration (the kernel's compile key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct TilePlan {
+pub struct TiledBlueprint {
     pub bm: u32,
     pub bn: u32,
     pub bk: u32,
     pub tm: u32,
     pub tn: u32,
     pub group_m: u32,
-    pub has_bias: bool,
-    pub has_residual: bool,
-    pub gated: bool,
-    pub gelu: bool,
+    /// Gated (`epilogue.gate`): a second weight tile and `act(g) * u` in the epilogue.
+    pub epilogue: EpilogueBlueprint,
 }
 
-impl TilePlan {
+impl TiledBlueprint {
+    /// The tile every launch uses: 64x64, BK = 16, 4x4 outputs per unit, groups of 8 tile-rows.
+    pub fn new(epilogue: EpilogueBlueprint) -> Self {
+        Self {
+            bm: 64,
+            bn: 64,
+            bk: 16,
+            tm: 4,
+            tn: 4,
+            group_m: 8,
+            epilogue,
+        }
+    }
+
     pub fn units(&self) -> u32 {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
-}
 
-/// The (tile-row, tile-column) visited by cube `pid` in grouped order.
-#[cube]
-pub(crate) fn grouped_tile(
-    pid: usize,
-    tiles_m: usize,
-    tiles_n: usize,
-    #[comptime] group_m: u32,
-) -> (usize, usize) {
-    let group = group_m as usize;
-    let per_group = group * tiles_n;
-    let first_m = (pid / per_group) * group;
-    let size_m = min(tiles_m - first_m, group);
-    let local = pid % per_group;
-    (first_m + local % size_m, local / size_m)
-}
-
-/// Loads a `rows x bk` tile of a row-major `[rows_total, k]` matrix into shared memory,
-/// transposed to `[bk][rows]`, zero-filling outside the matrix.
-#[cube]
-fn load_tile<F: Float>(
-    src: &[F],
-    dst: &mut [F],
-    row0: usize,
-    k0: usize,
-    rows_total: usize,
-    k: usize,
-    #[comptime] rows: u32,
-    #[comptime] bk: u32,
-    #[comptime] units: u32,
-) {
-    let count = comptime![(rows * bk).div_ceil(units)];
-    #[unroll]
-    for i in 0..count {
-        let idx = UNIT_POS as usize + i as usize * units as usize;
-        if idx < comptime![(rows * bk) as usize] {
-            let r = idx / bk as usize;
-            let c = idx % bk as usize;
-            let gr = row0 + r;
-            let gc = k0 + c;
-            let mut v = F::new(0.0);
-            if gr < rows_total && gc < k {
-                v = src[gr * k + gc];
-            }
-            dst[c * rows as usize + r] = v;
-        }
+    fn gated(&self) -> bool {
+        self.epilogue.is_gated()
     }
 }
 
@@ -92,7 +60,7 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
     n: usize,
     k: usize,
     up_row_offset: usize,
-    #[comptime] plan: TilePlan,
+    #[comptime] plan: TiledBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
     let tiles_m = m.div_ceil(plan.bm as usize);
@@ -123,10 +91,10 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
     let units = plan.units();
 
     for k0 in range_stepped(0, k, plan.bk as usize) {
-        load_tile::<F>(x, &mut xs, m0, k0, m, k, plan.bm, plan.bk, units);
-        load_tile::<F>(w, &mut ws, n0, k0, n, k, plan.bn, plan.bk, units);
-        if comptime![plan.gated] {
-            load_tile::<F>(
+        load_tile_transposed::<F>(x, &mut xs, m0, k0, m, k, plan.bm, plan.bk, units);
+        load_tile_transposed::<F>(w, &mut ws, n0, k0, n, k, plan.bn, plan.bk, units);
+        if comptime![plan.gated()] {
+            load_tile_transposed::<F>(
                 w_up,
                 &mut us,
                 up_row_offset + n0,
@@ -152,7 +120,7 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
                 b[j as usize] = f32::cast_from(
                     ws[(kk * plan.bn) as usize + tx * plan.tn as usize + j as usize],
                 );
-                if comptime![plan.gated] {
+                if comptime![plan.gated()] {
                     bu[j as usize] = f32::cast_from(
                         us[(kk * plan.bn) as usize + tx * plan.tn as usize + j as usize],
                     );
@@ -163,7 +131,7 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
                 #[unroll]
                 for j in 0..plan.tn {
                     acc[(i * plan.tn + j) as usize] += a[i as usize] * b[j as usize];
-                    if comptime![plan.gated] {
+                    if comptime![plan.gated()] {
                         acc_up[(i * plan.tn + j) as usize] += a[i as usize] * bu[j as usize];
                     }
                 }
@@ -179,20 +147,28 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
             let gm = m0 + ty * plan.tm as usize + i as usize;
             let gn = n0 + tx * plan.tn as usize + j as usize;
             if gm < m && gn < n {
-                let mut y = acc[(i * plan.tn + j) as usize];
-                if comptime![plan.gated] {
-                    let g = f32::cast_from(F::cast_from(y));
-                    let u = f32::cast_from(F::cast_from(acc_up[(i * plan.tn + j) as usize]));
-                    y = activation(g, plan.gelu) * u;
-                }
-                if comptime![plan.has_bias] {
-                    y += f32::cast_from(bias[gn]);
-                }
-                if comptime![plan.has_residual] {
-                    y += f32::cast_from(residual[gm * n + gn]);
-                }
-                out[gm * n + gn] = F::cast_from(y);
+                let y = acc[(i * plan.tn + j) as usize];
+                let up = if comptime![plan.gated()] {
+                    acc_up[(i * plan.tn + j) as usize]
+                } else {
+                    f32::new(0.0)
+                };
+                write_epilogue::<F>(out, y, up, gm, gn, n, bias, residual, plan.epilogue);
             }
         }
     }
+}
+
+/// Launches the tiled GEMM on a validated problem.
+pub(super) fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) {
+    let bp = TiledBlueprint::new(p.epilogue());
+    let tiles = p.m.div_ceil(bp.bm as usize) * p.n.div_ceil(bp.bn as usize);
+    launch_dense!(tiled_gemm_kernel::<R>(
+        client,
+        crate::launch::cube_count_1d(client, tiles as u32),
+        CubeDim::new_1d(bp.units()),
+        p,
+        [],
+        [p.m, p.n, p.k, p.up_row_offset, bp, p.x.dtype().elem_type()]
+    ));
 }

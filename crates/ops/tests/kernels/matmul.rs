@@ -1,12 +1,14 @@
 use cubecl::prelude::*;
+use ops::gemm::{dequant_epilogue, DequantBlueprint, EpilogueBlueprint};
 use ops::matmul::{
-    fused_gated_mlp, fused_gated_mlp_into, fused_gated_mlp_into_with_tile, linear, linear_into,
-    linear_into_with_tile, plan, Activation, CmmaTile, FusedGatedMlp, GatedMlpWeights,
-    GatedWeights, Kernel,
+    fused_gated_mlp, fused_gated_mlp_into, fused_gated_mlp_into_with, linear, linear_into,
+    linear_into_with, plan, Activation, CmmaTile, FusedGatedMlp, GatedMlpWeights, GatedWeights,
+    Kernel, MatmulStrategy,
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
+use MatmulStrategy::TensorCore;
 
 fn on_cuda<R: Runtime>(client: &ComputeClient<R>) -> bool {
     ops::caps::runtime_name(client) == "cuda"
@@ -288,7 +290,7 @@ fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
     let x = DeviceTensor::from_f32(client, &[0.5; 8 * 16], &[8, 16], dtype).unwrap();
     let w = DeviceTensor::from_f32(client, &[0.5; 4 * 16], &[4, 16], dtype).unwrap();
     let out = DeviceTensor::empty(client, &[8, 4], dtype);
-    match linear_into_with_tile(client, &x, &w, None, None, &out, tile) {
+    match linear_into_with(client, &x, &w, None, None, &out, TensorCore(tile)) {
         Ok(()) => true,
         Err(e) => {
             assert_eq!(e.kind(), "feature", "{e}");
@@ -331,14 +333,14 @@ fn forced_linear_case<R: Runtime>(client: &ComputeClient<R>) {
             let (bias, res) =
                 [(true, true), (false, false), (true, false), (false, true)][(ti + si) % 4];
             let out = poisoned(client, &[m, n], dtype);
-            linear_into_with_tile(
+            linear_into_with(
                 client,
                 &x,
                 &w,
                 bias.then_some(&b),
                 res.then_some(&r),
                 &out,
-                tile,
+                TensorCore(tile),
             )
             .unwrap();
             let want = reference::linear(
@@ -395,7 +397,7 @@ fn forced_gated_case<R: Runtime>(client: &ComputeClient<R>) {
                     up: &up,
                 }
             };
-            fused_gated_mlp_into_with_tile(client, &x, weights, act, &out, tile).unwrap();
+            fused_gated_mlp_into_with(client, &x, weights, act, &out, TensorCore(tile)).unwrap();
             assert_close(
                 &format!("gated {act:?} {tile:?} {dtype} {m}x{i}x{k} concatenated={concatenated}"),
                 &out.to_f64_vec(client).unwrap(),
@@ -419,29 +421,37 @@ fn forced_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     // A tile with one B fragment per plane cannot split it into gate and up.
     let odd = CmmaTile::new(64, 64, 2, 4, 3);
     let gated = |tile| {
-        fused_gated_mlp_into_with_tile(
+        fused_gated_mlp_into_with(
             client,
             &x,
             GatedWeights::Concatenated(&w),
             Activation::Silu,
             &half,
-            tile,
+            TensorCore(tile),
         )
     };
     if tensor_core_dtypes(client).is_empty() {
         assert_err(
             "forced tile without cmma",
-            linear_into_with_tile(client, &x, &w, None, None, &out, CmmaTile::LARGE),
+            linear_into_with(
+                client,
+                &x,
+                &w,
+                None,
+                None,
+                &out,
+                TensorCore(CmmaTile::LARGE),
+            ),
             "feature",
         );
         return;
     }
     assert_err(
         "invalid tile",
-        linear_into_with_tile(client, &x, &w, None, None, &out, bad),
+        linear_into_with(client, &x, &w, None, None, &out, TensorCore(bad)),
         "argument",
     );
-    assert!(linear_into_with_tile(client, &x, &w, None, None, &out, odd).is_ok());
+    assert!(linear_into_with(client, &x, &w, None, None, &out, TensorCore(odd)).is_ok());
     assert_err("odd gated tile", gated(odd), "argument");
     assert!(gated(CmmaTile::SMALL).is_ok());
     let f32x = DeviceTensor::from_f32(client, &[0.5; 32 * 64], &[32, 64], DType::F32).unwrap();
@@ -449,9 +459,209 @@ fn forced_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let f32o = DeviceTensor::empty(client, &[32, 64], DType::F32);
     assert_err(
         "forced tile on f32",
-        linear_into_with_tile(client, &f32x, &f32w, None, None, &f32o, CmmaTile::LARGE),
+        linear_into_with(
+            client,
+            &f32x,
+            &f32w,
+            None,
+            None,
+            &f32o,
+            TensorCore(CmmaTile::LARGE),
+        ),
         "feature",
     );
+}
+
+/// The tiled GEMM forced onto a GEMV shape (M = 3) and the GEMV forced (the strategy's
+/// plumbing), each with every epilogue and both gates, on sizes off every tile and vector width;
+/// the GEMV refuses a 17th row.
+fn forced_portable_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(75);
+    let all = [(false, false), (true, false), (false, true), (true, true)];
+    for dtype in float_dtypes(client) {
+        for (strategy, (m, n, k)) in [
+            (MatmulStrategy::Tiled, (3, 70, 33)),
+            (MatmulStrategy::Gemv, (3, 37, 72)),
+        ] {
+            let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (w, wh) = upload(
+                client,
+                &random(&mut rng, 2 * n * k, 1.0),
+                &[2 * n, k],
+                dtype,
+            );
+            let (b, bh) = upload(client, &random(&mut rng, 2 * n, 1.0), &[2 * n], dtype);
+            let (r, rh) = upload(
+                client,
+                &random(&mut rng, 2 * m * n, 1.0),
+                &[m, 2 * n],
+                dtype,
+            );
+            let what = format!("{strategy:?} {dtype} {m}x{n}x{k}");
+            for (bias, res) in all {
+                let out = poisoned(client, &[m, 2 * n], dtype);
+                linear_into_with(
+                    client,
+                    &x,
+                    &w,
+                    bias.then_some(&b),
+                    res.then_some(&r),
+                    &out,
+                    strategy,
+                )
+                .unwrap();
+                let want = reference::linear(
+                    &xh,
+                    &wh,
+                    bias.then_some(&bh[..]),
+                    res.then_some(&rh[..]),
+                    (m, 2 * n, k),
+                );
+                assert_close(
+                    &format!("linear {what} bias={bias} res={res}"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    tol(dtype),
+                );
+            }
+            for act in [Activation::Silu, Activation::Gelu] {
+                let out = poisoned(client, &[m, n], dtype);
+                fused_gated_mlp_into_with(
+                    client,
+                    &x,
+                    GatedWeights::Concatenated(&w),
+                    act,
+                    &out,
+                    strategy,
+                )
+                .unwrap();
+                let want = reference::gated_mlp(
+                    &xh,
+                    &wh[..n * k],
+                    &wh[n * k..],
+                    act == Activation::Gelu,
+                    (m, n, k),
+                );
+                assert_close(
+                    &format!("gated {act:?} {what}"),
+                    &out.to_f64_vec(client).unwrap(),
+                    &want,
+                    2.0 * tol(dtype),
+                );
+            }
+        }
+    }
+    let f = |shape: &[usize]| {
+        DeviceTensor::from_f32(
+            client,
+            &vec![0.5; shape.iter().product()],
+            shape,
+            DType::F32,
+        )
+        .unwrap()
+    };
+    let (x, w, out) = (f(&[17, 8]), f(&[5, 8]), f(&[17, 5]));
+    assert_err(
+        "forced GEMV above 16 rows",
+        linear_into_with(client, &x, &w, None, None, &out, MatmulStrategy::Gemv),
+        "argument",
+    );
+    linear_into_with(client, &x, &w, None, None, &out, MatmulStrategy::Tiled).unwrap();
+}
+
+/// [`dequant_epilogue`] on every element of an `[m, n]` grid of accumulators (the 8-bit GEMMs'
+/// epilogue, which no kernel of this crate uses).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn dequant_epilogue_kernel<F: Float>(
+    acc: &[f32],
+    sa: &[f32],
+    sb: &[f32],
+    bias: &[F],
+    residual: &[F],
+    out: &mut [F],
+    m: usize,
+    n: usize,
+    #[comptime] bp: DequantBlueprint,
+    #[define(F)] _dtype: ElemType,
+) {
+    let i = ABSOLUTE_POS;
+    if i < m * n {
+        out[i] = dequant_epilogue::<F>(acc[i], i / n, i % n, n, sa, sb, bias, residual, bp);
+    }
+}
+
+/// Every combination of scalar or per-row / per-column scales, bias and residual, on a grid off
+/// every power of two.
+fn dequant_epilogue_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(76);
+    let (m, n) = (3usize, 37usize);
+    for dtype in float_dtypes(client) {
+        let acc = random(&mut rng, m * n, 100.0);
+        let (sa, sb) = (random(&mut rng, m, 0.1), random(&mut rng, n, 0.1));
+        let f32s = |v: &[f32]| DeviceTensor::from_f32(client, v, &[v.len()], DType::F32).unwrap();
+        let (acc_t, sa_t, sb_t) = (f32s(&acc), f32s(&sa), f32s(&sb));
+        let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+        let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+        for combo in 0..16 {
+            let [sa_scalar, sb_scalar, has_bias, has_residual] =
+                [1, 2, 4, 8].map(|b| combo & b != 0);
+            let bp = DequantBlueprint {
+                sa_scalar,
+                sb_scalar,
+                epilogue: EpilogueBlueprint::linear(has_bias, has_residual),
+            };
+            let out = poisoned(client, &[m, n], dtype);
+            unsafe {
+                dequant_epilogue_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static((m * n).div_ceil(64) as u32, 1, 1),
+                    CubeDim::new_1d(64),
+                    acc_t.as_buffer_arg(),
+                    sa_t.as_buffer_arg(),
+                    sb_t.as_buffer_arg(),
+                    b.as_buffer_arg(),
+                    r.as_buffer_arg(),
+                    out.as_buffer_arg(),
+                    m,
+                    n,
+                    bp,
+                    dtype.elem_type(),
+                );
+            }
+            let want: Vec<f64> = (0..m * n)
+                .map(|i| {
+                    let (row, col) = (i / n, i % n);
+                    let a = sa[if sa_scalar { 0 } else { row }] as f64;
+                    let s = sb[if sb_scalar { 0 } else { col }] as f64;
+                    let mut y = acc[i] as f64 * a * s;
+                    if has_bias {
+                        y += bh[col];
+                    }
+                    if has_residual {
+                        y += rh[i];
+                    }
+                    y
+                })
+                .collect();
+            assert_close(
+                &format!("dequant epilogue {dtype} {bp:?}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_forced_portable_kernels_match_reference() {
+    on_each_runtime!(forced_portable_case);
+}
+
+#[test]
+fn matmul_dequant_epilogue_matches_reference() {
+    on_each_runtime!(dequant_epilogue_case);
 }
 
 #[test]
