@@ -871,6 +871,7 @@ impl<R: Runtime> Qwen2Model<R> {
                 &q,
                 &lc.k,
                 &lc.v,
+                None,
             )?;
             attention_cached_into(
                 c,
@@ -958,6 +959,7 @@ impl<R: Runtime> Qwen2Model<R> {
                 &step.q,
                 &lc.k,
                 &lc.v,
+                None,
             )?;
             let len = KvLen::Device(&step.kv_len);
             attention_cached_into(
