@@ -45,7 +45,7 @@ enum Command {
         #[arg(long, default_value = "")]
         filter: String,
     },
-    /// Generate text with a Qwen2 model, streaming it to stdout (stats go to stderr).
+    /// Generate text with a Qwen2, Qwen3 or Llama model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed of a model (and greedy agreement with a reference).
     BenchGenerate(bench_generate::BenchGenerateArgs),

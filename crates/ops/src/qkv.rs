@@ -7,7 +7,8 @@
 //! decode step can be captured once as a CUDA graph and replayed with the position advancing.
 //!
 //! One cube per (token, head) and one unit per rotated pair `(x[i], x[i + D/2])`. The per-head
-//! norm sums the squares over the cube with `ops::reduce::cube_sum` (planes where the runtime has
+//! norm is computed in f32 and rounded to the dtype only with the rotation; it sums the squares
+//! over the cube with `ops::reduce::cube_sum` (planes where the runtime has
 //! them, a shared-memory tree otherwise); without a norm the kernel compiles to the plain split +
 //! rotate + append, with no extra bindings (the norm operands are comptime options).
 
@@ -16,45 +17,6 @@ use cubecl::prelude::*;
 use crate::launch::{check_same_dtype, cube_count_1d};
 use crate::reduce::{cube_sum, ReducePlan};
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
-
-/// Rotates the pair `(a, b)` of head `h` at table row `pos` and stores it: q heads into `q_out`,
-/// k heads into the cache row `pos` (when it exists).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn rotate_and_store<F: Float>(
-    af: f32,
-    bf: f32,
-    cos: &[f32],
-    sin: &[f32],
-    q_out: &mut [F],
-    k_cache: &mut [F],
-    t: usize,
-    h: usize,
-    i: usize,
-    pos: usize,
-    q_heads: usize,
-    kv_heads: usize,
-    head_dim: usize,
-    max_len: usize,
-    table_rows: usize,
-) {
-    let half = head_dim / 2;
-    // Positions past the table reuse its last row; the host checks what it can know.
-    let p = min(pos, table_rows - 1);
-    let c = cos[p * half + i];
-    let s = sin[p * half + i];
-    let ra = F::cast_from(af * c - bf * s);
-    let rb = F::cast_from(bf * c + af * s);
-    if h < q_heads {
-        let dst = (t * q_heads + h) * head_dim;
-        q_out[dst + i] = ra;
-        q_out[dst + i + half] = rb;
-    } else if pos < max_len {
-        let dst = (pos * kv_heads + (h - q_heads)) * head_dim;
-        k_cache[dst + i] = ra;
-        k_cache[dst + i + half] = rb;
-    }
-}
 
 #[cube(launch_unchecked)]
 fn qkv_rope_cache_kernel<F: Float>(
@@ -74,6 +36,7 @@ fn qkv_rope_cache_kernel<F: Float>(
     head_dim: usize,
     max_len: usize,
     table_rows: usize,
+    #[comptime] norm: bool,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -83,33 +46,40 @@ fn qkv_rope_cache_kernel<F: Float>(
     let half = head_dim / 2;
     let i = UNIT_POS as usize;
     let src = (t * heads + h) * head_dim;
+    let mut a = F::new(0.0);
+    let mut b = F::new(0.0);
+    if comptime![norm] {
+        // Every unit of the cube takes part in the norm's reduction (it synchronises the
+        // cube): the units past the head's pairs carry zeros and leave after it.
+        if t >= tokens {
+            terminate!();
+        }
+        if i < half {
+            a = qkv[src + i];
+            b = qkv[src + i + half];
+        }
+    } else {
+        if t >= tokens || i >= half {
+            terminate!();
+        }
+        a = qkv[src + i];
+        b = qkv[src + i + half];
+    }
+    let mut af = f32::cast_from(a);
+    let mut bf = f32::cast_from(b);
     #[comptime]
     match q_norm {
         ComptimeOption::Some(q_weight) => {
             let k_weight = k_norm.unwrap();
             let eps = norm_eps.unwrap();
-            // Every unit of the cube takes part in the reduction (it synchronises the cube):
-            // the units past the head's pairs carry zeros and leave after it.
-            if t >= tokens {
-                terminate!();
-            }
-            let active = i < half;
-            let mut a = F::new(0.0);
-            let mut b = F::new(0.0);
-            if active {
-                a = qkv[src + i];
-                b = qkv[src + i + half];
-            }
-            let af = f32::cast_from(a);
-            let bf = f32::cast_from(b);
             let sum = cube_sum(af * af + bf * bf, plan);
-            if !active {
+            if i >= half {
                 terminate!();
             }
-            let pos = start[0] as usize + t;
             if h < q_heads + kv_heads {
-                // Hugging Face's RMSNorm: statistics in f32, the normalised value rounded to the
-                // activation dtype, then scaled by the weight in that dtype.
+                // Normalised, weighted and rotated in f32, rounded to the dtype once: closer to
+                // an f32 reference than Hugging Face's half-precision path, which rounds after
+                // the normalisation, the weight and the rotation.
                 let inv = f32::inverse_sqrt(sum / f32::cast_from(head_dim) + eps);
                 let mut wa = k_weight[i];
                 let mut wb = k_weight[i + half];
@@ -117,62 +87,33 @@ fn qkv_rope_cache_kernel<F: Float>(
                     wa = q_weight[i];
                     wb = q_weight[i + half];
                 }
-                let na = F::cast_from(af * inv) * wa;
-                let nb = F::cast_from(bf * inv) * wb;
-                rotate_and_store::<F>(
-                    f32::cast_from(na),
-                    f32::cast_from(nb),
-                    cos,
-                    sin,
-                    q_out,
-                    k_cache,
-                    t,
-                    h,
-                    i,
-                    pos,
-                    q_heads,
-                    kv_heads,
-                    head_dim,
-                    max_len,
-                    table_rows,
-                );
-            } else if pos < max_len {
-                let dst = (pos * kv_heads + (h - q_heads - kv_heads)) * head_dim;
-                v_cache[dst + i] = a;
-                v_cache[dst + i + half] = b;
+                af = af * inv * f32::cast_from(wa);
+                bf = bf * inv * f32::cast_from(wb);
             }
         }
-        ComptimeOption::None => {
-            if t >= tokens || i >= half {
-                terminate!();
-            }
-            let pos = start[0] as usize + t;
-            let a = qkv[src + i];
-            let b = qkv[src + i + half];
-            if h < q_heads + kv_heads {
-                rotate_and_store::<F>(
-                    f32::cast_from(a),
-                    f32::cast_from(b),
-                    cos,
-                    sin,
-                    q_out,
-                    k_cache,
-                    t,
-                    h,
-                    i,
-                    pos,
-                    q_heads,
-                    kv_heads,
-                    head_dim,
-                    max_len,
-                    table_rows,
-                );
-            } else if pos < max_len {
-                let dst = (pos * kv_heads + (h - q_heads - kv_heads)) * head_dim;
-                v_cache[dst + i] = a;
-                v_cache[dst + i + half] = b;
-            }
+        ComptimeOption::None => {}
+    }
+    let pos = start[0] as usize + t;
+    if h < q_heads + kv_heads {
+        // Positions past the table reuse its last row; the host checks what it can know.
+        let p = min(pos, table_rows - 1);
+        let c = cos[p * half + i];
+        let s = sin[p * half + i];
+        let ra = F::cast_from(af * c - bf * s);
+        let rb = F::cast_from(bf * c + af * s);
+        if h < q_heads {
+            let dst = (t * q_heads + h) * head_dim;
+            q_out[dst + i] = ra;
+            q_out[dst + i + half] = rb;
+        } else if pos < max_len {
+            let dst = (pos * kv_heads + (h - q_heads)) * head_dim;
+            k_cache[dst + i] = ra;
+            k_cache[dst + i + half] = rb;
         }
+    } else if pos < max_len {
+        let dst = (pos * kv_heads + (h - q_heads - kv_heads)) * head_dim;
+        v_cache[dst + i] = a;
+        v_cache[dst + i + half] = b;
     }
 }
 
@@ -185,8 +126,7 @@ pub struct HeadShape {
 }
 
 /// RMSNorm of each q and k head over `head_dim` (Qwen3's `q_norm` / `k_norm`), applied before
-/// the rotation: `x * rsqrt(mean(x²) + eps)` in f32, rounded to the activation dtype, times the
-/// weight.
+/// the rotation: `x * rsqrt(mean(x²) + eps) * weight`, in f32 like the rotation that follows.
 pub struct QkNorm<'a, R: Runtime> {
     /// `[head_dim]`, the dtype of the activations: the weight of every q head.
     pub q_weight: &'a DeviceTensor<R>,
@@ -311,7 +251,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     // SAFETY: every operand was validated above (shapes, dtypes, contiguity); the kernel keeps
     // its accesses within those shapes and clamps the device-side position.
     unsafe {
-        let (q_norm, k_norm, eps) = match norm {
+        let (q_norm, k_norm, eps) = match &norm {
             Some(n) => (
                 ComptimeOptionArgs::Some(n.q_weight.as_buffer_arg()),
                 ComptimeOptionArgs::Some(n.k_weight.as_buffer_arg()),
@@ -343,6 +283,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
             head_dim,
             max_len,
             cos.shape()[0],
+            norm.is_some(),
             plan,
             qkv.dtype().elem_type(),
         );

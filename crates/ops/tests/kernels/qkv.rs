@@ -82,9 +82,7 @@ fn qkv_case<R: Runtime>(client: &ComputeClient<R>) {
                 let (wq, wk, wv) =
                     reference::qkv_rope(&qkvh, t, (hq, hkv, d), &ch, &sh, start, ref_norm);
                 let what = format!("qkv {dtype} T{t} {hq}/{hkv}x{d} @{start} norm {with_norm}");
-                // With the norm, the activation is rounded to the dtype twice more (after the
-                // normalisation and after the weight) before the rotation.
-                let tol = if with_norm { 2.0 } else { 1.0 } * tolerance(dtype);
+                let tol = tolerance(dtype);
                 assert_close(&what, &q.to_f64_vec(client).unwrap(), &wq, tol);
                 let rows = |c: &DeviceTensor<R>| {
                     let all = c.to_f64_vec(client).unwrap();
