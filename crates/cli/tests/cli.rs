@@ -330,11 +330,14 @@ fn generate_runs_qwen3_and_llama_checkpoints() {
     }
 }
 
+/// A change to a config.json.
+type ConfigEdit = fn(&mut serde_json::Value);
+
 /// Load errors of the new families name the config field, as one error line.
 #[test]
 fn unsupported_llama_configs_are_one_line_errors() {
     let home = temp("llama-errors");
-    let edits: [(&str, fn(&mut serde_json::Value), &[&str]); 3] = [
+    let edits: [(&str, ConfigEdit, &[&str]); 3] = [
         ("mlp-bias", |c| c["mlp_bias"] = true.into(), &["mlp_bias"]),
         (
             "rope-type",

@@ -204,8 +204,8 @@ impl ModelConfig {
         arch.config(&f, &class)
     }
 
-    /// The family's description (config mapping, decoder block).
-    pub fn architecture(&self) -> &'static dyn crate::models::Architecture {
+    /// The family the config was read as.
+    pub fn family(&self) -> &'static dyn crate::models::Architecture {
         crate::models::by_model_type(self.model_type).expect("configs are made by a family")
     }
 

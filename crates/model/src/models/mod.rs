@@ -29,7 +29,7 @@ pub trait Architecture: Sync {
     /// (whose checkpoints name tensors without the `model.` prefix and have no `lm_head`).
     fn classes(&self) -> &'static [&'static str];
     /// Maps `config.json` to the hyperparameters and the decoder block, with the family's
-    /// defaults; errors name the field. `class` is the class [`detect`] found.
+    /// defaults; errors name the field. `class` is the class found in `architectures`.
     fn config(&self, f: &Fields<'_>, class: &str) -> Result<ModelConfig>;
 }
 
