@@ -9,7 +9,8 @@ use anyhow::Context;
 use clap::Args;
 use cubecl::prelude::*;
 use model::{
-    self, GenerateOptions, Generator, LoadOptions, Prompt, Qwen2Model, Qwen2Session, Tokenizer,
+    self, GenerateOptions, Generator, LoadOptions, Model, Prompt, Session, SessionOptions,
+    Tokenizer,
 };
 use ops::DType;
 
@@ -30,6 +31,9 @@ pub struct BenchGenerateArgs {
     /// Compute dtype (default: the checkpoint's where supported).
     #[arg(long, value_parser = ["bf16", "f16", "f32"])]
     pub dtype: Option<String>,
+    /// Run every decode step eagerly instead of replaying it as a captured CUDA graph.
+    #[arg(long)]
+    pub no_cuda_graph: bool,
     #[command(flatten)]
     pub weights: crate::weight_args::WeightArgs,
 }
@@ -53,7 +57,7 @@ pub fn bench_generate<R: Runtime>(
         .map(|d| DType::parse(d).context("unknown dtype"))
         .transpose()?;
     let dir = &args.model;
-    let config = model::Qwen2Config::from_dir(dir)?;
+    let config = model::ModelConfig::from_dir(dir)?;
     let gc = model::GenerationConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir, &config, &gc)?;
     let max_len = args.prompt_len + args.new_tokens + 64;
@@ -63,7 +67,7 @@ pub fn bench_generate<R: Runtime>(
         max_len: Some(max_len),
         compression,
     };
-    let (m, report) = Qwen2Model::<R>::load(client, dir, &options, &mut |_| {})?;
+    let (m, report) = Model::<R>::load(client, dir, &options, &mut |_| {})?;
     eprintln!(
         "loaded {} MB in {} in {:.1} s",
         report.bytes / 1_000_000,
@@ -73,14 +77,20 @@ pub fn bench_generate<R: Runtime>(
     if let Some(line) = crate::weight_args::memory_line(&report, compression) {
         eprintln!("{line}");
     }
-    let mut g = Generator::new(Qwen2Session::new(m)?, tokenizer);
+    let session = Session::with_options(
+        m,
+        SessionOptions {
+            cuda_graphs: !args.no_cuda_graph,
+        },
+    )?;
+    let mut g = Generator::new(session, tokenizer);
 
     // Ids the tokenizer can show, spread over its vocabulary.
     let shown = g.tokenizer().vocab_size().min(config.vocab_size).max(2) as u32;
     let prompt: Vec<u32> = (0..args.prompt_len as u32)
         .map(|i| (i * 7 + 3) % shown)
         .collect();
-    let run = |g: &mut Generator<Qwen2Session<R>>, prompt: &[u32], n: usize| {
+    let run = |g: &mut Generator<Session<R>>, prompt: &[u32], n: usize| {
         let opts = GenerateOptions {
             max_new_tokens: n,
             eos_token_ids: Some(Vec::new()),

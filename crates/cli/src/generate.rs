@@ -9,8 +9,8 @@ use clap::Args;
 use cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{
-    self, demo, hub, ChatMessage, GenerateOptions, GenerationConfig, Generator, LoadOptions,
-    Prompt, Qwen2Model, Qwen2Session, SamplingParams, Tokenizer,
+    self, demo, hub, ChatMessage, GenerateOptions, GenerationConfig, Generator, LoadOptions, Model,
+    Prompt, SamplingParams, Session, SessionOptions, Tokenizer,
 };
 use ops::DType;
 
@@ -61,6 +61,9 @@ pub struct GenerateArgs {
     /// Stop when the text contains this string (repeatable).
     #[arg(long = "stop")]
     pub stop: Vec<String>,
+    /// Run every decode step eagerly instead of replaying it as a captured CUDA graph.
+    #[arg(long)]
+    pub no_cuda_graph: bool,
     #[command(flatten)]
     pub weights: crate::weight_args::WeightArgs,
 }
@@ -146,7 +149,7 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
     let dir = locate_model(args.model.as_deref())?;
 
     // Host-side files first: a broken tokenizer or bad sampling flags fail before the upload.
-    let config = model::Qwen2Config::from_dir(&dir)?;
+    let config = model::ModelConfig::from_dir(&dir)?;
     let gc = GenerationConfig::from_dir(&dir)?;
     let tokenizer = Tokenizer::from_dir(&dir, &config, &gc)?;
     let params = sampling(args, &gc);
@@ -183,7 +186,7 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         max_len: args.max_len,
         compression,
     };
-    let loaded = Qwen2Model::<R>::load(client, &dir, &options, &mut |p| {
+    let loaded = Model::<R>::load(client, &dir, &options, &mut |p| {
         if !started {
             started = true;
             bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
@@ -207,7 +210,8 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         eprintln!("{line}");
     }
     eprintln!(
-        "loaded {} layers, {} MB in {} (checkpoint {}), context {}, in {:.2} s; sampling: {}",
+        "loaded {} ({} layers), {} MB in {} (checkpoint {}), context {}, in {:.2} s; sampling: {}",
+        model.config().architecture,
         model.config().num_hidden_layers,
         report.bytes / 1_000_000,
         report.dtype,
@@ -228,7 +232,12 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         }
     );
 
-    let session = Qwen2Session::new(model)?;
+    let session = Session::with_options(
+        model,
+        SessionOptions {
+            cuda_graphs: !args.no_cuda_graph,
+        },
+    )?;
     let mut generator = Generator::new(session, tokenizer);
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,

@@ -52,7 +52,7 @@ enum Command {
         #[arg(long, value_parser = parse_gemm_tile)]
         gemm_tile: Option<CmmaTile>,
     },
-    /// Generate text with a Qwen2 model, streaming it to stdout (stats go to stderr).
+    /// Generate text with a Qwen2, Qwen3 or Llama model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
     /// Measure prefill and decode speed of a model (and greedy agreement with a reference).
     BenchGenerate(bench_generate::BenchGenerateArgs),

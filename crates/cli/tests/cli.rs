@@ -268,3 +268,123 @@ fn quant_reports_the_weight_memory() {
         "{stderr}"
     );
 }
+
+/// A committed transformers fixture of the model crate.
+fn fixture(name: &str) -> PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/hf")
+        .join(name)
+}
+
+/// `generate` runs every family: greedy from the fixture's prompt prints transformers' greedy
+/// continuation (the fixtures' reference), with and without CUDA graphs.
+#[test]
+fn generate_runs_qwen3_and_llama_checkpoints() {
+    for (name, arch, flags) in [
+        ("qwen3-gqa-tied", "Qwen3ForCausalLM", &[][..]),
+        (
+            "qwen3-mha-untied",
+            "Qwen3ForCausalLM",
+            &["--no-cuda-graph"][..],
+        ),
+        ("llama3-rope-scaled", "LlamaForCausalLM", &[][..]),
+        (
+            "llama-bias-untied",
+            "LlamaForCausalLM",
+            &["--dtype", "f16"][..],
+        ),
+    ] {
+        let dir = fixture(name);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap())
+                .unwrap();
+        let greedy: Vec<u32> = serde_json::from_value(meta["greedy_ids"].clone()).unwrap();
+        let config = model::ModelConfig::from_dir(&dir).unwrap();
+        let tok = model::Tokenizer::from_dir(&dir, &config, &Default::default()).unwrap();
+        let want = tok.decode(&greedy[..8], true).unwrap();
+
+        let home = temp(name);
+        let mut args = vec![
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt",
+            meta["prompt"].as_str().unwrap(),
+            "--raw",
+            "--max-new-tokens",
+            "8",
+        ];
+        args.extend_from_slice(flags);
+        let o = cli(&args, &home);
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {stderr}");
+        assert!(
+            stderr.contains(&format!("loaded {arch}")),
+            "{name}: {stderr}"
+        );
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(stdout.trim_end(), want.trim_end(), "{name}: {stderr}");
+        std::fs::remove_dir_all(&home).unwrap();
+    }
+}
+
+/// A change to a config.json.
+type ConfigEdit = fn(&mut serde_json::Value);
+
+/// Load errors of the new families name the config field, as one error line.
+#[test]
+fn unsupported_llama_configs_are_one_line_errors() {
+    let home = temp("llama-errors");
+    let edits: [(&str, ConfigEdit, &[&str]); 3] = [
+        ("mlp-bias", |c| c["mlp_bias"] = true.into(), &["mlp_bias"]),
+        (
+            "rope-type",
+            |c| c["rope_parameters"]["rope_type"] = "longrope".into(),
+            &["rope_parameters", "longrope"],
+        ),
+        (
+            "rope-missing-factor",
+            |c| {
+                c["rope_parameters"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("low_freq_factor");
+            },
+            &["rope_parameters.low_freq_factor", "missing"],
+        ),
+    ];
+    for (tag, edit, needles) in edits {
+        let dir = home.join(tag);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in std::fs::read_dir(fixture("llama3-rope-scaled"))
+            .unwrap()
+            .flatten()
+        {
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
+        let path = dir.join("config.json");
+        let mut config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        edit(&mut config);
+        std::fs::write(&path, config.to_string()).unwrap();
+        let line = error_line(&cli(
+            &[
+                "--runtime",
+                "wgpu",
+                "generate",
+                "--model",
+                dir.to_str().unwrap(),
+                "--prompt",
+                "x",
+            ],
+            &home,
+        ));
+        for needle in needles {
+            assert!(line.contains(needle), "{tag}: {line}");
+        }
+        assert!(line.contains("config.json"), "{tag}: {line}");
+    }
+    std::fs::remove_dir_all(&home).unwrap();
+}

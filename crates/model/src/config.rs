@@ -1,4 +1,9 @@
-//! `config.json` and `generation_config.json` of a Qwen2 checkpoint.
+//! `config.json` and `generation_config.json`: the hyperparameters every supported family
+//! shares ([`ModelConfig`]), read with errors that name the file and the field.
+//!
+//! Which family a checkpoint is (`architectures`, else `model_type`) and each family's fields
+//! and defaults (as transformers defines its config classes) live in [`crate::models`]; this
+//! module holds the reader they use and the parts they share.
 //!
 //! Parsed from a `serde_json::Value` by hand rather than with a derived struct so that every
 //! error names the field (a derived struct reports "missing field" without the file, and
@@ -6,39 +11,42 @@
 //!
 //! Required: `hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
 //! `vocab_size` (they fix every tensor shape; guessing them would only move the error to the
-//! weights). Optional, with the defaults of transformers' `Qwen2Config`: `num_key_value_heads`
-//! (= heads), `head_dim` (= hidden / heads), `max_position_embeddings` (32768), `rope_theta`
-//! (10000, also read from transformers 5's `rope_parameters`), `rms_norm_eps` (1e-6),
-//! `tie_word_embeddings` (false), `hidden_act` ("silu", the only one accepted), the dtype
-//! (`torch_dtype`, or `dtype` as transformers 5 writes it; f32 when absent, as in transformers).
+//! weights). Shared optional fields: `rms_norm_eps` (1e-6), `tie_word_embeddings` (false),
+//! `hidden_act` ("silu", the only one accepted), the dtype (`torch_dtype`, or `dtype` as
+//! transformers 5 writes it; f32 when absent, as in transformers), `bos_token_id` /
+//! `eos_token_id`, and the rotary embedding.
 //!
-//! Sliding-window attention: Qwen2 checkpoints carry `sliding_window` / `max_window_layers`, but
-//! the released Qwen2, Qwen2.5 and DeepSeek-R1-Distill models ship `use_sliding_window: false`,
-//! and transformers then attends to the full context. We record the window only when it is in
+//! RoPE: transformers 4 writes `rope_theta` (10000 when absent) and `rope_scaling`; transformers
+//! 5 writes `rope_parameters { rope_type, rope_theta, .. }` (the dict's values win, and a
+//! `rope_scaling` dict replaces it). `rope_type` `default` and `llama3` (`factor`,
+//! `low_freq_factor`, `high_freq_factor`, `original_max_position_embeddings`, the last
+//! defaulting to `max_position_embeddings`) are implemented; every other type (YaRN, linear,
+//! dynamic, ...) and a partial rotary factor are refused, since the tables would be wrong.
+//!
+//! Sliding-window attention (Qwen2, Qwen3): checkpoints carry `sliding_window` /
+//! `max_window_layers`, but the released models ship `use_sliding_window: false`, and
+//! transformers then attends to the full context. We record the window only when it is in
 //! force (`use_sliding_window: true`, or `layer_types` naming `sliding_attention`) and
-//! [`Qwen2Config::check_context`] refuses a context longer than it, since the kernels implement
+//! [`ModelConfig::check_context`] refuses a context longer than it, since the kernels implement
 //! full causal attention only; within the window both are the same computation.
-//!
-//! RoPE scaling (`rope_scaling` / `rope_parameters.rope_type` other than `default`, e.g. YaRN)
-//! is refused: the kernels implement the plain rotary embedding only.
 
 use std::path::{Path, PathBuf};
 
+use ops::rope::RopeScaling;
 use ops::DType;
 use serde_json::Value;
 
 use crate::error::{read_json, ModelError, Result};
+use crate::models::decoder::DecoderBlock;
 
-/// The architectures we load. `Qwen2Model` is the headless base class: its checkpoints name
-/// tensors without the `model.` prefix and have no `lm_head`, so they need tied embeddings.
-pub const SUPPORTED_ARCHITECTURES: [&str; 2] = ["Qwen2ForCausalLM", "Qwen2Model"];
-
-/// Everything of `config.json` that the Qwen2 forward pass uses.
+/// Everything of `config.json` that the forward pass uses, for every supported family.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Qwen2Config {
-    /// The architecture name found in `architectures` (or `Qwen2ForCausalLM` when only
-    /// `model_type: "qwen2"` is given).
+pub struct ModelConfig {
+    /// The transformers class found in `architectures` (or the family's causal LM class when
+    /// only `model_type` is given).
     pub architecture: String,
+    /// The family's `model_type` (`"qwen2"`, `"qwen3"`, `"llama"`).
+    pub model_type: &'static str,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
@@ -48,6 +56,7 @@ pub struct Qwen2Config {
     pub max_position_embeddings: usize,
     pub vocab_size: usize,
     pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
     pub rms_norm_eps: f64,
     pub tie_word_embeddings: bool,
     /// The dtype the checkpoint declares (its tensors may still differ; the loader converts).
@@ -56,16 +65,18 @@ pub struct Qwen2Config {
     pub eos_token_ids: Vec<u32>,
     /// `(window, first sliding layer)` when sliding-window attention is in force.
     pub sliding_window: Option<(usize, usize)>,
+    /// What each decoder layer holds besides the shared pre-norm block (biases, q/k norms).
+    pub block: DecoderBlock,
 }
 
 /// Reads a field of a JSON object with errors that name it.
-struct Fields<'a> {
+pub struct Fields<'a> {
     obj: &'a serde_json::Map<String, Value>,
     path: &'a Path,
 }
 
 impl<'a> Fields<'a> {
-    fn new(value: &'a Value, path: &'a Path) -> Result<Self> {
+    pub fn new(value: &'a Value, path: &'a Path) -> Result<Self> {
         let obj = value.as_object().ok_or_else(|| ModelError::Json {
             path: path.to_path_buf(),
             detail: "expected a JSON object at the top level".into(),
@@ -73,16 +84,27 @@ impl<'a> Fields<'a> {
         Ok(Self { obj, path })
     }
 
+    /// Whether the field is in the file at all (`null` included): transformers' dataclass
+    /// defaults apply to missing fields only.
+    pub fn present(&self, field: &str) -> bool {
+        self.obj.contains_key(field)
+    }
+
+    /// The path of the file, for errors.
+    pub fn path(&self) -> &'a Path {
+        self.path
+    }
+
     /// The value, treating JSON `null` as absent (transformers writes `null` for unset fields).
-    fn get(&self, field: &str) -> Option<&'a Value> {
+    pub fn get(&self, field: &str) -> Option<&'a Value> {
         self.obj.get(field).filter(|v| !v.is_null())
     }
 
-    fn err(&self, field: &str, detail: impl Into<String>) -> ModelError {
+    pub fn err(&self, field: &str, detail: impl Into<String>) -> ModelError {
         ModelError::config(self.path, field, detail)
     }
 
-    fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
+    pub fn usize_opt(&self, field: &str) -> Result<Option<usize>> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
@@ -92,7 +114,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A required positive integer.
-    fn positive(&self, field: &str) -> Result<usize> {
+    pub fn positive(&self, field: &str) -> Result<usize> {
         match self.usize_opt(field)? {
             None => Err(self.err(field, "missing (required)")),
             Some(0) => Err(self.err(field, "must be positive")),
@@ -100,7 +122,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn positive_or(&self, field: &str, default: usize) -> Result<usize> {
+    pub fn positive_or(&self, field: &str, default: usize) -> Result<usize> {
         match self.usize_opt(field)? {
             None => Ok(default),
             Some(0) => Err(self.err(field, "must be positive")),
@@ -108,7 +130,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn f64_or(&self, field: &str, default: f64) -> Result<f64> {
+    pub fn f64_or(&self, field: &str, default: f64) -> Result<f64> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -117,7 +139,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
+    pub fn bool_or(&self, field: &str, default: bool) -> Result<bool> {
         match self.get(field) {
             None => Ok(default),
             Some(v) => v
@@ -126,7 +148,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn str_opt(&self, field: &str) -> Result<Option<&'a str>> {
+    pub fn str_opt(&self, field: &str) -> Result<Option<&'a str>> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -136,8 +158,9 @@ impl<'a> Fields<'a> {
         }
     }
 
-    /// A token id field that may be an integer or a list of integers (`eos_token_id`).
-    fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
+    /// A token id field that may be an integer or a list of integers (`eos_token_id`); `null`
+    /// and a missing field are both empty.
+    pub fn token_ids(&self, field: &str) -> Result<Vec<u32>> {
         let bad = || self.err(field, "expected a token id or a list of token ids");
         let one = |v: &Value| -> Result<u32> {
             v.as_u64()
@@ -162,7 +185,7 @@ pub fn parse_torch_dtype(s: &str) -> Option<DType> {
     }
 }
 
-impl Qwen2Config {
+impl ModelConfig {
     /// Reads `<dir>/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         Self::from_file(&dir.join("config.json"))
@@ -173,218 +196,17 @@ impl Qwen2Config {
         Self::from_value(&value, path)
     }
 
-    /// Parses an already-read `config.json`; `path` is only used in error messages.
+    /// Parses an already-read `config.json` with the family it names; `path` is only used in
+    /// error messages.
     pub fn from_value(value: &Value, path: &Path) -> Result<Self> {
         let f = Fields::new(value, path)?;
-
-        let architecture = match f.get("architectures") {
-            Some(Value::Array(list)) if !list.is_empty() => {
-                let names: Vec<&str> = list.iter().filter_map(Value::as_str).collect();
-                match names.iter().find(|n| SUPPORTED_ARCHITECTURES.contains(n)) {
-                    Some(n) => n.to_string(),
-                    None => {
-                        return Err(ModelError::UnsupportedArchitecture {
-                            path: path.to_path_buf(),
-                            arch: names.join(", "),
-                        })
-                    }
-                }
-            }
-            Some(Value::Array(_)) | None => match f.str_opt("model_type")? {
-                Some("qwen2") => "Qwen2ForCausalLM".to_string(),
-                Some(other) => {
-                    return Err(ModelError::UnsupportedArchitecture {
-                        path: path.to_path_buf(),
-                        arch: format!("model_type {other}"),
-                    })
-                }
-                None => {
-                    return Err(f.err(
-                        "architectures",
-                        "missing (and no model_type either): cannot tell the architecture",
-                    ))
-                }
-            },
-            Some(v) => return Err(f.err("architectures", format!("expected a list, found {v}"))),
-        };
-        if let Some(mt) = f.str_opt("model_type")? {
-            if mt != "qwen2" {
-                return Err(ModelError::UnsupportedArchitecture {
-                    path: path.to_path_buf(),
-                    arch: format!("{architecture} with model_type {mt}"),
-                });
-            }
-        }
-
-        let hidden_size = f.positive("hidden_size")?;
-        let intermediate_size = f.positive("intermediate_size")?;
-        let num_hidden_layers = f.positive("num_hidden_layers")?;
-        let num_attention_heads = f.positive("num_attention_heads")?;
-        let vocab_size = f.positive("vocab_size")?;
-        let num_key_value_heads = f.positive_or("num_key_value_heads", num_attention_heads)?;
-        if num_attention_heads % num_key_value_heads != 0 {
-            return Err(f.err(
-                "num_key_value_heads",
-                format!("{num_key_value_heads} does not divide num_attention_heads {num_attention_heads}"),
-            ));
-        }
-        let head_dim = match f.usize_opt("head_dim")? {
-            Some(0) => return Err(f.err("head_dim", "must be positive")),
-            Some(d) => d,
-            None => {
-                if hidden_size % num_attention_heads != 0 {
-                    return Err(f.err(
-                        "hidden_size",
-                        format!("{hidden_size} is not a multiple of num_attention_heads {num_attention_heads} (and no head_dim is given)"),
-                    ));
-                }
-                hidden_size / num_attention_heads
-            }
-        };
-        if head_dim % 2 != 0 {
-            return Err(f.err(
-                "head_dim",
-                format!("{head_dim} is odd; RoPE needs an even head_dim"),
-            ));
-        }
-        let max_position_embeddings = f.positive_or("max_position_embeddings", 32768)?;
-
-        if let Some(act) = f.str_opt("hidden_act")? {
-            if act != "silu" {
-                return Err(f.err(
-                    "hidden_act",
-                    format!("'{act}' is not supported (only silu)"),
-                ));
-            }
-        }
-
-        // RoPE: transformers 4 writes rope_theta (+ rope_scaling); transformers 5 writes
-        // rope_parameters { rope_type, rope_theta }.
-        let mut rope_theta = f.f64_or("rope_theta", 10000.0)?;
-        for field in ["rope_scaling", "rope_parameters"] {
-            if let Some(v) = f.get(field) {
-                let obj = v
-                    .as_object()
-                    .ok_or_else(|| f.err(field, format!("expected an object, found {v}")))?;
-                let kind = obj
-                    .get("rope_type")
-                    .or_else(|| obj.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("default");
-                if kind != "default" {
-                    return Err(f.err(
-                        field,
-                        format!("rope type '{kind}' is not supported (only the default rotary embedding)"),
-                    ));
-                }
-                if let Some(t) = obj.get("rope_theta").filter(|t| !t.is_null()) {
-                    rope_theta = t.as_f64().ok_or_else(|| {
-                        f.err(
-                            &format!("{field}.rope_theta"),
-                            format!("expected a number, found {t}"),
-                        )
-                    })?;
-                }
-            }
-        }
-        if !(rope_theta.is_finite() && rope_theta > 0.0) {
-            return Err(f.err(
-                "rope_theta",
-                format!("{rope_theta} must be positive and finite"),
-            ));
-        }
-        let rms_norm_eps = f.f64_or("rms_norm_eps", 1e-6)?;
-        if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
-            return Err(f.err(
-                "rms_norm_eps",
-                format!("{rms_norm_eps} must be positive and finite"),
-            ));
-        }
-        let tie_word_embeddings = f.bool_or("tie_word_embeddings", false)?;
-
-        let dtype_field = if f.get("torch_dtype").is_some() {
-            "torch_dtype"
-        } else {
-            "dtype"
-        };
-        let dtype = match f.str_opt(dtype_field)? {
-            None => DType::F32,
-            Some(s) => parse_torch_dtype(s).ok_or_else(|| {
-                f.err(
-                    dtype_field,
-                    format!("'{s}' is not one of bfloat16, float16, float32"),
-                )
-            })?,
-        };
-
-        let bos_token_id = f.token_ids("bos_token_id")?.first().copied();
-        let eos_token_ids = f.token_ids("eos_token_id")?;
-
-        let sliding_window = Self::sliding_window(&f, num_hidden_layers)?;
-
-        Ok(Self {
-            architecture,
-            hidden_size,
-            intermediate_size,
-            num_hidden_layers,
-            num_attention_heads,
-            num_key_value_heads,
-            head_dim,
-            max_position_embeddings,
-            vocab_size,
-            rope_theta,
-            rms_norm_eps,
-            tie_word_embeddings,
-            dtype,
-            bos_token_id,
-            eos_token_ids,
-            sliding_window,
-        })
+        let (arch, class) = crate::models::detect(&f)?;
+        arch.config(&f, &class)
     }
 
-    fn sliding_window(f: &Fields, layers: usize) -> Result<Option<(usize, usize)>> {
-        let first_sliding = if let Some(types) = f.get("layer_types") {
-            let list = types
-                .as_array()
-                .ok_or_else(|| f.err("layer_types", "expected a list of strings"))?;
-            if list.len() != layers {
-                return Err(f.err(
-                    "layer_types",
-                    format!("{} entries for {layers} layers", list.len()),
-                ));
-            }
-            let mut first = None;
-            for (i, t) in list.iter().enumerate() {
-                match t.as_str() {
-                    Some("full_attention") => {}
-                    Some("sliding_attention") => {
-                        first.get_or_insert(i);
-                    }
-                    _ => {
-                        return Err(f.err(
-                            "layer_types",
-                            format!(
-                                "entry {i} is {t} (expected full_attention or sliding_attention)"
-                            ),
-                        ))
-                    }
-                }
-            }
-            first
-        } else if f.bool_or("use_sliding_window", false)? {
-            let first = f.usize_opt("max_window_layers")?.unwrap_or(0);
-            (first < layers).then_some(first)
-        } else {
-            None
-        };
-        match first_sliding {
-            None => Ok(None),
-            Some(first) => match f.usize_opt("sliding_window")? {
-                // transformers treats a missing window as "no sliding".
-                None => Ok(None),
-                Some(w) => Ok(Some((w, first))),
-            },
-        }
+    /// The family the config was read as.
+    pub fn family(&self) -> &'static dyn crate::models::Architecture {
+        crate::models::by_model_type(self.model_type).expect("configs are made by a family")
     }
 
     /// Query heads per KV head (GQA group size).
@@ -405,10 +227,14 @@ impl Qwen2Config {
     /// Parameter count (embeddings counted once when tied).
     pub fn num_parameters(&self) -> usize {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let attn = h * self.q_dim()
-            + self.q_dim()
-            + 2 * (h * self.kv_dim() + self.kv_dim())
-            + self.q_dim() * h;
+        let (q, kv) = (self.q_dim(), self.kv_dim());
+        let b = &self.block;
+        let attn = h * q
+            + 2 * h * kv
+            + q * h
+            + if b.qkv_bias { q + 2 * kv } else { 0 }
+            + if b.o_bias { h } else { 0 }
+            + if b.qk_norm { 2 * self.head_dim } else { 0 };
         let layer = attn + 3 * h * i + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };
         v * h + self.num_hidden_layers * layer + h + head
@@ -429,6 +255,282 @@ impl Qwen2Config {
             }
         }
         Ok(())
+    }
+}
+
+/// The defaults of one family's config class where the families differ.
+pub(crate) struct FamilyDefaults {
+    /// `num_key_value_heads` when the field is missing (`None`: `num_attention_heads`); `null`
+    /// always means `num_attention_heads`.
+    pub kv_heads: Option<usize>,
+    /// `head_dim` when missing or `null` (`None`: `hidden_size / num_attention_heads`).
+    pub head_dim: Option<usize>,
+    pub max_position_embeddings: usize,
+    /// `bos_token_id` / `eos_token_id` when missing (`null` means none).
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: &'static [u32],
+    /// Whether the family reads the sliding-window fields.
+    pub sliding_window: bool,
+}
+
+/// The fields every family reads, with `defaults` where they differ.
+pub(crate) fn parse_common(
+    f: &Fields,
+    architecture: &str,
+    model_type: &'static str,
+    defaults: &FamilyDefaults,
+    block: DecoderBlock,
+) -> Result<ModelConfig> {
+    let hidden_size = f.positive("hidden_size")?;
+    let intermediate_size = f.positive("intermediate_size")?;
+    let num_hidden_layers = f.positive("num_hidden_layers")?;
+    let num_attention_heads = f.positive("num_attention_heads")?;
+    let vocab_size = f.positive("vocab_size")?;
+    let kv_default = match (f.present("num_key_value_heads"), defaults.kv_heads) {
+        (false, Some(n)) => n,
+        _ => num_attention_heads,
+    };
+    let num_key_value_heads = f.positive_or("num_key_value_heads", kv_default)?;
+    if num_attention_heads % num_key_value_heads != 0 {
+        let given = if f.get("num_key_value_heads").is_some() {
+            String::new()
+        } else {
+            " (the default for this architecture when the field is missing)".into()
+        };
+        return Err(f.err(
+            "num_key_value_heads",
+            format!("{num_key_value_heads}{given} does not divide num_attention_heads {num_attention_heads}"),
+        ));
+    }
+    let head_dim = match (f.usize_opt("head_dim")?, defaults.head_dim) {
+        (Some(0), _) => return Err(f.err("head_dim", "must be positive")),
+        (Some(d), _) | (None, Some(d)) => d,
+        (None, None) => {
+            if hidden_size % num_attention_heads != 0 {
+                return Err(f.err(
+                    "hidden_size",
+                    format!("{hidden_size} is not a multiple of num_attention_heads {num_attention_heads} (and no head_dim is given)"),
+                ));
+            }
+            hidden_size / num_attention_heads
+        }
+    };
+    if head_dim % 2 != 0 {
+        return Err(f.err(
+            "head_dim",
+            format!("{head_dim} is odd; RoPE needs an even head_dim"),
+        ));
+    }
+    let max_position_embeddings =
+        f.positive_or("max_position_embeddings", defaults.max_position_embeddings)?;
+
+    if let Some(act) = f.str_opt("hidden_act")? {
+        if act != "silu" {
+            return Err(f.err(
+                "hidden_act",
+                format!("'{act}' is not supported (only silu)"),
+            ));
+        }
+    }
+    let (rope_theta, rope_scaling) = rope(f, max_position_embeddings)?;
+    let rms_norm_eps = f.f64_or("rms_norm_eps", 1e-6)?;
+    if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
+        return Err(f.err(
+            "rms_norm_eps",
+            format!("{rms_norm_eps} must be positive and finite"),
+        ));
+    }
+    let tie_word_embeddings = f.bool_or("tie_word_embeddings", false)?;
+
+    let dtype_field = if f.get("torch_dtype").is_some() {
+        "torch_dtype"
+    } else {
+        "dtype"
+    };
+    let dtype = match f.str_opt(dtype_field)? {
+        None => DType::F32,
+        Some(s) => parse_torch_dtype(s).ok_or_else(|| {
+            f.err(
+                dtype_field,
+                format!("'{s}' is not one of bfloat16, float16, float32"),
+            )
+        })?,
+    };
+
+    let bos_token_id = if f.present("bos_token_id") {
+        f.token_ids("bos_token_id")?.first().copied()
+    } else {
+        defaults.bos_token_id
+    };
+    let eos_token_ids = if f.present("eos_token_id") {
+        f.token_ids("eos_token_id")?
+    } else {
+        defaults.eos_token_ids.to_vec()
+    };
+    let sliding_window = if defaults.sliding_window {
+        sliding_window(f, num_hidden_layers)?
+    } else {
+        None
+    };
+
+    Ok(ModelConfig {
+        architecture: architecture.to_string(),
+        model_type,
+        hidden_size,
+        intermediate_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        head_dim,
+        max_position_embeddings,
+        vocab_size,
+        rope_theta,
+        rope_scaling,
+        rms_norm_eps,
+        tie_word_embeddings,
+        dtype,
+        bos_token_id,
+        eos_token_ids,
+        sliding_window,
+        block,
+    })
+}
+
+/// `rope_theta` and the frequency scaling (see the module docs).
+fn rope(f: &Fields, max_position_embeddings: usize) -> Result<(f64, RopeScaling)> {
+    let mut theta = f.f64_or("rope_theta", 10000.0)?;
+    let mut scaling = RopeScaling::None;
+    // transformers 5 lets a `rope_scaling` dict replace `rope_parameters`.
+    let field = ["rope_scaling", "rope_parameters"]
+        .into_iter()
+        .find(|field| f.get(field).is_some());
+    if let Some(field) = field {
+        let v = f.get(field).expect("found above");
+        let obj = v
+            .as_object()
+            .ok_or_else(|| f.err(field, format!("expected an object, found {v}")))?;
+        let entry = |key: &str| obj.get(key).filter(|v| !v.is_null());
+        let number = |key: &str| -> Result<Option<f64>> {
+            match entry(key) {
+                None => Ok(None),
+                Some(v) => v.as_f64().map(Some).ok_or_else(|| {
+                    f.err(
+                        &format!("{field}.{key}"),
+                        format!("expected a number, found {v}"),
+                    )
+                }),
+            }
+        };
+        let required = |key: &str| -> Result<f64> {
+            number(key)?.ok_or_else(|| {
+                f.err(
+                    &format!("{field}.{key}"),
+                    "missing (required by rope_type llama3)",
+                )
+            })
+        };
+        let kind = entry("rope_type")
+            .or_else(|| entry("type"))
+            .map(|k| {
+                k.as_str().ok_or_else(|| {
+                    f.err(
+                        &format!("{field}.rope_type"),
+                        format!("expected a string, found {k}"),
+                    )
+                })
+            })
+            .transpose()?
+            .unwrap_or("default");
+        match kind {
+            "default" => {}
+            "llama3" => {
+                let original = match number("original_max_position_embeddings")? {
+                    None => max_position_embeddings,
+                    Some(n) if n >= 1.0 && n.fract() == 0.0 => n as usize,
+                    Some(n) => {
+                        return Err(f.err(
+                            &format!("{field}.original_max_position_embeddings"),
+                            format!("expected a positive integer, found {n}"),
+                        ))
+                    }
+                };
+                scaling = RopeScaling::Llama3 {
+                    factor: required("factor")?,
+                    low_freq_factor: required("low_freq_factor")?,
+                    high_freq_factor: required("high_freq_factor")?,
+                    original_max_position_embeddings: original,
+                };
+                scaling
+                    .validate()
+                    .map_err(|e| f.err(field, e.to_string()))?;
+            }
+            other => {
+                return Err(f.err(
+                    field,
+                    format!("rope type '{other}' is not supported (only default and llama3)"),
+                ))
+            }
+        }
+        if let Some(t) = number("rope_theta")? {
+            theta = t;
+        }
+        if let Some(p) = number("partial_rotary_factor")? {
+            if p != 1.0 {
+                return Err(f.err(
+                    &format!("{field}.partial_rotary_factor"),
+                    format!("{p}: only a rotary embedding over the whole head is supported"),
+                ));
+            }
+        }
+    }
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(f.err("rope_theta", format!("{theta} must be positive and finite")));
+    }
+    Ok((theta, scaling))
+}
+
+/// The sliding window in force, `(window, first sliding layer)`, from the fields Qwen2 and Qwen3
+/// share (see the module docs).
+pub(crate) fn sliding_window(f: &Fields, layers: usize) -> Result<Option<(usize, usize)>> {
+    let first_sliding = if let Some(types) = f.get("layer_types") {
+        let list = types
+            .as_array()
+            .ok_or_else(|| f.err("layer_types", "expected a list of strings"))?;
+        if list.len() != layers {
+            return Err(f.err(
+                "layer_types",
+                format!("{} entries for {layers} layers", list.len()),
+            ));
+        }
+        let mut first = None;
+        for (i, t) in list.iter().enumerate() {
+            match t.as_str() {
+                Some("full_attention") => {}
+                Some("sliding_attention") => {
+                    first.get_or_insert(i);
+                }
+                _ => {
+                    return Err(f.err(
+                        "layer_types",
+                        format!("entry {i} is {t} (expected full_attention or sliding_attention)"),
+                    ))
+                }
+            }
+        }
+        first
+    } else if f.bool_or("use_sliding_window", false)? {
+        let first = f.usize_opt("max_window_layers")?.unwrap_or(0);
+        (first < layers).then_some(first)
+    } else {
+        None
+    };
+    match first_sliding {
+        None => Ok(None),
+        Some(first) => match f.usize_opt("sliding_window")? {
+            // transformers treats a missing window as "no sliding".
+            None => Ok(None),
+            Some(w) => Ok(Some((w, first))),
+        },
     }
 }
 

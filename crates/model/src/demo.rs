@@ -296,9 +296,9 @@ pub fn demo_cache_dir() -> Option<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .or_else(|| {
-            std::env::var_os("HOME")
-                .filter(|v| !v.is_empty())
-                .map(|h| PathBuf::from(h).join(".cache"))
+            std::env::home_dir()
+                .filter(|h| !h.as_os_str().is_empty())
+                .map(|h| h.join(".cache"))
         })?;
     Some(base.join("cubellm").join(DEMO_VERSION))
 }

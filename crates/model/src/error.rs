@@ -21,9 +21,13 @@ pub enum ModelError {
         field: String,
         detail: String,
     },
-    /// The checkpoint is not a Qwen2 causal LM.
-    #[error("{path}: unsupported architecture '{arch}' (supported: Qwen2ForCausalLM, Qwen2Model)")]
-    UnsupportedArchitecture { path: PathBuf, arch: String },
+    /// The checkpoint is not of a supported family.
+    #[error("{path}: unsupported architecture '{arch}' (supported: {supported})")]
+    UnsupportedArchitecture {
+        path: PathBuf,
+        arch: String,
+        supported: String,
+    },
     /// A safetensors file is truncated, corrupt or otherwise unreadable.
     #[error("{path}: not a valid safetensors file: {detail}")]
     Safetensors { path: PathBuf, detail: String },

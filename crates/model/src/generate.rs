@@ -2,7 +2,7 @@
 //! a callback, statistics out.
 //!
 //! The loop talks to the model through [`CausalLm`], so it is tested on the host with a small
-//! scripted model and runs unchanged on [`crate::Qwen2Session`].
+//! scripted model and runs unchanged on [`crate::Session`].
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};

@@ -34,9 +34,7 @@ impl ModelSource {
 }
 
 fn home() -> Option<PathBuf> {
-    std::env::var_os("HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
+    std::env::home_dir().filter(|h| !h.as_os_str().is_empty())
 }
 
 fn env_path(var: &str) -> Option<PathBuf> {
@@ -81,6 +79,22 @@ pub fn looks_like_repo_id(spec: &str) -> bool {
     }
 }
 
+/// The shard files an index's `weight_map` names, sorted, each once.
+fn shard_files(index: &serde_json::Value) -> Vec<String> {
+    let mut shards: Vec<String> = index
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .map(|m| {
+            m.values()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    shards.sort();
+    shards.dedup();
+    shards
+}
+
 /// Files of a model directory that are still missing (config, tokenizer, weights; shards
 /// listed in the index included).
 pub fn missing_files(dir: &Path) -> Vec<String> {
@@ -94,18 +108,11 @@ pub fn missing_files(dir: &Path) -> Vec<String> {
     if index.is_file() {
         match read_json(&index) {
             Ok(json) => {
-                let mut shards: Vec<String> = json
-                    .get("weight_map")
-                    .and_then(|m| m.as_object())
-                    .map(|m| {
-                        m.values()
-                            .filter_map(|v| v.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                shards.sort();
-                shards.dedup();
-                missing.extend(shards.into_iter().filter(|s| !dir.join(s).is_file()));
+                missing.extend(
+                    shard_files(&json)
+                        .into_iter()
+                        .filter(|s| !dir.join(s).is_file()),
+                );
             }
             Err(_) => missing.push(INDEX_FILE.to_string()),
         }
@@ -237,18 +244,7 @@ fn download(repo: &str, cache: &Path) -> std::result::Result<ModelSource, String
     match repo_api.get(INDEX_FILE) {
         Ok(index) => {
             let json = read_json(&index).map_err(|e| e.to_string())?;
-            let mut shards: Vec<String> = json
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .map(|m| {
-                    m.values()
-                        .filter_map(|v| v.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default();
-            shards.sort();
-            shards.dedup();
-            for s in shards {
+            for s in shard_files(&json) {
                 repo_api.get(&s).map_err(one_line)?;
             }
         }

@@ -8,7 +8,7 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
 use serde_json::Value as Json;
 
-use crate::config::{GenerationConfig, Qwen2Config};
+use crate::config::{GenerationConfig, ModelConfig};
 use crate::error::{read_json, ModelError, Result};
 
 /// One message of a conversation (`role` is `system`, `user` or `assistant`).
@@ -147,7 +147,7 @@ impl Tokenizer {
     /// `<|endoftext|>`) and stopping on any of them is what the model expects.
     pub fn from_dir(
         dir: &Path,
-        config: &Qwen2Config,
+        config: &ModelConfig,
         generation: &GenerationConfig,
     ) -> Result<Self> {
         let path = dir.join("tokenizer.json");

@@ -5,12 +5,13 @@ mod common;
 use std::path::Path;
 
 use common::tiny_config;
-use model::{GenerationConfig, ModelError, Qwen2Config};
+use model::{GenerationConfig, ModelConfig, ModelError};
+use ops::rope::RopeScaling;
 use ops::DType;
 use serde_json::{json, Value};
 
-fn parse(v: &Value) -> Result<Qwen2Config, ModelError> {
-    Qwen2Config::from_value(v, Path::new("/m/config.json"))
+fn parse(v: &Value) -> Result<ModelConfig, ModelError> {
+    ModelConfig::from_value(v, Path::new("/m/config.json"))
 }
 
 fn with(mut v: Value, key: &str, value: Value) -> Value {
@@ -129,9 +130,22 @@ fn defaults_follow_transformers() {
         "torch_dtype",
     );
     let v = without(without(v, "max_position_embeddings"), "tie_word_embeddings");
+    // Qwen2Config: num_key_value_heads is 32 when the field is missing, which 2 heads refuse
+    // (naming the field), and num_attention_heads when it is null.
+    let (f, msg) = config_error(&v);
+    assert_eq!(f, "num_key_value_heads", "{msg}");
+    assert!(msg.contains("32"), "{msg}");
+    let thirty_two = with(
+        with(v.clone(), "num_attention_heads", json!(32)),
+        "hidden_size",
+        json!(64),
+    );
+    assert_eq!(parse(&thirty_two).unwrap().num_key_value_heads, 32);
+    let v = with(v, "num_key_value_heads", Value::Null);
     let c = parse(&v).unwrap();
     assert_eq!(c.num_key_value_heads, c.num_attention_heads);
     assert_eq!(c.rope_theta, 10000.0);
+    assert_eq!(c.rope_scaling, RopeScaling::None);
     assert_eq!(c.rms_norm_eps, 1e-6);
     assert_eq!(c.dtype, DType::F32);
     assert_eq!(c.max_position_embeddings, 32768);
@@ -199,8 +213,13 @@ fn invalid_values_are_named() {
         ),
         (
             "rope_parameters",
-            json!({"rope_type": "llama3", "rope_theta": 5e5}),
+            json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 5e5}),
             "rope_parameters",
+        ),
+        (
+            "rope_parameters",
+            json!({"rope_type": "llama3", "rope_theta": 5e5}),
+            "rope_parameters.factor",
         ),
         ("layer_types", json!(["full_attention"]), "layer_types"),
     ];
@@ -213,8 +232,8 @@ fn invalid_values_are_named() {
 #[test]
 fn unknown_architectures_are_refused() {
     for (arch, model_type) in [
-        ("LlamaForCausalLM", "llama"),
-        ("Qwen3ForCausalLM", "qwen3"),
+        ("MistralForCausalLM", "mistral"),
+        ("Qwen3MoeForCausalLM", "qwen3_moe"),
         ("Qwen2MoeForCausalLM", "qwen2_moe"),
     ] {
         let v = with(
@@ -225,6 +244,10 @@ fn unknown_architectures_are_refused() {
         match parse(&v) {
             Err(e @ ModelError::UnsupportedArchitecture { .. }) => {
                 assert!(e.to_string().contains(arch), "{e}");
+                // The message lists what is supported.
+                for known in ["Qwen2ForCausalLM", "Qwen3ForCausalLM", "LlamaForCausalLM"] {
+                    assert!(e.to_string().contains(known), "{e}");
+                }
                 assert_eq!(e.kind(), "architecture");
             }
             other => panic!("{arch}: {other:?}"),
@@ -277,16 +300,16 @@ fn sliding_window_in_force_limits_the_context() {
 #[test]
 fn file_errors_name_the_file() {
     let dir = common::TempDir::new("config-files");
-    let err = Qwen2Config::from_dir(dir.path()).unwrap_err();
+    let err = ModelConfig::from_dir(dir.path()).unwrap_err();
     assert_eq!(err.kind(), "io");
     assert!(err.to_string().contains("config.json"), "{err}");
     std::fs::write(dir.join("config.json"), "{ not json").unwrap();
-    let err = Qwen2Config::from_dir(dir.path()).unwrap_err();
+    let err = ModelConfig::from_dir(dir.path()).unwrap_err();
     assert_eq!(err.kind(), "json");
     assert!(err.to_string().contains("config.json"), "{err}");
     std::fs::write(dir.join("config.json"), "[1, 2]").unwrap();
     assert_eq!(
-        Qwen2Config::from_dir(dir.path()).unwrap_err().kind(),
+        ModelConfig::from_dir(dir.path()).unwrap_err().kind(),
         "json"
     );
 }

@@ -1,7 +1,7 @@
 //! The demo model: deterministic, loadable by our own config/tokenizer/weights code.
 
 use model::{
-    demo, plan_weights, ChatMessage, GenerationConfig, Qwen2Config, Tokenizer, WeightStore,
+    demo, plan_weights, ChatMessage, GenerationConfig, ModelConfig, Tokenizer, WeightStore,
 };
 
 fn tempdir(name: &str) -> std::path::PathBuf {
@@ -29,7 +29,7 @@ fn demo_model_files_are_the_same_bytes_every_time() {
 fn demo_model_loads_with_the_model_code() {
     let dir = tempdir("demo-load");
     demo::write_demo_model(&dir).unwrap();
-    let config = Qwen2Config::from_dir(&dir).unwrap();
+    let config = ModelConfig::from_dir(&dir).unwrap();
     assert_eq!(config.num_hidden_layers, demo::LAYERS);
     assert_eq!(config.vocab_size, demo::DEMO_VOCAB);
     assert!(config.tie_word_embeddings);
@@ -43,7 +43,7 @@ fn demo_model_loads_with_the_model_code() {
     let store = WeightStore::open(&dir).unwrap();
     let plan = plan_weights(&config, &store).unwrap();
     assert!(plan.tied);
-    assert_eq!(plan.specs.len(), 1 + 12 * demo::LAYERS + 1);
+    assert_eq!(plan.specs().len(), 1 + 12 * demo::LAYERS + 1);
     assert!(plan.unused.is_empty(), "{:?}", plan.unused);
 
     // Chat template renders the ChatML turns with the default system prompt.

@@ -1,20 +1,13 @@
 //! The committed transformers fixtures (tests/fixtures/hf, made by scripts/make_hf_fixtures.py)
 //! parse with our config, tokenizer and weight code, and are self-consistent. The comparison of
-//! our logits with theirs runs where the forward pass does (tests/model in the root crate).
+//! our logits with theirs runs where the forward pass does (tests/device).
 
 mod common;
 
+use common::FIXTURES;
 use model::sampling::argmax;
-use model::{plan_weights, GenerationConfig, Qwen2Config, Tokenizer, WeightStore};
+use model::{plan_weights, GenerationConfig, ModelConfig, Tokenizer, WeightStore};
 use ops::DType;
-
-const FIXTURES: [&str; 5] = [
-    "qwen2-gqa-untied",
-    "qwen25-tied-theta1e6",
-    "qwen2-1layer",
-    "qwen2-4layer",
-    "qwen2-odd-vocab",
-];
 
 fn f32s(store: &WeightStore, name: &str) -> (Vec<usize>, Vec<f32>) {
     let t = store.get(name).unwrap();
@@ -47,13 +40,16 @@ fn every_fixture_parses_and_is_consistent() {
     let mut seen = std::collections::BTreeSet::new();
     for name in FIXTURES {
         let dir = root.join(name);
-        let config = Qwen2Config::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let config = ModelConfig::from_dir(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
         seen.insert((
             config.tie_word_embeddings,
             config.num_hidden_layers,
             config.kv_group() > 1,
             config.rope_theta as u64,
             config.vocab_size,
+            config.model_type,
+            config.rope_scaling != ops::rope::RopeScaling::None,
+            config.block.o_bias,
         ));
         let generation = GenerationConfig::from_dir(&dir).unwrap();
         let tok = Tokenizer::from_dir(&dir, &config, &generation).unwrap();
@@ -117,4 +113,17 @@ fn every_fixture_parses_and_is_consistent() {
         "1 and 4 layers"
     );
     assert!(seen.iter().any(|s| s.4 % 2 == 1), "odd vocabulary");
+    // Qwen3 tied with GQA and untied without, Llama 3 with scaled RoPE, Llama with biases.
+    let family = |t: &'static str| seen.iter().filter(move |s| s.5 == t);
+    assert!(family("qwen3").any(|s| s.0 && s.2), "qwen3 tied + GQA");
+    assert!(family("qwen3").any(|s| !s.0 && !s.2), "qwen3 untied, MHA");
+    assert!(
+        family("llama").any(|s| s.6 && s.0),
+        "llama3 RoPE scaling, tied"
+    );
+    assert!(
+        family("llama").any(|s| s.7 && !s.0),
+        "llama attention biases, untied"
+    );
+    assert!(family("qwen2").all(|s| !s.6 && !s.7));
 }

@@ -5,7 +5,7 @@ mod common;
 use std::ops::ControlFlow;
 
 use model::{
-    CausalLm, GenerateOptions, GenerationConfig, Generator, ModelError, Prompt, Qwen2Config,
+    CausalLm, GenerateOptions, GenerationConfig, Generator, ModelConfig, ModelError, Prompt,
     SamplingParams, StopReason, Tokenizer,
 };
 
@@ -99,7 +99,7 @@ struct Setup {
 
 fn setup() -> Setup {
     let dir = common::demo_model();
-    let config = Qwen2Config::from_dir(dir.path()).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
     let gen = GenerationConfig::from_dir(dir.path()).unwrap();
     let tokenizer = Tokenizer::from_dir(dir.path(), &config, &gen).unwrap();
     Setup {

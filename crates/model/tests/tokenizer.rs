@@ -2,10 +2,10 @@
 
 mod common;
 
-use model::{ChatMessage, ChatTemplate, GenerationConfig, Qwen2Config, Tokenizer};
+use model::{ChatMessage, ChatTemplate, GenerationConfig, ModelConfig, Tokenizer};
 
 fn demo_tokenizer(dir: &common::TempDir) -> Tokenizer {
-    let config = Qwen2Config::from_dir(dir.path()).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
     let gen = GenerationConfig::from_dir(dir.path()).unwrap();
     Tokenizer::from_dir(dir.path(), &config, &gen).unwrap()
 }
@@ -161,7 +161,7 @@ fn broken_or_missing_templates_are_errors() {
     );
     // A missing tokenizer.json is a clear error.
     std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
-    let config = Qwen2Config::from_dir(dir.path()).unwrap();
+    let config = ModelConfig::from_dir(dir.path()).unwrap();
     let err = Tokenizer::from_dir(dir.path(), &config, &GenerationConfig::default()).unwrap_err();
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
 }

@@ -5,13 +5,13 @@ mod common;
 
 use common::{safetensors_of, tiny_config, tiny_tensors, write_model, TempDir};
 use model::weights::convert;
-use model::{plan_weights, ModelError, Qwen2Config, WeightStore};
+use model::{plan_weights, ModelConfig, ModelError, WeightStore};
 use ops::DType;
 use safetensors::Dtype;
 use serde_json::json;
 
-fn plan_dir(dir: &TempDir) -> Result<model::qwen2::WeightPlan, ModelError> {
-    let config = Qwen2Config::from_dir(dir.path())?;
+fn plan_dir(dir: &TempDir) -> Result<model::WeightPlan, ModelError> {
+    let config = ModelConfig::from_dir(dir.path())?;
     let store = WeightStore::open(dir.path())?;
     plan_weights(&config, &store)
 }
@@ -24,8 +24,8 @@ fn a_complete_checkpoint_plans_every_tensor() {
     assert_eq!(plan.prefix, "model.");
     assert!(!plan.tied);
     assert_eq!(plan.checkpoint_dtype, DType::BF16);
-    assert_eq!(plan.specs.len(), tiny_tensors().len());
-    let names: Vec<&str> = plan.specs.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(plan.specs().len(), tiny_tensors().len());
+    let names: Vec<&str> = plan.specs().iter().map(|s| s.name.as_str()).collect();
     assert_eq!(names.first(), Some(&"model.embed_tokens.weight"));
     assert_eq!(names.last(), Some(&"lm_head.weight"));
     let expected_bytes: usize = tiny_tensors()
@@ -232,7 +232,7 @@ fn tied_and_headless_checkpoints() {
         write_model(dir.path(), &config, &tensors, Dtype::F32);
         let plan = plan_dir(&dir).unwrap();
         assert!(plan.tied);
-        assert!(!plan.specs.iter().any(|s| s.name == "lm_head.weight"));
+        assert!(!plan.specs().iter().any(|s| s.name == "lm_head.weight"));
         assert!(plan.unused.is_empty());
     }
     // Headless Qwen2Model checkpoint: names without the "model." prefix.
@@ -246,7 +246,7 @@ fn tied_and_headless_checkpoints() {
     write_model(dir.path(), &config, &tensors, Dtype::F32);
     let plan = plan_dir(&dir).unwrap();
     assert_eq!(plan.prefix, "");
-    assert_eq!(plan.specs[0].name, "embed_tokens.weight");
+    assert_eq!(plan.specs()[0].name, "embed_tokens.weight");
     // ... which cannot produce logits when untied.
     config["tie_word_embeddings"] = json!(false);
     write_model(dir.path(), &config, &tensors, Dtype::F32);
@@ -280,7 +280,7 @@ fn sharded_checkpoints_load_through_the_index() {
     let index = json!({"metadata": {"total_size": 0}, "weight_map": map});
     std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
     let plan = plan_dir(&dir).unwrap();
-    assert_eq!(plan.specs.len(), all.len());
+    assert_eq!(plan.specs().len(), all.len());
     let store = WeightStore::open(dir.path()).unwrap();
     let t = store.get("lm_head.weight").unwrap();
     assert!(t.file.ends_with("model-00002-of-00002.safetensors"));

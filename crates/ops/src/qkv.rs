@@ -1,13 +1,21 @@
-//! The attention block's entry, fused: split the QKV projection, rotate q and k (RoPE, Qwen2's
-//! rotate-half layout), write q out and append k and v to the KV cache — one launch per layer
-//! instead of four (split, two ropes, cache write).
+//! The attention block's entry, fused: split the QKV projection, optionally normalise q and k per
+//! head (Qwen3's `q_norm` / `k_norm`), rotate them (RoPE, the rotate-half layout of Qwen2,
+//! Qwen3 and Llama), write q out and append k and v to the KV cache — one launch per layer
+//! instead of four or six (split, two norms, two ropes, cache write).
 //!
 //! The position of the first token comes from a device buffer (`start`, u32 `[1]`) so that a
 //! decode step can be captured once as a CUDA graph and replayed with the position advancing.
+//!
+//! One cube per (token, head) and one unit per rotated pair `(x[i], x[i + D/2])`. The per-head
+//! norm is computed in f32 and rounded to the dtype only with the rotation; it sums the squares
+//! over the cube with `ops::reduce::cube_sum` (planes where the runtime has
+//! them, a shared-memory tree otherwise); without a norm the kernel compiles to the plain split +
+//! rotate + append, with no extra bindings (the norm operands are comptime options).
 
 use cubecl::prelude::*;
 
 use crate::launch::{check_same_dtype, cube_count_1d};
+use crate::reduce::{cube_sum, ReducePlan};
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 #[cube(launch_unchecked)]
@@ -19,12 +27,17 @@ fn qkv_rope_cache_kernel<F: Float>(
     q_out: &mut [F],
     k_cache: &mut [F],
     v_cache: &mut [F],
+    q_norm: ComptimeOption<Box<[F]>>,
+    k_norm: ComptimeOption<Box<[F]>>,
+    norm_eps: ComptimeOption<f32>,
     tokens: usize,
     q_heads: usize,
     kv_heads: usize,
     head_dim: usize,
     max_len: usize,
     table_rows: usize,
+    #[comptime] norm: bool,
+    #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
     let heads = q_heads + 2 * kv_heads;
@@ -32,20 +45,60 @@ fn qkv_rope_cache_kernel<F: Float>(
     let h = CUBE_POS % heads;
     let half = head_dim / 2;
     let i = UNIT_POS as usize;
-    if t >= tokens || i >= half {
-        terminate!();
+    let src = (t * heads + h) * head_dim;
+    let mut a = F::new(0.0);
+    let mut b = F::new(0.0);
+    if comptime![norm] {
+        // Every unit of the cube takes part in the norm's reduction (it synchronises the
+        // cube): the units past the head's pairs carry zeros and leave after it.
+        if t >= tokens {
+            terminate!();
+        }
+        if i < half {
+            a = qkv[src + i];
+            b = qkv[src + i + half];
+        }
+    } else {
+        if t >= tokens || i >= half {
+            terminate!();
+        }
+        a = qkv[src + i];
+        b = qkv[src + i + half];
+    }
+    let mut af = f32::cast_from(a);
+    let mut bf = f32::cast_from(b);
+    #[comptime]
+    match q_norm {
+        ComptimeOption::Some(q_weight) => {
+            let k_weight = k_norm.unwrap();
+            let eps = norm_eps.unwrap();
+            let sum = cube_sum(af * af + bf * bf, plan);
+            if i >= half {
+                terminate!();
+            }
+            if h < q_heads + kv_heads {
+                // Normalised, weighted and rotated in f32, rounded to the dtype once: closer to
+                // an f32 reference than Hugging Face's half-precision path, which rounds after
+                // the normalisation, the weight and the rotation.
+                let inv = f32::inverse_sqrt(sum / f32::cast_from(head_dim) + eps);
+                let mut wa = k_weight[i];
+                let mut wb = k_weight[i + half];
+                if h < q_heads {
+                    wa = q_weight[i];
+                    wb = q_weight[i + half];
+                }
+                af = af * inv * f32::cast_from(wa);
+                bf = bf * inv * f32::cast_from(wb);
+            }
+        }
+        ComptimeOption::None => {}
     }
     let pos = start[0] as usize + t;
-    let src = (t * heads + h) * head_dim;
-    let a = qkv[src + i];
-    let b = qkv[src + i + half];
     if h < q_heads + kv_heads {
         // Positions past the table reuse its last row; the host checks what it can know.
         let p = min(pos, table_rows - 1);
         let c = cos[p * half + i];
         let s = sin[p * half + i];
-        let af = f32::cast_from(a);
-        let bf = f32::cast_from(b);
         let ra = F::cast_from(af * c - bf * s);
         let rb = F::cast_from(bf * c + af * s);
         if h < q_heads {
@@ -72,12 +125,31 @@ pub struct HeadShape {
     pub head_dim: usize,
 }
 
-/// Splits `qkv[T, (Hq + 2 Hkv) * D]` (the concatenated q/k/v projections, biases added), applies
-/// RoPE to q and k at positions `start[0] + t`, writes `q_out[T, Hq, D]`, and stores k and v in
-/// rows `start[0] + t` of `k_cache`/`v_cache` (`[max_len, Hkv, D]`).
+/// RMSNorm of each q and k head over `head_dim` (Qwen3's `q_norm` / `k_norm`), applied before
+/// the rotation: `x * rsqrt(mean(x²) + eps) * weight`, in f32 like the rotation that follows.
+pub struct QkNorm<'a, R: Runtime> {
+    /// `[head_dim]`, the dtype of the activations: the weight of every q head.
+    pub q_weight: &'a DeviceTensor<R>,
+    /// `[head_dim]`: the weight of every k head.
+    pub k_weight: &'a DeviceTensor<R>,
+    pub eps: f32,
+}
+
+impl<R: Runtime> Clone for QkNorm<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for QkNorm<'_, R> {}
+
+/// Splits `qkv[T, (Hq + 2 Hkv) * D]` (the concatenated q/k/v projections, biases added),
+/// normalises each q and k head when `norm` is given, applies RoPE to q and k at positions
+/// `start[0] + t`, writes `q_out[T, Hq, D]`, and stores k and v in rows `start[0] + t` of
+/// `k_cache`/`v_cache` (`[max_len, Hkv, D]`).
 ///
 /// `cos`/`sin` are f32 tables `[table_rows, D / 2]` (`ops::rope::RopeCache` builds them): entry
-/// `[p, i] = cos(p * theta^(-2i / D))`. Positions live on the device, so the kernel cannot
+/// `[p, i] = cos(p * inv_freq[i])`. Positions live on the device, so the kernel cannot
 /// report an overflow: rows past `max_len` are not written and positions past the table use its
 /// last row. Callers that know the position on the host (the model does) check it first.
 #[allow(clippy::too_many_arguments)]
@@ -91,6 +163,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     q_out: &DeviceTensor<R>,
     k_cache: &DeviceTensor<R>,
     v_cache: &DeviceTensor<R>,
+    norm: Option<QkNorm<'_, R>>,
 ) -> Result<()> {
     const OP: &str = "qkv_rope_cache";
     caps::check_float_dtype(client, OP, qkv.dtype())?;
@@ -169,12 +242,31 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     {
         return Err(OpsError::shape(OP, "every operand must be contiguous"));
     }
+    if let Some(n) = &norm {
+        check_norm(OP, qkv, n, head_dim)?;
+    }
+    let cube_dim = (half as u32).next_power_of_two().max(1);
+    let plan = ReducePlan::new(client, cube_dim);
     let cubes = tokens * (q_heads + 2 * kv_heads);
+    // SAFETY: every operand was validated above (shapes, dtypes, contiguity); the kernel keeps
+    // its accesses within those shapes and clamps the device-side position.
     unsafe {
+        let (q_norm, k_norm, eps) = match &norm {
+            Some(n) => (
+                ComptimeOptionArgs::Some(n.q_weight.as_buffer_arg()),
+                ComptimeOptionArgs::Some(n.k_weight.as_buffer_arg()),
+                ComptimeOptionArgs::Some(n.eps),
+            ),
+            None => (
+                ComptimeOptionArgs::None,
+                ComptimeOptionArgs::None,
+                ComptimeOptionArgs::None,
+            ),
+        };
         qkv_rope_cache_kernel::launch_unchecked::<R>(
             client,
             cube_count_1d(client, cubes as u32),
-            CubeDim::new_1d((half as u32).next_power_of_two().max(1)),
+            CubeDim::new_1d(cube_dim),
             qkv.as_buffer_arg(),
             cos.as_buffer_arg(),
             sin.as_buffer_arg(),
@@ -182,14 +274,46 @@ pub fn qkv_rope_cache_into<R: Runtime>(
             q_out.as_buffer_arg(),
             k_cache.as_buffer_arg(),
             v_cache.as_buffer_arg(),
+            q_norm,
+            k_norm,
+            eps,
             tokens,
             q_heads,
             kv_heads,
             head_dim,
             max_len,
             cos.shape()[0],
+            norm.is_some(),
+            plan,
             qkv.dtype().elem_type(),
         );
+    }
+    Ok(())
+}
+
+fn check_norm<R: Runtime>(
+    op: &'static str,
+    qkv: &DeviceTensor<R>,
+    norm: &QkNorm<'_, R>,
+    head_dim: usize,
+) -> Result<()> {
+    for w in [norm.q_weight, norm.k_weight] {
+        check_same_dtype(op, qkv, w)?;
+        if w.shape() != [head_dim] || !w.is_contiguous() {
+            return Err(OpsError::shape(
+                op,
+                format!(
+                    "q/k norm weights must be contiguous [{head_dim}], got {:?}",
+                    w.shape()
+                ),
+            ));
+        }
+    }
+    if !(norm.eps.is_finite() && norm.eps >= 0.0) {
+        return Err(OpsError::invalid(
+            op,
+            format!("norm eps must be finite and >= 0, got {}", norm.eps),
+        ));
     }
     Ok(())
 }

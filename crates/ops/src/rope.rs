@@ -1,7 +1,9 @@
-//! Rotary position embeddings in Qwen2's non-interleaved "rotate half" layout, and the fused
-//! RMSNorm + RoPE op.
+//! Rotary position embeddings in the non-interleaved "rotate half" layout of Qwen2, Qwen3 and
+//! Llama, their tables (default frequencies or Llama 3's scaled bands, [`RopeScaling`]), and the
+//! fused RMSNorm + RoPE op.
 //!
-//! For a head vector `x` of dim `D` and `i < D/2`, with `c = cos(p θ^(-2i/D))`, `s = sin(..)`:
+//! For a head vector `x` of dim `D` and `i < D/2`, with `c = cos(p f_i)`, `s = sin(p f_i)` and
+//! the inverse frequency `f_i` (`θ^(-2i/D)` by default):
 //! `out[i] = x[i] c - x[i + D/2] s`, `out[i + D/2] = x[i + D/2] c + x[i] s` (math in f32).
 
 use cubecl::prelude::*;
@@ -11,6 +13,107 @@ use crate::norm::{scale_by_weight, sum_squares};
 use crate::reduce::{cube_sum, ReducePlan};
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
+/// How the rotary inverse frequencies derive from `theta` (transformers' `rope_type`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// `inv_freq[i] = theta^(-2i/D)` (`rope_type: "default"`).
+    None,
+    /// Llama 3.1's frequency bands (`rope_type: "llama3"`): with `wavelen = 2π / inv_freq` and
+    /// the original context `L`, wavelengths below `L / high_freq_factor` keep their frequency,
+    /// those above `L / low_freq_factor` are divided by `factor`, and the band between blends
+    /// the two with `s = (L / wavelen - low) / (high - low)`:
+    /// `(1 - s) · inv_freq / factor + s · inv_freq`.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: usize,
+    },
+}
+
+impl RopeScaling {
+    /// Errors unless the parameters give finite, positive frequencies.
+    pub fn validate(&self) -> Result<()> {
+        const OP: &str = "RopeScaling";
+        match *self {
+            Self::None => Ok(()),
+            Self::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let positive = |v: f64| v.is_finite() && v > 0.0;
+                if !(positive(factor) && positive(low_freq_factor) && positive(high_freq_factor)) {
+                    return Err(OpsError::invalid(
+                        OP,
+                        format!(
+                            "llama3 factors must be finite and > 0, got factor {factor}, \
+                             low_freq_factor {low_freq_factor}, high_freq_factor {high_freq_factor}"
+                        ),
+                    ));
+                }
+                if high_freq_factor <= low_freq_factor {
+                    return Err(OpsError::invalid(
+                        OP,
+                        format!(
+                            "llama3 high_freq_factor {high_freq_factor} must exceed \
+                             low_freq_factor {low_freq_factor}"
+                        ),
+                    ));
+                }
+                if original_max_position_embeddings == 0 {
+                    return Err(OpsError::invalid(
+                        OP,
+                        "llama3 original_max_position_embeddings must be > 0",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The `D / 2` inverse frequencies, in f64: transformers' `_compute_default_rope_parameters`
+    /// and `_compute_llama3_parameters` step by step (it computes them in f32).
+    pub fn inv_freq(&self, head_dim: usize, theta: f64) -> Vec<f64> {
+        let base = crate::reference::rope::default_inv_freq(head_dim, theta);
+        match *self {
+            Self::None => base,
+            Self::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => {
+                let old_context = original_max_position_embeddings as f64;
+                let low_freq_wavelen = old_context / low_freq_factor;
+                let high_freq_wavelen = old_context / high_freq_factor;
+                base.into_iter()
+                    .map(|f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        let scaled = if wavelen > low_freq_wavelen {
+                            f / factor
+                        } else {
+                            f
+                        };
+                        let smooth = (old_context / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                        // Frequencies are finite (validated), so the negated comparisons of
+                        // transformers' masks are these.
+                        let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+                        if medium {
+                            smoothed
+                        } else {
+                            scaled
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// cos/sin tables for every position below `max_positions`, computed once per model.
 pub struct RopeCache<R: Runtime> {
     /// f32 `[max_positions, head_dim / 2]`.
@@ -18,7 +121,8 @@ pub struct RopeCache<R: Runtime> {
     /// f32 `[max_positions, head_dim / 2]`.
     pub sin: DeviceTensor<R>,
     pub head_dim: usize,
-    pub theta: f64,
+    /// The `head_dim / 2` inverse frequencies the tables were made from.
+    pub inv_freq: Vec<f64>,
 }
 
 impl<R: Runtime> Clone for RopeCache<R> {
@@ -27,19 +131,30 @@ impl<R: Runtime> Clone for RopeCache<R> {
             cos: self.cos.clone(),
             sin: self.sin.clone(),
             head_dim: self.head_dim,
-            theta: self.theta,
+            inv_freq: self.inv_freq.clone(),
         }
     }
 }
 
 impl<R: Runtime> RopeCache<R> {
-    /// Tables computed on the host in f64 (inverse frequencies `θ^(-2i/D)` as Hugging Face's
-    /// Qwen2 defines them), stored as f32.
+    /// Tables of the default rotary embedding (inverse frequencies `θ^(-2i/D)` as Hugging
+    /// Face's Qwen2 and Llama define them), computed on the host in f64 and stored as f32.
     pub fn new(
         client: &ComputeClient<R>,
         max_positions: usize,
         head_dim: usize,
         theta: f64,
+    ) -> Result<Self> {
+        Self::with_scaling(client, max_positions, head_dim, theta, RopeScaling::None)
+    }
+
+    /// Tables of `theta` with a frequency scaling ([`RopeScaling::inv_freq`]).
+    pub fn with_scaling(
+        client: &ComputeClient<R>,
+        max_positions: usize,
+        head_dim: usize,
+        theta: f64,
+        scaling: RopeScaling,
     ) -> Result<Self> {
         const OP: &str = "RopeCache::new";
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
@@ -48,23 +163,44 @@ impl<R: Runtime> RopeCache<R> {
                 format!("head_dim must be even and > 0, got {head_dim}"),
             ));
         }
-        if max_positions == 0 {
-            return Err(OpsError::invalid(OP, "max_positions must be > 0"));
-        }
         if !(theta.is_finite() && theta > 0.0) {
             return Err(OpsError::invalid(
                 OP,
                 format!("theta must be finite and > 0, got {theta}"),
             ));
         }
-        let (cos, sin) = crate::reference::rope::tables(max_positions, head_dim, theta);
+        scaling.validate()?;
+        Self::from_inv_freq(client, max_positions, &scaling.inv_freq(head_dim, theta))
+    }
+
+    /// Tables of explicit inverse frequencies (`head_dim = 2 * inv_freq.len()`): entry `[p, i]`
+    /// is `cos(p * inv_freq[i])`, computed in f64 and stored as f32.
+    pub fn from_inv_freq(
+        client: &ComputeClient<R>,
+        max_positions: usize,
+        inv_freq: &[f64],
+    ) -> Result<Self> {
+        const OP: &str = "RopeCache::from_inv_freq";
+        if inv_freq.is_empty() {
+            return Err(OpsError::invalid(OP, "no inverse frequencies"));
+        }
+        if let Some(bad) = inv_freq.iter().find(|f| !f.is_finite()) {
+            return Err(OpsError::invalid(
+                OP,
+                format!("inverse frequencies must be finite, got {bad}"),
+            ));
+        }
+        if max_positions == 0 {
+            return Err(OpsError::invalid(OP, "max_positions must be > 0"));
+        }
+        let (cos, sin) = crate::reference::rope::tables_from_inv_freq(max_positions, inv_freq);
         let to32 = |v: Vec<f64>| v.into_iter().map(|x| x as f32).collect::<Vec<_>>();
-        let shape = [max_positions, head_dim / 2];
+        let shape = [max_positions, inv_freq.len()];
         Ok(Self {
             cos: DeviceTensor::from_slice(client, &to32(cos), &shape)?,
             sin: DeviceTensor::from_slice(client, &to32(sin), &shape)?,
-            head_dim,
-            theta,
+            head_dim: 2 * inv_freq.len(),
+            inv_freq: inv_freq.to_vec(),
         })
     }
 

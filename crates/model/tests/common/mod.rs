@@ -142,6 +142,19 @@ pub fn demo_model() -> TempDir {
     dir
 }
 
+/// The committed transformers fixtures (tests/fixtures/hf, made by scripts/make_hf_fixtures.py).
+pub const FIXTURES: [&str; 9] = [
+    "qwen2-gqa-untied",
+    "qwen25-tied-theta1e6",
+    "qwen2-1layer",
+    "qwen2-4layer",
+    "qwen2-odd-vocab",
+    "qwen3-gqa-tied",
+    "qwen3-mha-untied",
+    "llama3-rope-scaled",
+    "llama-bias-untied",
+];
+
 /// The fixtures made by scripts/make_hf_fixtures.py.
 pub fn fixtures_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hf")

@@ -1,8 +1,29 @@
 //! References for [`crate::rope`].
 
+/// The default inverse frequencies `theta^(-2i/d)`, `i < d/2`.
+pub fn default_inv_freq(head_dim: usize, theta: f64) -> Vec<f64> {
+    (0..head_dim / 2)
+        .map(|i| theta.powf(-(2.0 * i as f64) / head_dim as f64))
+        .collect()
+}
+
+/// cos/sin tables `[rows, inv_freq.len()]`: entry `[p, i]` is the cos/sin of `p * inv_freq[i]`.
+pub fn tables_from_inv_freq(rows: usize, inv_freq: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let mut cos = Vec::with_capacity(rows * inv_freq.len());
+    let mut sin = Vec::with_capacity(rows * inv_freq.len());
+    for p in 0..rows {
+        for &f in inv_freq {
+            let angle = p as f64 * f;
+            cos.push(angle.cos());
+            sin.push(angle.sin());
+        }
+    }
+    (cos, sin)
+}
+
 /// cos/sin tables `[rows, d/2]`: entry `[p, i]` is the cos/sin of `p * theta^(-2i/d)`.
 pub fn tables(rows: usize, head_dim: usize, theta: f64) -> (Vec<f64>, Vec<f64>) {
-    crate::reference::qkv::rope_tables(rows, head_dim, theta)
+    tables_from_inv_freq(rows, &default_inv_freq(head_dim, theta))
 }
 
 /// RoPE of `x[T, H, D]` at `positions[T]` with half-width tables.

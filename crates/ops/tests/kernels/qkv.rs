@@ -1,5 +1,5 @@
 use cubecl::prelude::*;
-use ops::qkv::{qkv_rope_cache_into, HeadShape};
+use ops::qkv::{qkv_rope_cache_into, HeadShape, QkNorm};
 use ops::reference::qkv as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
@@ -22,55 +22,89 @@ fn tables<R: Runtime>(
     )
 }
 
+/// (T, Hq, Hkv, D, start): head dims 2..128, odd and equal head counts, T = 1, 3, 17.
+const CASES: [(usize, usize, usize, usize, usize); 10] = [
+    (1, 4, 2, 16, 0),
+    (1, 12, 2, 128, 37),
+    (17, 4, 2, 64, 5),
+    (3, 14, 2, 128, 100),
+    (3, 3, 1, 2, 7),
+    (1, 3, 3, 2, 0),
+    (17, 5, 5, 32, 0),
+    (1, 7, 1, 64, 127),
+    (3, 9, 3, 16, 60),
+    (17, 1, 1, 128, 90),
+];
+
 fn qkv_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(11);
     for dtype in float_dtypes(client) {
-        for &(t, hq, hkv, d, start) in &[
-            (1usize, 4usize, 2usize, 16usize, 0usize),
-            (1, 12, 2, 128, 37),
-            (17, 4, 2, 64, 5),
-            (3, 14, 2, 128, 100),
-        ] {
-            let max_len = 128;
-            let width = (hq + 2 * hkv) * d;
-            let (qkv, qkvh) = upload(
-                client,
-                &random(&mut rng, t * width, 1.5),
-                &[t, width],
-                dtype,
-            );
-            let (cos, sin, ch, sh) = tables(client, max_len, d);
-            let start_t = DeviceTensor::from_slice(client, &[start as u32], &[1]).unwrap();
-            let q = poisoned(client, &[t, hq, d], dtype);
-            let kc = poisoned(client, &[max_len, hkv, d], dtype);
-            let vc = poisoned(client, &[max_len, hkv, d], dtype);
-            let heads = HeadShape {
-                q_heads: hq,
-                kv_heads: hkv,
-                head_dim: d,
-            };
-            qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start_t, &q, &kc, &vc).unwrap();
-            let (wq, wk, wv) = reference::qkv_rope(&qkvh, t, (hq, hkv, d), &ch, &sh, start);
-            let what = format!("qkv {dtype} T{t} {hq}/{hkv}x{d} @{start}");
-            assert_close(&what, &q.to_f64_vec(client).unwrap(), &wq, tolerance(dtype));
-            let rows = |c: &DeviceTensor<R>| {
-                let all = c.to_f64_vec(client).unwrap();
-                all[start * hkv * d..(start + t) * hkv * d].to_vec()
-            };
-            assert_close(&format!("{what} k"), &rows(&kc), &wk, tolerance(dtype));
-            assert_close(&format!("{what} v"), &rows(&vc), &wv, 0.0);
-            // Rows outside the appended range are untouched (still NaN).
-            let untouched = kc.to_f64_vec(client).unwrap();
-            assert!(
-                untouched[..start * hkv * d].iter().all(|v| v.is_nan()),
-                "{what}: wrote below start"
-            );
-            assert!(
-                untouched[(start + t) * hkv * d..]
-                    .iter()
-                    .all(|v| v.is_nan()),
-                "{what}: wrote past the end"
-            );
+        for &(t, hq, hkv, d, start) in &CASES {
+            for with_norm in [false, true] {
+                let max_len = 128;
+                let width = (hq + 2 * hkv) * d;
+                let (qkv, qkvh) = upload(
+                    client,
+                    &random(&mut rng, t * width, 1.5),
+                    &[t, width],
+                    dtype,
+                );
+                let around_one = |rng: &mut _| -> Vec<f32> {
+                    random(rng, d, 0.5).into_iter().map(|v| 1.0 + v).collect()
+                };
+                let (qw, qwh) = upload(client, &around_one(&mut rng), &[d], dtype);
+                let (kw, kwh) = upload(client, &around_one(&mut rng), &[d], dtype);
+                let eps = 1e-6;
+                let (cos, sin, ch, sh) = tables(client, max_len, d);
+                let start_t = DeviceTensor::from_slice(client, &[start as u32], &[1]).unwrap();
+                let q = poisoned(client, &[t, hq, d], dtype);
+                let kc = poisoned(client, &[max_len, hkv, d], dtype);
+                let vc = poisoned(client, &[max_len, hkv, d], dtype);
+                let heads = HeadShape {
+                    q_heads: hq,
+                    kv_heads: hkv,
+                    head_dim: d,
+                };
+                let norm = with_norm.then_some(QkNorm {
+                    q_weight: &qw,
+                    k_weight: &kw,
+                    eps: eps as f32,
+                });
+                let ref_norm = with_norm.then_some(reference::HeadNorm {
+                    q_weight: &qwh,
+                    k_weight: &kwh,
+                    eps,
+                });
+                qkv_rope_cache_into(
+                    client, &qkv, heads, &cos, &sin, &start_t, &q, &kc, &vc, norm,
+                )
+                .unwrap();
+                let (wq, wk, wv) =
+                    reference::qkv_rope(&qkvh, t, (hq, hkv, d), &ch, &sh, start, ref_norm);
+                let what = format!("qkv {dtype} T{t} {hq}/{hkv}x{d} @{start} norm {with_norm}");
+                let tol = tolerance(dtype);
+                assert_close(&what, &q.to_f64_vec(client).unwrap(), &wq, tol);
+                let rows = |c: &DeviceTensor<R>| {
+                    let all = c.to_f64_vec(client).unwrap();
+                    all[start * hkv * d..(start + t) * hkv * d].to_vec()
+                };
+                assert_close(&format!("{what} k"), &rows(&kc), &wk, tol);
+                assert_close(&format!("{what} v"), &rows(&vc), &wv, 0.0);
+                // Rows outside the appended range are untouched (still NaN).
+                for (name, cache) in [("k", &kc), ("v", &vc)] {
+                    let untouched = cache.to_f64_vec(client).unwrap();
+                    assert!(
+                        untouched[..start * hkv * d].iter().all(|v| v.is_nan()),
+                        "{what}: wrote {name} below start"
+                    );
+                    assert!(
+                        untouched[(start + t) * hkv * d..]
+                            .iter()
+                            .all(|v| v.is_nan()),
+                        "{what}: wrote {name} past the end"
+                    );
+                }
+            }
         }
     }
 }
@@ -87,10 +121,23 @@ fn qkv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let start = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
     let qkv = f(&[2, (hq + 2 * hkv) * d]);
     let (q, kc, vc) = (f(&[2, hq, d]), f(&[max_len, hkv, d]), f(&[max_len, hkv, d]));
-    assert!(qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start, &q, &kc, &vc).is_ok());
+    assert!(
+        qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start, &q, &kc, &vc, None).is_ok()
+    );
     assert_err(
         "qkv width",
-        qkv_rope_cache_into(client, &f(&[2, 7]), heads, &cos, &sin, &start, &q, &kc, &vc),
+        qkv_rope_cache_into(
+            client,
+            &f(&[2, 7]),
+            heads,
+            &cos,
+            &sin,
+            &start,
+            &q,
+            &kc,
+            &vc,
+            None,
+        ),
         "shape",
     );
     assert_err(
@@ -105,6 +152,7 @@ fn qkv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
             &f(&[1, hq, d]),
             &kc,
             &vc,
+            None,
         ),
         "shape",
     );
@@ -120,6 +168,7 @@ fn qkv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
             &q,
             &f(&[max_len, 1, d]),
             &vc,
+            None,
         ),
         "shape",
     );
@@ -129,27 +178,47 @@ fn qkv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     };
     assert_err(
         "odd head_dim",
-        qkv_rope_cache_into(client, &qkv, odd, &cos, &sin, &start, &q, &kc, &vc),
+        qkv_rope_cache_into(client, &qkv, odd, &cos, &sin, &start, &q, &kc, &vc, None),
         "argument",
     );
     let bad_start = DeviceTensor::from_slice(client, &[0i32], &[1]).unwrap();
     assert_err(
         "start dtype",
-        qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &bad_start, &q, &kc, &vc),
+        qkv_rope_cache_into(
+            client, &qkv, heads, &cos, &sin, &bad_start, &q, &kc, &vc, None,
+        ),
         "argument",
     );
     let half_cos = f(&[max_len, d]);
     assert_err(
         "table width",
-        qkv_rope_cache_into(client, &qkv, heads, &half_cos, &sin, &start, &q, &kc, &vc),
+        qkv_rope_cache_into(
+            client, &qkv, heads, &half_cos, &sin, &start, &q, &kc, &vc, None,
+        ),
         "shape",
     );
     let kh = DeviceTensor::empty(client, &[max_len, hkv, d], DType::F16);
     assert_err(
         "cache dtype",
-        qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start, &q, &kh, &vc),
+        qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start, &q, &kh, &vc, None),
         "dtype",
     );
+    // The q/k norm weights: [head_dim] each, the activations' dtype, a usable eps.
+    let (w, short) = (f(&[d]), f(&[d - 2]));
+    let w16 = DeviceTensor::empty(client, &[d], DType::F16);
+    let norm = |q_weight, k_weight, eps| {
+        Some(QkNorm {
+            q_weight,
+            k_weight,
+            eps,
+        })
+    };
+    let run = |n| qkv_rope_cache_into(client, &qkv, heads, &cos, &sin, &start, &q, &kc, &vc, n);
+    assert!(run(norm(&w, &w, 1e-6)).is_ok());
+    assert_err("norm shape", run(norm(&w, &short, 1e-6)), "shape");
+    assert_err("norm dtype", run(norm(&w16, &w, 1e-6)), "dtype");
+    assert_err("norm eps", run(norm(&w, &w, f32::NAN)), "argument");
+    assert_err("negative eps", run(norm(&w, &w, -1.0)), "argument");
 }
 
 #[test]

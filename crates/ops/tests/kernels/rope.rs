@@ -1,6 +1,8 @@
 use cubecl::prelude::*;
 use ops::reference::rope as reference;
-use ops::rope::{fused_rmsnorm_rope, rope_host_positions, rope_into, FusedRmsNormRope, RopeCache};
+use ops::rope::{
+    fused_rmsnorm_rope, rope_host_positions, rope_into, FusedRmsNormRope, RopeCache, RopeScaling,
+};
 use ops::{DType, DeviceTensor};
 use testkit::*;
 
@@ -203,6 +205,131 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
         fused_rmsnorm_rope(client, &x, &wh, &cs, &cs, 1e-6, None),
         "dtype",
     );
+}
+
+/// Llama 3.1's scaled inverse frequencies written as the published piecewise rule (band by
+/// band), independently of the implementation's transformers-style masks.
+fn llama3_by_bands(
+    head_dim: usize,
+    theta: f64,
+    (factor, low, high, old): (f64, f64, f64, f64),
+) -> (Vec<f64>, [usize; 3]) {
+    let mut bands = [0usize; 3];
+    let freqs = (0..head_dim / 2)
+        .map(|i| {
+            let f = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / f;
+            if wavelen < old / high {
+                bands[0] += 1;
+                f
+            } else if wavelen > old / low {
+                bands[2] += 1;
+                f / factor
+            } else {
+                bands[1] += 1;
+                let t = (old / wavelen - low) / (high - low);
+                (1.0 - t) * f / factor + t * f
+            }
+        })
+        .collect();
+    (freqs, bands)
+}
+
+fn llama3_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(63);
+    // The test fixture's parameters (all three bands at head_dim 16) and Llama 3.1 8B's.
+    for (d, theta, params) in [
+        (16usize, 5e5, (8.0, 1.0, 4.0, 64usize)),
+        (128, 5e5, (8.0, 1.0, 4.0, 8192)),
+    ] {
+        let (factor, low, high, old) = params;
+        let scaling = RopeScaling::Llama3 {
+            factor,
+            low_freq_factor: low,
+            high_freq_factor: high,
+            original_max_position_embeddings: old,
+        };
+        let (want, bands) = llama3_by_bands(d, theta, (factor, low, high, old as f64));
+        assert!(bands.iter().all(|&n| n > 0), "d {d}: bands {bands:?}");
+        let got = scaling.inv_freq(d, theta);
+        assert_close(&format!("llama3 inv_freq d{d}"), &got, &want, 1e-12);
+        // The high-frequency end is untouched, the low-frequency end divided by the factor.
+        assert_eq!(got[0], 1.0);
+        let last = theta.powf(-((d - 2) as f64) / d as f64) / factor;
+        assert!((got[d / 2 - 1] - last).abs() <= 1e-15 * last, "d {d}");
+
+        let max_pos = 300;
+        let cache = RopeCache::with_scaling(client, max_pos, d, theta, scaling).unwrap();
+        assert_eq!(cache.inv_freq, got);
+        let explicit = RopeCache::from_inv_freq(client, max_pos, &want).unwrap();
+        assert_eq!(explicit.head_dim, d);
+        let (ch, sh) = reference::tables_from_inv_freq(max_pos, &want);
+        for (what, table, wanted) in [
+            ("cos", &cache.cos, &ch),
+            ("sin", &cache.sin, &sh),
+            ("explicit cos", &explicit.cos, &ch),
+            ("explicit sin", &explicit.sin, &sh),
+        ] {
+            let got = table.to_f64_vec(client).unwrap();
+            assert_close(&format!("llama3 {what} d{d}"), &got, wanted, 1e-6);
+        }
+        // Rotation with the scaled tables, as the model uses them.
+        let (t, h) = (5usize, 3usize);
+        let positions: Vec<usize> = (0..t).map(|i| i * 61 % max_pos).collect();
+        let pos_u: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let pos = DeviceTensor::from_slice(client, &pos_u, &[t]).unwrap();
+        let (x, xh) = upload(
+            client,
+            &random(&mut rng, t * h * d, 2.0),
+            &[t, h, d],
+            DType::F32,
+        );
+        let out = poisoned(client, &[t, h, d], DType::F32);
+        rope_into(client, &x, &pos, &cache, &out).unwrap();
+        let as_f32 = |v: &[f64]| v.iter().map(|&c| c as f32 as f64).collect::<Vec<_>>();
+        let want_out = reference::rope(&xh, &positions, h, &as_f32(&ch), &as_f32(&sh));
+        assert_close(
+            &format!("llama3 rope d{d}"),
+            &out.to_f64_vec(client).unwrap(),
+            &want_out,
+            tolerance(DType::F32),
+        );
+    }
+    // Parameters that give no usable frequencies are refused.
+    let bad = |factor, low, high, old| {
+        RopeCache::with_scaling(
+            client,
+            8,
+            16,
+            5e5,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: old,
+            },
+        )
+        .map(|_| ())
+    };
+    assert_err("low >= high", bad(8.0, 4.0, 4.0, 64), "argument");
+    assert_err("zero factor", bad(0.0, 1.0, 4.0, 64), "argument");
+    assert_err("nan factor", bad(f64::NAN, 1.0, 4.0, 64), "argument");
+    assert_err("no context", bad(8.0, 1.0, 4.0, 0), "argument");
+    assert_err(
+        "no frequencies",
+        RopeCache::from_inv_freq(client, 8, &[]).map(|_| ()),
+        "argument",
+    );
+    assert_err(
+        "infinite frequency",
+        RopeCache::from_inv_freq(client, 8, &[1.0, f64::INFINITY]).map(|_| ()),
+        "argument",
+    );
+}
+
+#[test]
+fn llama3_scaled_tables_follow_the_formula() {
+    on_each_runtime!(llama3_case);
 }
 
 #[test]

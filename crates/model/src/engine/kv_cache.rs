@@ -2,14 +2,19 @@
 //!
 //! Allocated once for the whole context (llama2.c's layout, one buffer per layer and kind) so
 //! that neither prefill nor decode ever grows or copies it; GQA reads the `Hkv` heads in place
-//! (query head `h` uses KV head `h / group`), never a repeated copy. The number of valid
-//! positions is kept twice: on the host (for validation and bookkeeping) and in a device `u32[1]`
-//! buffer that the attention kernels of a captured decode step read.
+//! (query head `h` uses KV head `h / group`), never a repeated copy.
+//!
+//! The number of valid positions has one source of truth, the host length. The kernels of a
+//! captured decode step cannot be told it (a replayed graph reads the same buffers every time),
+//! so an append goes through [`KvCache::begin_append`], the one place that writes the device
+//! copies the kernels read: `start` (`u32[1]`, the first position appended: RoPE row and cache
+//! row) and `end` (`u32[1]`, the length after the append: the attention length). The forward
+//! pass then writes the rows, and [`KvCache::commit_append`] advances the host length.
 
 use cubecl::prelude::*;
 use ops::{DType, DeviceTensor};
 
-use crate::config::Qwen2Config;
+use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 
 /// Keys and values of one layer.
@@ -23,9 +28,13 @@ pub struct LayerCache<R: Runtime> {
 /// The KV cache of a whole model.
 pub struct KvCache<R: Runtime> {
     layers: Vec<LayerCache<R>>,
-    /// `u32[1]`: the number of valid positions, as the kernels see it.
-    len_buffer: DeviceTensor<R>,
+    /// Valid positions: the one source of truth.
     len: usize,
+    /// Positions of the append in progress (between `begin_append` and `commit_append`).
+    pending: Option<usize>,
+    /// `u32[1]` device copies for the append in progress: `len` and `len + pending`.
+    start: DeviceTensor<R>,
+    end: DeviceTensor<R>,
     max_len: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -77,11 +86,12 @@ impl<R: Runtime> KvCache<R> {
                 v: DeviceTensor::empty(client, &shape, dtype),
             })
             .collect();
-        let len_buffer = DeviceTensor::from_slice(client, &[0u32], &[1])?;
         Ok(Self {
             layers,
-            len_buffer,
             len: 0,
+            pending: None,
+            start: DeviceTensor::from_slice(client, &[0u32], &[1])?,
+            end: DeviceTensor::from_slice(client, &[0u32], &[1])?,
             max_len,
             num_kv_heads,
             head_dim,
@@ -92,7 +102,7 @@ impl<R: Runtime> KvCache<R> {
     /// A cache shaped for `config`.
     pub fn for_config(
         client: &ComputeClient<R>,
-        config: &Qwen2Config,
+        config: &ModelConfig,
         max_len: usize,
         dtype: DType,
     ) -> Result<Self> {
@@ -107,7 +117,7 @@ impl<R: Runtime> KvCache<R> {
     }
 
     /// Bytes of device memory the cache holds: `2 * layers * max_len * Hkv * D * size(dtype)`.
-    pub fn bytes_for(config: &Qwen2Config, max_len: usize, dtype: DType) -> usize {
+    pub fn bytes_for(config: &ModelConfig, max_len: usize, dtype: DType) -> usize {
         2 * config.num_hidden_layers * max_len * config.kv_dim() * dtype.size()
     }
 
@@ -119,7 +129,7 @@ impl<R: Runtime> KvCache<R> {
         &self.layers
     }
 
-    /// Valid positions (host copy).
+    /// Valid positions.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -140,11 +150,6 @@ impl<R: Runtime> KvCache<R> {
         self.dtype
     }
 
-    /// The device `u32[1]` holding the number of valid positions, read by attention kernels.
-    pub fn len_buffer(&self) -> &DeviceTensor<R> {
-        &self.len_buffer
-    }
-
     /// Errors unless `n` more positions fit.
     pub fn check_room(&self, n: usize) -> Result<()> {
         if n > self.remaining() {
@@ -156,24 +161,51 @@ impl<R: Runtime> KvCache<R> {
         Ok(())
     }
 
-    /// Records that `n` positions were written (host side only: the device length buffer is
-    /// written by [`KvCache::sync_len`] or by the decode step's own inputs).
-    pub fn advance(&mut self, n: usize) -> Result<()> {
+    /// Starts an append of `n` positions at the current length: checks that they fit and writes
+    /// the device copies the kernels read, `start = len` and `end = len + n` (host to device,
+    /// so outside any graph capture). Nothing else writes them.
+    pub fn begin_append(&mut self, client: &ComputeClient<R>, n: usize) -> Result<()> {
         self.check_room(n)?;
+        if n == 0 {
+            return Err(ModelError::param("append", "nothing to append"));
+        }
+        self.pending = None;
+        let start = self.len as u32;
+        let end = (self.len + n) as u32;
+        self.start.write_bytes(client, &start.to_le_bytes())?;
+        self.end.write_bytes(client, &end.to_le_bytes())?;
+        self.pending = Some(n);
+        Ok(())
+    }
+
+    /// The positions of the append in progress, if one was begun and not committed.
+    pub fn pending(&self) -> Option<usize> {
+        self.pending
+    }
+
+    /// `u32[1]`: the first position of the append in progress.
+    pub fn start(&self) -> &DeviceTensor<R> {
+        &self.start
+    }
+
+    /// `u32[1]`: the length once the append in progress is committed.
+    pub fn end(&self) -> &DeviceTensor<R> {
+        &self.end
+    }
+
+    /// Records that the rows of the append in progress were written.
+    pub fn commit_append(&mut self) -> Result<()> {
+        let n = self
+            .pending
+            .take()
+            .ok_or_else(|| ModelError::param("append", "no append in progress"))?;
         self.len += n;
         Ok(())
     }
 
-    /// Copies the host length into the device buffer (outside any graph capture).
-    pub fn sync_len(&self, client: &ComputeClient<R>) -> Result<()> {
-        self.len_buffer
-            .write_bytes(client, &(self.len as u32).to_le_bytes())?;
-        Ok(())
-    }
-
     /// Forgets every position (the buffers are kept).
-    pub fn reset(&mut self, client: &ComputeClient<R>) -> Result<()> {
+    pub fn reset(&mut self) {
         self.len = 0;
-        self.sync_len(client)
+        self.pending = None;
     }
 }

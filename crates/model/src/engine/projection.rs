@@ -9,9 +9,22 @@ use ops::linear::{Epilogue, Linear, LinearWorkspace};
 use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
 use ops::{DType, DeviceTensor};
 
-use crate::config::Qwen2Config;
-use crate::qwen2::Weight;
+use crate::config::ModelConfig;
 use crate::Result;
+
+/// An uploaded tensor and the checkpoint tensors it was made of: one (`parts == [name]`), or
+/// several concatenated along the first dimension (the fused QKV and gate-up projections).
+pub struct Weight<R: Runtime> {
+    pub name: String,
+    pub parts: Vec<String>,
+    pub tensor: DeviceTensor<R>,
+}
+
+impl<R: Runtime> std::fmt::Debug for Weight<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {:?}", self.name, self.tensor)
+    }
+}
 
 fn tensor_bytes<R: Runtime>(t: &DeviceTensor<R>) -> usize {
     t.numel() * t.dtype().size()
@@ -51,7 +64,7 @@ pub struct ProjectionScratch<R: Runtime> {
 }
 
 impl<R: Runtime> ProjectionScratch<R> {
-    pub fn new(client: &ComputeClient<R>, config: &Qwen2Config, dtype: DType) -> Self {
+    pub fn new(client: &ComputeClient<R>, config: &ModelConfig, dtype: DType) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
         let widest_in = h.max(i).max(config.q_dim());
         let widest_out = (2 * i).max(h).max(config.q_dim() + 2 * config.kv_dim());
@@ -80,6 +93,13 @@ impl<R: Runtime> Projection<R> {
 
     pub fn is_dense(&self) -> bool {
         matches!(self, Self::Dense { .. })
+    }
+
+    pub fn has_bias(&self) -> bool {
+        match self {
+            Self::Dense { bias, .. } => bias.is_some(),
+            Self::Compressed { bias, .. } => bias.is_some(),
+        }
     }
 
     /// Whether the decode step's launches for this projection allocate nothing, so that they

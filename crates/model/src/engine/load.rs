@@ -1,0 +1,385 @@
+//! Loading: `config.json` → the family's [`ModelConfig`], the host-side plan of every tensor
+//! ([`plan_weights`]), the compute dtype ([`choose_dtype`]), then the uploads in plan order,
+//! converting dtypes on the host and building compressed projections ([`Compression`]) one at a
+//! time.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use cubecl::prelude::*;
+use ops::rope::RopeCache;
+use ops::{caps, DType, DeviceTensor};
+
+use crate::config::{GenerationConfig, ModelConfig};
+use crate::engine::compression::{Compression, HostWeight, Slot};
+use crate::engine::model::Model;
+use crate::engine::plan::{plan_weights, Target, WeightPlan};
+use crate::engine::projection::{Projection, Weight};
+use crate::error::{ModelError, Result};
+use crate::models::decoder::{DecoderLayer, LayerParts, Role};
+use crate::weights::WeightStore;
+
+/// Context length used when neither the caller nor a smaller `max_position_embeddings` says
+/// otherwise: 4096 positions of the 1.5B model's cache are 117 MB in bf16.
+pub const DEFAULT_MAX_LEN: usize = 4096;
+
+/// Picks the compute dtype.
+///
+/// An explicit request must be a float dtype the runtime supports (bf16 on wgpu is an error).
+/// Without one: the checkpoint's dtype where the runtime supports it, else f16 (then f32) with a
+/// one-line notice, e.g. a bf16 checkpoint on wgpu.
+pub fn choose_dtype(
+    requested: Option<DType>,
+    checkpoint: DType,
+    supports: impl Fn(DType) -> bool,
+    runtime: &str,
+) -> Result<(DType, Option<String>)> {
+    if let Some(d) = requested {
+        if !d.is_float() {
+            return Err(ModelError::param(
+                "dtype",
+                format!("{d} (expected bf16, f16 or f32)"),
+            ));
+        }
+        if !supports(d) {
+            let hint = if d == DType::BF16 {
+                "; use --dtype f16 or f32"
+            } else {
+                ""
+            };
+            return Err(ModelError::UnsupportedDType {
+                dtype: d.to_string(),
+                runtime: runtime.to_string(),
+                hint: hint.to_string(),
+            });
+        }
+        return Ok((d, None));
+    }
+    if supports(checkpoint) {
+        return Ok((checkpoint, None));
+    }
+    for fallback in [DType::F16, DType::F32] {
+        if supports(fallback) {
+            return Ok((
+                fallback,
+                Some(format!(
+                    "note: the checkpoint is {checkpoint}, which the {runtime} runtime cannot compute in; using {fallback} (choose with --dtype)"
+                )),
+            ));
+        }
+    }
+    Err(ModelError::UnsupportedDType {
+        dtype: checkpoint.to_string(),
+        runtime: runtime.to_string(),
+        hint: " (and neither f16 nor f32 is available)".into(),
+    })
+}
+
+/// Options of [`Model::load`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoadOptions {
+    /// Compute dtype; `None` picks one with [`choose_dtype`].
+    pub dtype: Option<DType>,
+    /// Context length (KV cache positions); `None`: `min(max_position_embeddings, 4096)`.
+    pub max_len: Option<usize>,
+    /// How the projections are stored (dense unless asked otherwise).
+    pub compression: Compression,
+}
+
+/// Reported after each tensor is uploaded.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadProgress<'a> {
+    pub tensor: &'a str,
+    /// 1-based index of this tensor.
+    pub index: usize,
+    pub count: usize,
+    /// Checkpoint bytes uploaded so far, and in all.
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What loading decided and found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadReport {
+    pub dtype: DType,
+    pub checkpoint_dtype: DType,
+    pub max_len: usize,
+    /// One-line notices for the user (dtype fallback, unused tensors, ...).
+    pub notices: Vec<String>,
+    pub bytes: u64,
+    /// Device bytes of all weights as loaded, and what they would be dense in the compute
+    /// dtype (equal without compression).
+    pub weight_bytes: u64,
+    pub dense_weight_bytes: u64,
+    pub elapsed: Duration,
+}
+
+/// One upload: on the device as it is, or on the host for compression.
+enum Upload<R: Runtime> {
+    Dense(Weight<R>),
+    Host(HostWeight),
+}
+
+impl<R: Runtime> Upload<R> {
+    fn dense(self) -> Weight<R> {
+        match self {
+            Self::Dense(w) => w,
+            Self::Host(_) => unreachable!("norms and embeddings are read to the device"),
+        }
+    }
+}
+
+/// Reads the plan's uploads from the checkpoint, reporting progress.
+struct Reader<'a, R: Runtime> {
+    client: &'a ComputeClient<R>,
+    store: &'a WeightStore,
+    plan: &'a WeightPlan,
+    dtype: DType,
+    compression: Compression,
+    done: u64,
+    progress: &'a mut dyn FnMut(&LoadProgress),
+}
+
+impl<R: Runtime> Reader<'_, R> {
+    /// Upload `i` of the plan, concatenated, on the device in the compute dtype or (`host`) in
+    /// f32 on the host.
+    fn read(&mut self, i: usize, host: bool) -> Result<Upload<R>> {
+        let upload = &self.plan.uploads[i];
+        let to = if host { DType::F32 } else { self.dtype };
+        let mut bytes = Vec::new();
+        let mut parts = Vec::new();
+        for spec in &upload.parts {
+            let t = self.store.get(&spec.name)?;
+            bytes.extend_from_slice(&t.bytes_as(to)?);
+            self.done += t.data.len() as u64;
+            parts.push(spec.name.clone());
+        }
+        let shape = upload.shape();
+        let name = upload.name();
+        (self.progress)(&LoadProgress {
+            tensor: &name,
+            index: i + 1,
+            count: self.plan.uploads.len(),
+            bytes_done: self.done,
+            bytes_total: self.plan.bytes,
+        });
+        if host {
+            let data = bytemuck::pod_collect_to_vec(&bytes);
+            return Ok(Upload::Host(HostWeight { parts, shape, data }));
+        }
+        let tensor = DeviceTensor::from_bytes(self.client, &bytes, &shape, self.dtype)?;
+        Ok(Upload::Dense(Weight {
+            name,
+            parts,
+            tensor,
+        }))
+    }
+
+    /// The projection of upload `weight` with the optional bias upload, compressed when
+    /// `compress` (both read to the host), dense otherwise.
+    fn projection(
+        &mut self,
+        weight: usize,
+        bias: Option<usize>,
+        compress: bool,
+    ) -> Result<Projection<R>> {
+        let w = self.read(weight, compress)?;
+        let b = bias.map(|b| self.read(b, compress)).transpose()?;
+        self.build(w, b)
+    }
+
+    fn build(&self, w: Upload<R>, bias: Option<Upload<R>>) -> Result<Projection<R>> {
+        Ok(match w {
+            Upload::Dense(weight) => Projection::Dense {
+                weight,
+                bias: bias.map(Upload::dense),
+            },
+            Upload::Host(w) => {
+                let bias = bias.map(|b| match b {
+                    Upload::Host(b) => b,
+                    Upload::Dense(_) => unreachable!("a bias is read like its weight"),
+                });
+                let (layer, bias) =
+                    self.compression
+                        .build(self.client, &w, bias.as_ref(), self.dtype)?;
+                Projection::Compressed {
+                    parts: w.parts,
+                    layer,
+                    bias,
+                }
+            }
+        })
+    }
+}
+
+/// One layer's uploads, by role, as [`DecoderLayer::assemble`] asks for them.
+struct LayerReader<'r, 'a, R: Runtime> {
+    reader: &'r mut Reader<'a, R>,
+    roles: HashMap<Role, usize>,
+}
+
+impl<R: Runtime> LayerParts<R> for LayerReader<'_, '_, R> {
+    fn weight(&mut self, role: Role) -> Result<Option<Weight<R>>> {
+        match self.roles.get(&role) {
+            Some(&i) => Ok(Some(self.reader.read(i, false)?.dense())),
+            None => Ok(None),
+        }
+    }
+
+    fn projection(&mut self, weight: Role, bias: Option<Role>) -> Result<Projection<R>> {
+        let w = *self.roles.get(&weight).ok_or_else(|| {
+            ModelError::param("layer", format!("the plan has no {weight:?} upload"))
+        })?;
+        let b = bias.and_then(|b| self.roles.get(&b).copied());
+        let compress = Slot::of(weight).is_some_and(|s| self.reader.compression.applies_to(s));
+        self.reader.projection(w, b, compress)
+    }
+}
+
+impl<R: Runtime> Model<R> {
+    /// Loads `config.json` (any supported family), `generation_config.json` and the safetensors
+    /// weights of `dir` and uploads the weights in the chosen dtype. `progress` is called after
+    /// every upload.
+    pub fn load(
+        client: &ComputeClient<R>,
+        dir: &Path,
+        options: &LoadOptions,
+        progress: &mut dyn FnMut(&LoadProgress),
+    ) -> Result<(Self, LoadReport)> {
+        let start = Instant::now();
+        if !dir.is_dir() {
+            return Err(ModelError::io(dir, "no such model directory"));
+        }
+        let config = ModelConfig::from_dir(dir)?;
+        let generation = GenerationConfig::from_dir(dir)?;
+        let store = WeightStore::open(dir)?;
+        let plan = plan_weights(&config, &store)?;
+
+        let runtime = caps::runtime_name(client);
+        let (dtype, notice) = choose_dtype(
+            options.dtype,
+            plan.checkpoint_dtype,
+            |d| caps::supports_dtype(client, d),
+            runtime,
+        )?;
+        let mut notices: Vec<String> = notice.into_iter().collect();
+
+        let max_len = options
+            .max_len
+            .unwrap_or_else(|| config.max_position_embeddings.min(DEFAULT_MAX_LEN));
+        if max_len == 0 {
+            return Err(ModelError::param("max_len", "must be positive"));
+        }
+        if max_len > config.max_position_embeddings {
+            notices.push(format!(
+                "note: context {max_len} exceeds max_position_embeddings {} of config.json",
+                config.max_position_embeddings
+            ));
+        }
+        config.check_context(max_len, &crate::config::config_path(dir))?;
+        if !plan.unused.is_empty() {
+            let shown: Vec<&str> = plan.unused.iter().take(3).map(String::as_str).collect();
+            notices.push(format!(
+                "note: {} tensors of the checkpoint are not used ({}{})",
+                plan.unused.len(),
+                shown.join(", "),
+                if plan.unused.len() > 3 { ", ..." } else { "" }
+            ));
+        }
+        let compression = options.compression;
+        compression.check()?;
+        let rope = RopeCache::with_scaling(
+            client,
+            max_len,
+            config.head_dim,
+            config.rope_theta,
+            config.rope_scaling,
+        )?;
+
+        // Uploads in plan order. Compressed projections are read to the host in f32 and
+        // converted as soon as they are complete, so at most one is on the host at a time.
+        let mut reader = Reader {
+            client,
+            store: &store,
+            plan: &plan,
+            dtype,
+            compression,
+            done: 0,
+            progress,
+        };
+        let find = |target: Target| plan.uploads.iter().position(|u| u.target == target);
+        let embedding = find(Target::Embedding).expect("planned first");
+        // A tied LM head that is compressed: its own copy from the embedding table, built while
+        // the table is on the host (then the table is uploaded dense for the lookups).
+        let (embed_tokens, tied_head) = if plan.tied && compression.applies_to(Slot::LmHead) {
+            let Upload::Host(table) = reader.read(embedding, true)? else {
+                unreachable!("read to the host")
+            };
+            let tensor = DeviceTensor::from_f32(client, &table.data, &table.shape, dtype)?;
+            let embed = Weight {
+                name: table.parts.join(" + "),
+                parts: table.parts.clone(),
+                tensor,
+            };
+            (embed, Some(reader.build(Upload::Host(table), None)?))
+        } else {
+            (reader.read(embedding, false)?.dense(), None)
+        };
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        for l in 0..config.num_hidden_layers {
+            let roles = plan
+                .uploads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, u)| match u.target {
+                    Target::Layer(layer, role) if layer == l => Some((role, i)),
+                    _ => None,
+                })
+                .collect();
+            let mut parts = LayerReader {
+                reader: &mut reader,
+                roles,
+            };
+            layers.push(DecoderLayer::assemble(&mut parts)?);
+        }
+        let norm = reader
+            .read(find(Target::FinalNorm).expect("planned"), false)?
+            .dense();
+        let lm_head = match find(Target::LmHead) {
+            None => tied_head,
+            Some(i) => Some(reader.projection(i, None, compression.applies_to(Slot::LmHead))?),
+        };
+
+        let dense_weight_bytes = plan
+            .specs()
+            .iter()
+            .map(|s| (s.shape.iter().product::<usize>() * dtype.size()) as u64)
+            .sum();
+        let mut report = LoadReport {
+            dtype,
+            checkpoint_dtype: plan.checkpoint_dtype,
+            max_len,
+            notices,
+            bytes: plan.bytes,
+            weight_bytes: 0,
+            dense_weight_bytes,
+            elapsed: start.elapsed(),
+        };
+        let model = Self::from_parts(
+            client,
+            config,
+            generation,
+            dir,
+            dtype,
+            max_len,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        );
+        report.weight_bytes = model.weight_bytes();
+        Ok((model, report))
+    }
+}

@@ -1,0 +1,30 @@
+//! The engine: everything that runs a model and knows no family.
+//!
+//! It loads any architecture of [`crate::models`] through its [`crate::ModelConfig`] (the
+//! family's config mapping and decoder block), and owns what is the same for all of them:
+//!
+//! ```text
+//! plan.rs         plan_weights: every tensor checked on the host (presence, shape, dtype), grouped
+//!                 into device tensors by name, before anything is uploaded
+//! load.rs         Model::load: dtype policy (choose_dtype), uploads in plan order, LoadOptions
+//! compression.rs  Compression / QuantMode / Int4Group: projections as Box<dyn ops::linear::Linear>
+//! projection.rs   Projection (dense or compressed, with its bias), Weight, ProjectionScratch
+//! kv_cache.rs     KvCache: per layer [max_len, Hkv, D]; one source of truth for its length
+//! buffers.rs      Activations, DecodeBuffers (everything the decode step writes), StepContext
+//! model.rs        Model: weights, prefill and the allocation-free decode step, one forward
+//! session.rs      Session (model + cache + buffers): CausalLm, CUDA-graph capture and replay
+//! ```
+//!
+//! The decode step allocates nothing and reads its token, position and cache length from
+//! device buffers, so it is captured once as a CUDA graph and replayed (first step eager,
+//! second captured, replays after; a failed capture falls back to eager steps, and models with
+//! block-sparse projections, whose kernel allocates, always run eagerly).
+
+pub mod buffers;
+pub mod compression;
+pub mod kv_cache;
+pub mod load;
+pub mod model;
+pub mod plan;
+pub mod projection;
+pub mod session;

@@ -1,0 +1,348 @@
+//! A loaded model of any family: its weights, and the forward pass that prefill and the decode
+//! step share ([`Model::prefill`], [`Model::decode_step`]):
+//!
+//! ```text
+//! x = embedding(embed_tokens, ids)                                 [T, H]
+//! per layer: the family's decoder block (crate::models::decoder)
+//! x = rms_norm(x, norm); logits = linear(x, lm_head or embed_tokens when tied)
+//! ```
+//!
+//! Prefill runs `T` tokens over activations allocated for the call, with the cache length known
+//! on the host. The decode step runs one token over the preallocated [`DecodeBuffers`], with the
+//! token id read from `DecodeBuffers::token` and its position and the cache length read from
+//! the cache's device copies ([`KvCache::begin_append`]), so the whole step can be captured
+//! once as a CUDA graph and replayed: between replays the host only writes those scalars.
+
+use std::path::{Path, PathBuf};
+
+use cubecl::prelude::*;
+use ops::matmul::linear_into;
+use ops::qkv::HeadShape;
+use ops::rope::RopeCache;
+use ops::{DType, DeviceTensor};
+
+use crate::config::{GenerationConfig, ModelConfig};
+use crate::engine::buffers::{Activations, CacheLen, DecodeBuffers, StepContext};
+use crate::engine::kv_cache::KvCache;
+use crate::engine::projection::{Projection, ProjectionScratch, Weight};
+use crate::error::{ModelError, Result};
+use crate::models::decoder::DecoderLayer;
+
+/// Which logits [`Model::prefill`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// The last position's (what generation needs).
+    Last,
+    /// Every position's (what the comparison with transformers needs).
+    All,
+}
+
+/// A loaded model.
+pub struct Model<R: Runtime> {
+    client: ComputeClient<R>,
+    config: ModelConfig,
+    generation: GenerationConfig,
+    dir: PathBuf,
+    dtype: DType,
+    max_len: usize,
+    pub embed_tokens: Weight<R>,
+    pub layers: Vec<DecoderLayer<R>>,
+    pub norm: Weight<R>,
+    /// `None` when the embeddings are tied (the logits use `embed_tokens`), unless the head is
+    /// compressed: then its own compressed copy.
+    pub lm_head: Option<Projection<R>>,
+    /// RoPE cos/sin for every position below `max_len`.
+    pub rope: RopeCache<R>,
+}
+
+impl<R: Runtime> std::fmt::Debug for Model<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Model {{ {}, dir: {}, layers: {}, dtype: {}, max_len: {} }}",
+            self.config.architecture,
+            self.dir.display(),
+            self.layers.len(),
+            self.dtype,
+            self.max_len
+        )
+    }
+}
+
+/// What the head of the forward pass reads and writes.
+struct Head<'a, R: Runtime> {
+    /// Gather this row of the residual stream into `row` first (prefill's last position).
+    last_row: Option<(&'a DeviceTensor<R>, &'a DeviceTensor<R>)>,
+    normed: &'a DeviceTensor<R>,
+    logits: &'a DeviceTensor<R>,
+}
+
+impl<R: Runtime> Model<R> {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        client: &ComputeClient<R>,
+        config: ModelConfig,
+        generation: GenerationConfig,
+        dir: &Path,
+        dtype: DType,
+        max_len: usize,
+        embed_tokens: Weight<R>,
+        layers: Vec<DecoderLayer<R>>,
+        norm: Weight<R>,
+        lm_head: Option<Projection<R>>,
+        rope: RopeCache<R>,
+    ) -> Self {
+        Self {
+            client: client.clone(),
+            config,
+            generation,
+            dir: dir.to_path_buf(),
+            dtype,
+            max_len,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+        }
+    }
+
+    /// Device bytes of every weight (compressed projections as stored).
+    pub fn weight_bytes(&self) -> u64 {
+        let dense: usize = self
+            .weights()
+            .iter()
+            .map(|w| w.tensor.numel() * w.tensor.dtype().size())
+            .sum();
+        let compressed: usize = self
+            .projections()
+            .filter(|p| !p.is_dense())
+            .map(Projection::bytes)
+            .sum();
+        (dense + compressed) as u64
+    }
+
+    /// Every projection: per layer qkv, o, gate-up, down; then the LM head if it has its own.
+    pub fn projections(&self) -> impl Iterator<Item = &Projection<R>> {
+        self.layers
+            .iter()
+            .flat_map(DecoderLayer::projections)
+            .chain(self.lm_head.as_ref())
+    }
+
+    /// Every dense upload (compressed projections are not listed), in upload order.
+    pub fn weights(&self) -> Vec<&Weight<R>> {
+        let mut all = vec![&self.embed_tokens];
+        all.extend(self.layers.iter().flat_map(DecoderLayer::dense_weights));
+        all.push(&self.norm);
+        all.extend(self.lm_head.iter().flat_map(Projection::dense_weights));
+        all
+    }
+
+    pub fn client(&self) -> &ComputeClient<R> {
+        &self.client
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The compute dtype of weights, activations and KV cache.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Context length the caches made for this model hold.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+
+    /// A KV cache of `max_len` positions in the compute dtype.
+    pub fn new_cache(&self) -> Result<KvCache<R>> {
+        KvCache::for_config(&self.client, &self.config, self.max_len, self.dtype)
+    }
+
+    /// The preallocated buffers of the decode step.
+    pub fn new_decode_buffers(&self) -> Result<DecodeBuffers<R>> {
+        DecodeBuffers::new(&self.client, &self.config, self.dtype, self.max_len)
+    }
+
+    fn heads(&self) -> HeadShape {
+        HeadShape {
+            q_heads: self.config.num_attention_heads,
+            kv_heads: self.config.num_key_value_heads,
+            head_dim: self.config.head_dim,
+        }
+    }
+
+    /// The context of one step over `act`, for the append that `cache` has begun.
+    fn context<'a>(
+        &'a self,
+        act: &'a Activations<R>,
+        cache: &'a KvCache<R>,
+        kv_len: CacheLen<'a, R>,
+        decode: Option<&'a DecodeBuffers<R>>,
+    ) -> StepContext<'a, R> {
+        StepContext {
+            client: &self.client,
+            act,
+            start: cache.start(),
+            kv_len,
+            rope: &self.rope,
+            heads: self.heads(),
+            eps: self.config.rms_norm_eps as f32,
+            scale: 1.0 / (self.config.head_dim as f32).sqrt(),
+            workspace: decode.map(|d| &d.workspace),
+            scratch: decode.map(|d| &d.scratch),
+        }
+    }
+
+    fn check_cache(&self, cache: &KvCache<R>, op: &'static str) -> Result<()> {
+        if cache.dtype() != self.dtype {
+            return Err(ModelError::param(
+                op,
+                format!(
+                    "cache is {}, the model computes in {}",
+                    cache.dtype(),
+                    self.dtype
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(ModelError::param(
+                "tokens",
+                "prefill needs at least one token",
+            ));
+        }
+        let vocab = self.config.vocab_size;
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::param(
+                "tokens",
+                format!("token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The forward pass of `ids` over `s`: embedding into `s.act.hidden`, every layer, the final
+    /// norm and the LM head into `head`.
+    fn forward(
+        &self,
+        s: &StepContext<'_, R>,
+        ids: &DeviceTensor<R>,
+        cache: &KvCache<R>,
+        head: Head<'_, R>,
+    ) -> Result<()> {
+        let c = &self.client;
+        ops::embedding::embedding_into(c, &self.embed_tokens.tensor, ids, &s.act.hidden)?;
+        for (layer, layer_cache) in self.layers.iter().zip(cache.layers()) {
+            layer.forward(s, layer_cache)?;
+        }
+        let x = match head.last_row {
+            Some((index, row)) => {
+                // The embedding kernel is a gather: only that row reaches the LM head.
+                ops::embedding::embedding_into(c, &s.act.hidden, index, row)?;
+                row
+            }
+            None => &s.act.hidden,
+        };
+        ops::norm::rms_norm_into(c, x, &self.norm.tensor, s.eps, head.normed)?;
+        self.logits_into(head.normed, head.logits, s.scratch)
+    }
+
+    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
+    fn logits_into(
+        &self,
+        x: &DeviceTensor<R>,
+        out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
+    ) -> Result<()> {
+        match &self.lm_head {
+            Some(head) => head.forward_into(&self.client, x, None, out, scratch),
+            None => {
+                let table = &self.embed_tokens.tensor;
+                linear_into(&self.client, x, table, None, None, out)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Runs `tokens` (positions `cache.len()..`) through the model in one pass, appends their
+    /// keys and values to `cache`, and returns the logits in the compute dtype: `[1, vocab]`
+    /// for [`Logits::Last`], `[T, vocab]` for [`Logits::All`]. Allocates its activations.
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<R>,
+        logits: Logits,
+    ) -> Result<DeviceTensor<R>> {
+        self.check_tokens(tokens)?;
+        self.check_cache(cache, "prefill")?;
+        let c = &self.client;
+        let t = tokens.len();
+        cache.begin_append(c, t)?;
+        let act = Activations::new(c, &self.config, self.dtype, t)?;
+        let ids = DeviceTensor::from_slice(c, tokens, &[t])?;
+        let (h, v) = (self.config.hidden_size, self.config.vocab_size);
+        let last = logits == Logits::Last && t > 1;
+        let rows = if logits == Logits::All { t } else { 1 };
+        let gather = if last {
+            let index = DeviceTensor::from_slice(c, &[(t - 1) as u32], &[1])?;
+            Some((index, DeviceTensor::empty(c, &[1, h], self.dtype)))
+        } else {
+            None
+        };
+        let normed = match &gather {
+            Some(_) => DeviceTensor::empty(c, &[1, h], self.dtype),
+            None => act.normed.clone(),
+        };
+        let out = DeviceTensor::empty(c, &[rows, v], self.dtype);
+        let s = self.context(&act, cache, CacheLen::Host(cache.len() + t), None);
+        let head = Head {
+            last_row: gather.as_ref().map(|(index, row)| (index, row)),
+            normed: &normed,
+            logits: &out,
+        };
+        self.forward(&s, &ids, cache, head)?;
+        cache.commit_append()?;
+        Ok(out)
+    }
+
+    /// One decode step, allocation-free and graph-capturable: reads the token id from
+    /// `step.token` (written with [`DecodeBuffers::write_token`]) and its position and the cache
+    /// length from the append of one position that `cache` has begun
+    /// ([`KvCache::begin_append`]), writes the token's keys and values at that position, and
+    /// leaves the logits in `step.logits` and their argmax in `step.next_token`. The caller
+    /// commits the append afterwards ([`KvCache::commit_append`]).
+    pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
+        self.check_cache(cache, "decode_step")?;
+        step.check_dtype(self.dtype)?;
+        if cache.pending() != Some(1) {
+            return Err(ModelError::param(
+                "decode_step",
+                "the cache has no append of one position begun (KvCache::begin_append)",
+            ));
+        }
+        let s = self.context(&step.act, cache, CacheLen::Device(cache.end()), Some(step));
+        let head = Head {
+            last_row: None,
+            normed: &step.act.normed,
+            logits: &step.logits,
+        };
+        self.forward(&s, &step.token, cache, head)?;
+        ops::argmax::argmax_into(&self.client, &step.logits, &step.next_token)?;
+        Ok(())
+    }
+}

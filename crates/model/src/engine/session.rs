@@ -1,0 +1,230 @@
+//! A model with its KV cache and decode buffers ([`Session`]): the [`CausalLm`] the generation
+//! loop drives, with the decode step captured as a CUDA graph and replayed where the runtime
+//! and the model allow it.
+
+use cubecl::prelude::*;
+use ops::{caps, DeviceTensor};
+
+use crate::engine::buffers::DecodeBuffers;
+use crate::engine::kv_cache::KvCache;
+use crate::engine::model::{Logits, Model};
+use crate::engine::projection::Projection;
+use crate::error::{ModelError, Result};
+use crate::generate::CausalLm;
+
+/// Where the current logits are.
+enum Current<R: Runtime> {
+    None,
+    Prefill(DeviceTensor<R>),
+    Decode,
+}
+
+/// Whether decode steps replay a captured CUDA graph.
+enum GraphState<R: Runtime> {
+    /// Eager launches (runtimes without hardware graphs, graphs turned off in the
+    /// [`SessionOptions`], block-sparse projections, or a capture that failed).
+    Off,
+    /// The first step runs eagerly (it compiles the kernels); the second is captured.
+    Warming {
+        steps: usize,
+    },
+    Ready(cubecl::client::Graph<R>),
+}
+
+/// How a [`Session`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Capture the decode step as a CUDA graph and replay it (CUDA only; models with
+    /// block-sparse projections always run eagerly).
+    pub cuda_graphs: bool,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        Self { cuda_graphs: true }
+    }
+}
+
+/// A model with its KV cache and decode buffers: what [`crate::Generator`] drives.
+///
+/// On CUDA the decode step is captured once as a graph (after a first eager step has compiled
+/// every kernel) and replayed for every later token: the host then only writes the step's
+/// scalars (the token, and the cache's position and length) and launches one graph instead of
+/// ~9 kernels per layer. The graph reads the same buffers every time (the decode buffers, the
+/// cache, the weights), all owned by the session, so they outlive it.
+pub struct Session<R: Runtime> {
+    model: Model<R>,
+    cache: KvCache<R>,
+    step: DecodeBuffers<R>,
+    current: Current<R>,
+    graph: GraphState<R>,
+}
+
+impl<R: Runtime> Session<R> {
+    /// A session with the default options (CUDA graphs where they can be used).
+    pub fn new(model: Model<R>) -> Result<Self> {
+        Self::with_options(model, SessionOptions::default())
+    }
+
+    pub fn with_options(model: Model<R>, options: SessionOptions) -> Result<Self> {
+        let cache = model.new_cache()?;
+        let step = model.new_decode_buffers()?;
+        // Block-sparse projections run eagerly (see `Projection::graph_safe`).
+        let graph_safe = model.projections().all(Projection::graph_safe);
+        let graphs =
+            options.cuda_graphs && caps::runtime_name(model.client()) == "cuda" && graph_safe;
+        Ok(Self {
+            model,
+            cache,
+            step,
+            current: Current::None,
+            graph: if graphs {
+                GraphState::Warming { steps: 0 }
+            } else {
+                GraphState::Off
+            },
+        })
+    }
+
+    /// Whether decode steps currently replay a captured graph.
+    pub fn uses_graph(&self) -> bool {
+        matches!(self.graph, GraphState::Ready(_))
+    }
+
+    /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
+    /// replaying the capture.
+    fn run_step(&mut self) -> Result<()> {
+        let c = self.model.client().clone();
+        match &mut self.graph {
+            GraphState::Off => self.model.decode_step(&self.cache, &self.step),
+            GraphState::Ready(graph) => {
+                // SAFETY: the graph reads and writes only buffers owned by this session (weights,
+                // cache, decode buffers), which live as long as the graph, and everything runs
+                // on the one client's stream.
+                unsafe { graph.replay() };
+                Ok(())
+            }
+            GraphState::Warming { steps } if *steps == 0 => {
+                *steps += 1;
+                self.model.decode_step(&self.cache, &self.step)
+            }
+            GraphState::Warming { .. } => {
+                // Prepare, run the step for real (its results are this token's), then record the
+                // same launches for the following tokens. A failure falls back to eager steps.
+                c.graph_prepare()
+                    .map_err(|e| ModelError::param("graph", format!("{e:?}")))?;
+                self.model.decode_step(&self.cache, &self.step)?;
+                let captured = c.start_capture().and_then(|_| {
+                    let recorded = self.model.decode_step(&self.cache, &self.step);
+                    let graph = c.stop_capture();
+                    match recorded {
+                        Ok(()) => graph,
+                        Err(e) => Err(cubecl::server::ServerError::Generic {
+                            reason: e.to_string(),
+                            backtrace: Default::default(),
+                        }),
+                    }
+                });
+                self.graph = match captured {
+                    Ok(graph) => GraphState::Ready(graph),
+                    Err(e) => {
+                        eprintln!("note: CUDA graph capture of the decode step failed ({e:?}); decoding eagerly");
+                        GraphState::Off
+                    }
+                };
+                Ok(())
+            }
+        }
+    }
+
+    pub fn model(&self) -> &Model<R> {
+        &self.model
+    }
+
+    pub fn cache(&self) -> &KvCache<R> {
+        &self.cache
+    }
+
+    pub fn into_model(self) -> Model<R> {
+        self.model
+    }
+
+    /// Prefill returning every position's logits (for comparisons with a reference).
+    pub fn prefill_all_logits(&mut self, tokens: &[u32]) -> Result<DeviceTensor<R>> {
+        let logits = self.model.prefill(tokens, &mut self.cache, Logits::All)?;
+        self.current = Current::None;
+        Ok(logits)
+    }
+}
+
+impl<R: Runtime> CausalLm for Session<R> {
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn max_len(&self) -> usize {
+        self.cache.max_len()
+    }
+
+    fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn reset(&mut self) -> Result<()> {
+        self.current = Current::None;
+        self.cache.reset();
+        Ok(())
+    }
+
+    fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        let logits = self.model.prefill(tokens, &mut self.cache, Logits::Last)?;
+        self.current = Current::Prefill(logits);
+        Ok(())
+    }
+
+    fn decode(&mut self, token: u32) -> Result<()> {
+        if token as usize >= self.model.config().vocab_size {
+            return Err(ModelError::param(
+                "token",
+                format!(
+                    "{token} is outside the vocabulary of {}",
+                    self.model.config().vocab_size
+                ),
+            ));
+        }
+        self.cache.begin_append(self.model.client(), 1)?;
+        self.step.write_token(self.model.client(), token)?;
+        self.run_step()?;
+        self.cache.commit_append()?;
+        self.current = Current::Decode;
+        Ok(())
+    }
+
+    fn argmax(&mut self) -> Result<u32> {
+        let c = self.model.client();
+        let ids = match &self.current {
+            // The decode step already ran the device argmax: read back one u32.
+            Current::Decode => self.step.next_token.to_vec::<u32>(c)?,
+            Current::Prefill(t) => ops::argmax::argmax(c, t)?.to_vec::<u32>(c)?,
+            Current::None => {
+                return Err(ModelError::param("argmax", "no forward pass has run yet"))
+            }
+        };
+        ids.last().copied().ok_or(ModelError::BadLogits {
+            step: self.cache.len(),
+            detail: "empty logits".into(),
+        })
+    }
+
+    fn logits(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        let tensor = match &self.current {
+            Current::Prefill(t) => t,
+            Current::Decode => &self.step.logits,
+            Current::None => {
+                return Err(ModelError::param("logits", "no forward pass has run yet"))
+            }
+        };
+        *out = tensor.to_f32_vec(self.model.client())?;
+        Ok(())
+    }
+}

@@ -1,0 +1,211 @@
+//! The KV cache, the decode buffers and sessions: limits, validation and the CUDA-graph option.
+
+use cubecl::prelude::*;
+use model::{
+    CausalLm, DecodeBuffers, GenerateOptions, Generator, KvCache, LoadOptions, ModelError, Prompt,
+    Session, SessionOptions, Tokenizer,
+};
+use ops::{caps, DType};
+use testkit::on_each_runtime_one_cuda_at_a_time;
+
+use crate::{fixture, load, reference, worst_row_error, Demo};
+
+fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
+    let demo = Demo::new();
+    let (m, _) = load(
+        client,
+        &demo.0,
+        &LoadOptions {
+            dtype: None,
+            max_len: Some(10),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let c = m.config().clone();
+    let mut cache = m.new_cache().unwrap();
+    assert_eq!(cache.layers().len(), c.num_hidden_layers);
+    assert_eq!(
+        cache.layer(0).k.shape(),
+        &[10, c.num_key_value_heads, c.head_dim]
+    );
+    assert_eq!(cache.layer(1).v.dtype(), m.dtype());
+    assert_eq!(
+        KvCache::<R>::bytes_for(&c, 10, DType::F32),
+        2 * c.num_hidden_layers * 10 * c.kv_dim() * 4
+    );
+    // The host length is the one source of truth: an append writes the device copies the
+    // kernels read (start, end) and counts only once committed.
+    let device = |t: &ops::DeviceTensor<R>| t.to_vec::<u32>(client).unwrap();
+    cache.begin_append(client, 7).unwrap();
+    assert_eq!(
+        (device(cache.start()), device(cache.end())),
+        (vec![0], vec![7])
+    );
+    assert_eq!((cache.len(), cache.pending()), (0, Some(7)));
+    cache.commit_append().unwrap();
+    assert_eq!((cache.len(), cache.pending()), (7, None));
+    assert_eq!(cache.commit_append().unwrap_err().kind(), "parameter");
+    let err = cache.begin_append(client, 4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::ContextOverflow {
+                needed: 11,
+                max_len: 10
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        (cache.len(), cache.pending()),
+        (7, None),
+        "a refused append changes nothing"
+    );
+    cache.begin_append(client, 3).unwrap();
+    assert_eq!(
+        (device(cache.start()), device(cache.end())),
+        (vec![7], vec![10])
+    );
+    cache.commit_append().unwrap();
+    assert_eq!(cache.remaining(), 0);
+    cache.reset();
+    assert!(cache.is_empty() && cache.pending().is_none());
+
+    let step = DecodeBuffers::<R>::new(client, &c, m.dtype(), 10).unwrap();
+    step.write_token(client, 42).unwrap();
+    assert_eq!(step.token.to_vec::<u32>(client).unwrap(), vec![42]);
+    assert_eq!(step.logits.shape(), &[1, c.vocab_size]);
+    assert_eq!(step.act.q.shape(), &[1, c.num_attention_heads, c.head_dim]);
+    assert_eq!(step.act.tokens(), 1);
+    // The decode step reads its position from an append the cache has begun.
+    let err = m.decode_step(&cache, &step).unwrap_err();
+    assert_eq!(err.kind(), "parameter", "{err}");
+    cache.begin_append(client, 1).unwrap();
+    m.decode_step(&cache, &step).unwrap();
+    cache.commit_append().unwrap();
+    assert_eq!(cache.len(), 1);
+}
+
+#[test]
+fn kv_cache_and_decode_buffers() {
+    on_each_runtime_one_cuda_at_a_time!(cache_and_buffers);
+}
+
+fn session_limits<R: Runtime>(client: &ComputeClient<R>) {
+    let demo = Demo::new();
+    let (m, _) = load(
+        client,
+        &demo.0,
+        &LoadOptions {
+            dtype: None,
+            max_len: Some(8),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let config = m.config().clone();
+    let tok = Tokenizer::from_dir(&demo.0, &config, m.generation_config()).unwrap();
+    let session = Session::new(m).unwrap();
+    assert_eq!(
+        (session.max_len(), session.vocab_size()),
+        (8, config.vocab_size)
+    );
+    let mut g = Generator::new(session, tok);
+    // A prompt longer than the context: a clear error, nothing runs.
+    let long = Prompt::Tokens((0..9).collect());
+    let err = g
+        .generate(&long, &GenerateOptions::default(), |_| {
+            std::ops::ControlFlow::Continue(())
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::ContextOverflow {
+                needed: 9,
+                max_len: 8
+            }
+        ),
+        "{err}"
+    );
+    // Token ids outside the vocabulary never reach a kernel.
+    let err = g
+        .model_mut()
+        .prefill(&[config.vocab_size as u32])
+        .unwrap_err();
+    assert_eq!(err.kind(), "parameter");
+    let err = g.model_mut().decode(u32::MAX).unwrap_err();
+    assert_eq!(err.kind(), "parameter");
+    // Generation that fills the context stops cleanly at it, with text streamed.
+    let mut streamed = String::new();
+    let out = g
+        .generate(
+            &Prompt::Text("Hello".into()),
+            &GenerateOptions {
+                max_new_tokens: 100,
+                ..GenerateOptions::default()
+            },
+            |t| {
+                streamed.push_str(t);
+                std::ops::ControlFlow::Continue(())
+            },
+        )
+        .unwrap();
+    // The last token is sampled from the final logits and never fed back: one past the cache.
+    assert_eq!(
+        out.prompt_tokens.len() + out.tokens.len(),
+        9,
+        "stops at the context length"
+    );
+    assert_eq!(out.text, streamed);
+}
+
+#[test]
+fn session_validates_before_the_forward_pass() {
+    on_each_runtime_one_cuda_at_a_time!(session_limits);
+}
+
+/// Decoding with and without CUDA graphs gives the same tokens and logits; graphs are used on
+/// CUDA unless the options turn them off, never elsewhere.
+fn graph_option<R: Runtime>(client: &ComputeClient<R>) {
+    let dir = fixture("qwen3-gqa-tied");
+    let r = reference(&dir);
+    let opts = LoadOptions {
+        dtype: Some(DType::F32),
+        max_len: Some(64),
+        ..LoadOptions::default()
+    };
+    let cuda = caps::runtime_name(client) == "cuda";
+    let mut runs = Vec::new();
+    for cuda_graphs in [true, false] {
+        let (m, _) = load(client, &dir, &opts).unwrap();
+        let mut session = Session::with_options(m, SessionOptions { cuda_graphs }).unwrap();
+        session.prefill(&r.prompt).unwrap();
+        let (mut tokens, mut logits, mut row) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..6 {
+            let next = session.argmax().unwrap();
+            tokens.push(next);
+            session.decode(next).unwrap();
+            session.logits(&mut row).unwrap();
+            logits.extend_from_slice(&row);
+        }
+        assert_eq!(
+            session.uses_graph(),
+            cuda && cuda_graphs,
+            "graphs {cuda_graphs}"
+        );
+        runs.push((tokens, logits));
+    }
+    assert_eq!(runs[0].0, runs[1].0);
+    let err = worst_row_error(&runs[0].1, &runs[1].1, r.vocab);
+    assert!(
+        err < 1e-5,
+        "graph replay differs from eager decoding by {err:.2e}"
+    );
+}
+
+#[test]
+fn cuda_graphs_are_an_explicit_option() {
+    on_each_runtime_one_cuda_at_a_time!(graph_option);
+}
