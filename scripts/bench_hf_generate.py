@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hugging Face transformers' speed on the same model and prompt as `cli bench-generate`:
+"""Hugging Face transformers' speed on the same model and prompt as `cubellm bench-generate`:
 prefill tokens/s (one forward over the prompt) and decode tokens/s (`generate`, greedy, the
 prefill time subtracted), medians of a few runs after a warm-up. One JSON line on stdout.
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Joins the JSON lines of `cli bench` and `scripts/bench_torch.py` into a Markdown table.
+"""Joins the JSON lines of `cubellm bench` (or `lab`) and `scripts/bench_torch.py` into a
+Markdown table.
 
     python3 scripts/bench_table.py ours.jsonl torch.jsonl [--peak-gbps 2980] [--steady]
 

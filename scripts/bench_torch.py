@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch peers of `cli bench`: the same case names, timed the same way (many back-to-back
-launches per sample, one synchronize, median of 9 samples after warm-up), printed as JSON lines.
+"""PyTorch peers of `cubellm bench` and of the lab's `lab addlab`: the same case names, timed the
+same way (many back-to-back launches per sample, one synchronize, median of 9 samples after
+warm-up), printed as JSON lines.
 
     python3 scripts/bench_torch.py [--family norm] [--filter 4096x]
 
 Runs on the GPU machine (torch with CUDA). Each family lists its cases in the order and with the
-names that `cubellm::bench::<family>::cases` uses; `scripts/bench_table.py` joins them.
+names that `bench::<family>::cases` (crates/bench; `lab::addlab::cases` in dev/lab for addlab)
+uses; `scripts/bench_table.py` joins them.
 """
 import argparse
 import json
@@ -28,8 +30,8 @@ def _signed(x):
 
 
 def cubellm_randn(n, seed, device="cuda"):
-    """The values of `cubellm::bench::randn(n, seed)` (same LCG, same Box-Muller, in f64, then
-    f32), with the LCG's states built by jump-ahead so that it runs on the GPU."""
+    """The values of `bench::randn(n, seed)` in crates/bench (same LCG, same Box-Muller, in f64,
+    then f32), with the LCG's states built by jump-ahead so that it runs on the GPU."""
     draws = n + (n & 1)
     first = ((seed * LCG_A + LCG_C) * LCG_A + LCG_C) & M64
     states = torch.tensor([_signed(first)], dtype=torch.int64, device=device)
@@ -60,10 +62,10 @@ MAX_ITERS = 20000
 
 
 def time_launches(fn, target_s=0.02, samples=9):
-    """(median, steady) seconds per launch, as cubellm::bench::time_launches: samples of `iters`
-    launches and one sync; `steady` from the difference between `iters` and `iters // 2`."""
+    """(median, steady) seconds per launch, as bench::time_launches (crates/bench): samples of
+    `iters` launches and one sync; `steady` from the difference between `iters` and `iters // 2`."""
     # Calibrated on a batch doubled until it runs for a tenth of the target, as
-    # cubellm::bench::calibrate does (one launch + sync measures the sync's round trip).
+    # bench::calibrate does (one launch + sync measures the sync's round trip).
     fn()
     torch.cuda.synchronize()
     batch = 1
@@ -116,7 +118,7 @@ def norm_cases():
 
 
 def sparse_cases():
-    # Same grid and names as cubellm::bench::sparse: a random block mask with the exact count of
+    # Same grid and names as bench::sparse: a random block mask with the exact count of
     # blocks, dense F.linear on the masked weight (cuBLAS) and F.linear on its BSR form.
     dt, b = torch.float16, 32
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -255,7 +257,7 @@ def _graphed(fn):
 
 
 def attention_cases():
-    """Same names and byte/FLOP counts as `cubellm::bench::attention`. Tensors in SDPA's own
+    """Same names and byte/FLOP counts as `bench::attention`. Tensors in SDPA's own
     layout [1, H, L, D]. Decode (one query) runs with is_causal=False: SDPA's causal mask is
     top-left aligned, and the one query sees every key anyway."""
     _sdpa_flash_only()
@@ -282,7 +284,7 @@ def attention_cases():
 
 
 def quant_cases():
-    """Peers of cubellm::bench::quant (bf16 activations): W8A8 as per-row int8 quantization of x,
+    """Peers of bench::quant (bf16 activations): W8A8 as per-row int8 quantization of x,
     torch._int_mm and the float dequantization (the same work as ours; _int_mm needs M > 16, so
     the decode cases compare with our own bf16 GEMV instead), and torch._scaled_mm on e4m3
     operands quantized beforehand with per-row / per-column scales."""
@@ -326,9 +328,9 @@ def graph_of(fn, count):
 
 
 def addlab_cases():
-    # Same names as cubellm::bench::addlab: add at 4096 x 4096 eager (allocating and into a
-    # preallocated output), 20 adds replayed from one CUDA graph, and operands carved from one
-    # buffer with `off` bytes between them.
+    # Same names as the lab's lab::addlab (dev/lab; docs/investigations/add.md): add at 4096 x
+    # 4096 eager (allocating and into a preallocated output), 20 adds replayed from one CUDA
+    # graph, and operands carved from one buffer with `off` bytes between them.
     rows, n = 4096, 4096
     # cubellm's own random operands (bench::randn seeds 1 and 2), bit for bit, for the `ourdata`
     # cases: whether the data, rather than the kernel, separates the two sides.

@@ -29,7 +29,7 @@ wrong token; among the seeds that pass, the search keeps the one whose continuat
 distinct tokens (stopping early at WANT_DISTINCT, else after SEARCH_SECONDS). The margins, that
 error and the seed are recorded.
 
-    python3 scripts/make_hf_fixtures.py --tokenizer DIR --out tests/fixtures/hf
+    python3 scripts/make_hf_fixtures.py --tokenizer DIR --out crates/model/tests/fixtures/hf
     python3 scripts/make_hf_fixtures.py --big --tokenizer DIR --out /tmp/qwen2-1.5b-random
 
 `--big` builds the DeepSeek-R1-Distill-Qwen-1.5B shape (hidden 1536, 28 layers, 12/2 heads,

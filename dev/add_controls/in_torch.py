@@ -1,7 +1,7 @@
 """CubeCL's generated f16 add and hand-written ones launched inside PyTorch's process (its
 context, its caching allocator's tensors, its current stream, through the driver API), timed
 interleaved with torch.add on the same operands: separates the kernels' code from the state of
-the process that launches them (BENCHMARKS.md, "The add investigation").
+the process that launches them (docs/investigations/add.md).
 
     python3 in_torch.py ours.ptx hand.ptx [launch_many.so]
 """

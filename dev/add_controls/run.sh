@@ -1,7 +1,9 @@
 #!/bin/bash
-# CUDA C controls for the add investigation (BENCHMARKS.md, "The add investigation", third pass).
-# Run on the GPU machine from the repository root, with `cli` built there or carried
-# (default: target/release/cubellm). Needs nvcc and python3.
+# CUDA C controls for the add investigation (docs/investigations/add.md; pdl.cu:
+# docs/investigations/pdl.md). Run on the GPU machine from the repository root, with the binary
+# that compiles CubeCL's default f16 add in $CLI (default: target/release/cubellm; the add case
+# it runs is now the lab's, `lab --runtime cuda addlab "add eager pattern"`, see dev/README.md).
+# Needs nvcc and python3.
 #   runtime_env.cu  - a hand-written f16 add timed eager under cudaMalloc / cudaMallocAsync
 #                     (CubeCL's allocator), the legacy / a non-blocking stream (CubeCL's),
 #                     a 320-byte parameter block, and launches paced by the host.

@@ -1,7 +1,8 @@
 // A CUPTI injection library that records every kernel a CUDA program runs (graph replays
 // included, without serialising them) and writes one CSV line per kernel at exit:
 //   start_ns,end_ns,grid_x,grid_y,grid_z,block_x,block_y,block_z,regs,graph_id,graph_node,name
-// Used to profile cubellm's graph-replayed decode step as it runs (dev/profile/README.md):
+// Used to profile cubellm's graph-replayed decode step as it runs (dev/README.md,
+// docs/investigations/decode-step.md):
 //   CUDA_INJECTION64_PATH=$PWD/libkernel_trace.so KERNEL_TRACE_OUT=trace.csv ./cubellm ...
 // Build (headers and libcupti from the nvidia-cuda-cupti wheel that PyTorch ships):
 //   gcc -O2 -shared -fPIC -I$CU13/include kernel_trace.c -L$CU13/lib -l:libcupti.so.13
