@@ -217,7 +217,7 @@ def matmul_cases():
 
 
 def _sdpa_flash_only():
-    """Pins SDPA to its FlashAttention-2 backend (the peer the issue names) once, globally, so the
+    """Pins SDPA to its FlashAttention-2 backend (the attention peer of the benchmarks) once, globally, so the
     timed call carries no context-manager overhead."""
     torch.backends.cuda.enable_flash_sdp(True)
     torch.backends.cuda.enable_mem_efficient_sdp(False)

@@ -1,9 +1,9 @@
 #!/bin/bash
 # CUDA C controls for the add investigation (docs/investigations/add.md; pdl.cu:
-# docs/investigations/pdl.md). Run on the GPU machine from the repository root, with the binary
-# that compiles CubeCL's default f16 add in $CLI (default: target/release/cubellm; the add case
-# it runs is now the lab's, `lab --runtime cuda addlab "add eager pattern"`, see dev/README.md).
-# Needs nvcc and python3.
+# docs/investigations/pdl.md). Run on the GPU machine from the repository root, with the lab
+# binary in $LAB (default: target/release/lab; `cargo build --release -p cubellm-lab`), whose
+# `addlab "add eager pattern"` case makes CubeCL compile its default f16 add. Needs nvcc and
+# python3.
 #   runtime_env.cu  - a hand-written f16 add timed eager under cudaMalloc / cudaMallocAsync
 #                     (CubeCL's allocator), the legacy / a non-blocking stream (CubeCL's),
 #                     a 320-byte parameter block, and launches paced by the host.
@@ -17,11 +17,11 @@
 #                     the loads; in a loop of itself, after another add, and L2-resident.
 #   pdl.cu          - programmatic dependent launch (wait only, trigger before/after the wait).
 set -euo pipefail
-CLI=${CLI:-target/release/cubellm}
+LAB=${LAB:-target/release/lab}
 T=$(mktemp -d)
 export CUDARC_CUDA_VERSION=${CUDARC_CUDA_VERSION:-13000}
 # The CUDA source CubeCL generates for the default f16 add, from its compilation log.
-CUBECL_DEBUG_LOG=$T/cubecl.log "$CLI" --runtime cuda bench --family addlab --filter "add eager pattern" > /dev/null 2>&1 || true
+CUBECL_DEBUG_LOG=$T/cubecl.log "$LAB" --runtime cuda addlab "add eager pattern" > /dev/null 2>&1 || true
 python3 - "$T" <<'PY'
 import re, sys
 t = sys.argv[1]
@@ -35,18 +35,18 @@ else:
     sys.exit("no 512-unit f16 add kernel in the CubeCL log")
 PY
 nvcc -ptx -arch=sm_90a -lineinfo -o $T/ours.ptx $T/ours.cu
-nvcc -O3 -arch=sm_90 -o $T/runtime_env scripts/add_controls/runtime_env.cu -lcuda
-nvcc -O3 -arch=sm_90 -o $T/kernel_code scripts/add_controls/kernel_code.cu -lcuda
+nvcc -O3 -arch=sm_90 -o $T/runtime_env dev/add_controls/runtime_env.cu -lcuda
+nvcc -O3 -arch=sm_90 -o $T/kernel_code dev/add_controls/kernel_code.cu -lcuda
 [ -z "${KERNEL_CODE_ONLY:-}" ] && $T/runtime_env
 $T/kernel_code $T/ours.ptx
 ONLY=7,0 $T/kernel_code $T/ours.ptx
 [ -n "${KERNEL_CODE_ONLY:-}" ] && exit 0
 LOAD_LATE=1 $T/kernel_code $T/ours.ptx
-nvcc -ptx -arch=sm_90a -o $T/hand.ptx scripts/add_controls/hand_kernels.cu
+nvcc -ptx -arch=sm_90a -o $T/hand.ptx dev/add_controls/hand_kernels.cu
 CUDA_INC=$(dirname "$(dirname "$(command -v nvcc)")")/include
-gcc -O2 -shared -fPIC -I"$CUDA_INC" -o $T/launch_many.so scripts/add_controls/launch_many.c -lcuda
-python3 scripts/add_controls/in_torch.py $T/ours.ptx $T/hand.ptx $T/launch_many.so
-nvcc -O3 -arch=sm_90a -o $T/cache_hints scripts/add_controls/cache_hints.cu
+gcc -O2 -shared -fPIC -I"$CUDA_INC" -o $T/launch_many.so dev/add_controls/launch_many.c -lcuda
+python3 dev/add_controls/in_torch.py $T/ours.ptx $T/hand.ptx $T/launch_many.so
+nvcc -O3 -arch=sm_90a -o $T/cache_hints dev/add_controls/cache_hints.cu
 $T/cache_hints
-nvcc -O3 -arch=sm_90a -o $T/pdl scripts/add_controls/pdl.cu
+nvcc -O3 -arch=sm_90a -o $T/pdl dev/add_controls/pdl.cu
 $T/pdl

@@ -5,7 +5,7 @@
 #
 #   dev/profile/decode_profile.sh CLI MODEL_DIR OUT_DIR [modes...]     (modes: none w8a8 fp8 w4a16)
 #
-# CLI is a cubellm binary (or an older `cli` one: same flags); libkernel_trace.so is looked for
+# CLI is a cubellm binary (or the `cli` binary of builds before commit 533fe89: same flags); libkernel_trace.so is looked for
 # beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
 # NEW_TOKENS (64) set the run; the cache holds PROMPT_LEN + NEW_TOKENS + 64 positions.
 set -uo pipefail

@@ -2,7 +2,7 @@
 //!
 //! The cases are the ones `cubellm bench` prints (`bench::<family>::cases`); criterion
 //! times `iters` back-to-back launches followed by one device sync. Filter as usual:
-//! `cargo bench --bench ops -- norm/`.
+//! `cargo bench -p cubellm-bench -- norm/`.
 
 use std::time::Instant;
 

@@ -1,5 +1,5 @@
 //! Cases for the memory-bound core ops (`ops::{elementwise, softmax, rope, embedding, argmax}`):
-//! the 4096 x 4096 shape and the 1.5B model's shapes (hidden 1536, 12 heads of 128,
+//! a 4096 x 4096 tensor and the 1.5B model's shapes (hidden 1536, 12 heads of 128,
 //! vocab 151936) at prefill (512 tokens) and decode (1 token).
 
 use cubecl::prelude::*;

@@ -154,7 +154,7 @@ const MAX_ITERS: usize = 20_000;
 /// Standard normal values (Box-Muller over a 64-bit LCG), the kind of data PyTorch's `randn`
 /// gives its side of the comparison. The data's bits change the DRAM's energy per byte: on the
 /// H100, PyTorch's f16 add replayed from a graph ran 1% faster on random operands than on a
-/// short repeating pattern (BENCHMARKS.md), so both sides time the same kind of numbers.
+/// short repeating pattern, so both sides time the same kind of numbers.
 pub fn randn(n: usize, seed: u64) -> Vec<f32> {
     const A: u64 = 6364136223846793005;
     const C: u64 = 1442695040888963407;
@@ -251,7 +251,7 @@ pub fn measure<R: Runtime>(
     results
 }
 
-/// The families `cli bench` and the criterion benches know, by name.
+/// The families `cubellm bench` and the criterion benches know, by name.
 pub const FAMILIES: &[&str] = &[
     "norm",
     "core",

@@ -1,4 +1,4 @@
-//! Cases for `ops::matmul`: prefill GEMMs (compute-bound: TFLOP/s) at the shapes and
+//! Cases for `ops::matmul`: prefill GEMMs (compute-bound: TFLOP/s) at square shapes (512..4096) and
 //! the 1.5B model's, decode GEMVs (bandwidth-bound: GB/s of weight read) at the model's
 //! projections, and the fused gated MLP. [`cases_with`] forces a tensor-core tile on the cases
 //! that run on tensor cores (tile sweeps: `cubellm bench --gemm-tile`).

@@ -1,4 +1,4 @@
-//! Cases for `ops::norm`: the memory-bound shapes of the issue (4096 x 4096) and the 1.5B
+//! Cases for `ops::norm`: a 4096 x 4096 tensor and the 1.5B
 //! model's hidden size at decode (1 row) and prefill (512 rows).
 
 use cubecl::prelude::*;

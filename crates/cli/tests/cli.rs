@@ -1,4 +1,4 @@
-//! The `cli` binary: demo model creation, and one-line errors with a non-zero exit for bad input.
+//! The `cubellm` binary: demo model creation, and one-line errors with a non-zero exit for bad input.
 //! Runs on wgpu (lavapipe in CI) since `generate` needs a runtime before it loads anything.
 
 use std::path::PathBuf;

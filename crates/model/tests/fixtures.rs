@@ -102,7 +102,7 @@ fn every_fixture_parses_and_is_consistent() {
         }
         assert!(logits.iter().all(|x| x.is_finite()));
     }
-    // The fixture set covers what the issue asks for.
+    // The fixture set covers the shapes of the target model: untied + GQA, tied + theta 1e6.
     assert!(seen.iter().any(|s| !s.0 && s.2), "untied + GQA");
     assert!(
         seen.iter().any(|s| s.0 && s.3 == 1_000_000),

@@ -83,7 +83,7 @@ pub fn float_dtypes<R: Runtime>(client: &ComputeClient<R>) -> Vec<DType> {
         .collect()
 }
 
-/// Relative tolerance by dtype (the contract).
+/// Relative tolerance by dtype: f32 1e-5, f16 1e-3, bf16 1e-2 relative to the output scale.
 pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 1e-5,

@@ -14,7 +14,7 @@ fn on_cuda<R: Runtime>(client: &ComputeClient<R>) -> bool {
     ops::caps::runtime_name(client) == "cuda"
 }
 
-/// (M, N, K): every M of the issue, N and K off every tile size; the large ones on CUDA only
+/// (M, N, K): decode and prefill M, N and K off every tile size; the large ones on CUDA only
 /// (lavapipe runs them on the CPU).
 fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
     let mut s = vec![

@@ -3,7 +3,7 @@
 //! A kernel normally starts only once the one before it on the stream has finished and its
 //! writes are flushed, so the GPU idles between two kernels for the launch and the ramp-up
 //! (about 1.8 µs per kernel on the H100: an f16 add at 4096 x 4096 takes 36.4 µs back to back,
-//! 34.6 with PDL, measured in `scripts/add_controls/pdl.cu`). With PDL the next kernel is launched
+//! 34.6 with PDL, measured in `dev/add_controls/pdl.cu`). With PDL the next kernel is launched
 //! while the previous one drains, and holds at `griddepcontrol.wait` until that one has
 //! completed and its memory is visible.
 //!
