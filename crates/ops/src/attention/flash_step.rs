@@ -52,8 +52,8 @@ impl StepShape {
     }
 }
 
-/// The lane's share of the plane's 16 rows: columns `2t, 2t + 1` (`t` = lane % 4) of rows g and
-/// g + 8, where those rows stop seeing keys (`lim0`, `lim1`), and their running softmax state:
+/// The lane's share of the plane's 16 rows: columns `8j + 2t + {0, 1}` (`t` = lane % 4) of rows g
+/// and g + 8, where those rows stop seeing keys (`lim0`, `lim1`), and their running softmax state:
 /// maxima in raw score units, sums of `2^(score * c - max * c)` over the lane's columns (summed
 /// over the quad at the end).
 #[derive(CubeType)]

@@ -158,6 +158,7 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
         d,
         stride,
     );
+
     let lanes = lane_addresses(lane);
     let q_frag = load_q_fragments::<F, NA>(&def, &q_sh, lanes.q_row * stride, &lanes, shape);
 
