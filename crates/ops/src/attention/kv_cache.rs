@@ -7,6 +7,8 @@
 
 use cubecl::prelude::*;
 
+use super::geometry::len_buffer;
+use super::validate::check_len_tensor;
 use super::KvLen;
 use crate::launch::{check_same_dtype, cube_count_1d};
 use crate::{caps, DeviceTensor, OpsError, Result};
@@ -106,7 +108,7 @@ pub fn kv_cache_write_into<R: Runtime>(
     if max_len > u32::MAX as usize {
         return Err(OpsError::shape(OP, "the cache has more than u32::MAX rows"));
     }
-    let (start_host, start_arg) = match start {
+    let start_host = match start {
         KvLen::Host(s) => {
             if s.checked_add(t_rows).is_none_or(|end| end > max_len) {
                 return Err(OpsError::invalid(
@@ -117,11 +119,11 @@ pub fn kv_cache_write_into<R: Runtime>(
                     ),
                 ));
             }
-            (s as u32, None)
+            s as u32
         }
         KvLen::Device(t) => {
-            super::check_len_tensor(OP, t)?;
-            (0, Some(t))
+            check_len_tensor(OP, t)?;
+            0
         }
     };
     let row = hkv * d;
@@ -130,14 +132,7 @@ pub fn kv_cache_write_into<R: Runtime>(
     let total = t_rows * row_vectors;
     let cube_dim = 256u32;
     let cubes = total.div_ceil(cube_dim as usize) as u32;
-    let dummy;
-    let start_tensor = match start_arg {
-        Some(t) => t,
-        None => {
-            dummy = super::dummy_u32(client);
-            &dummy
-        }
-    };
+    let start_tensor = len_buffer(client, start);
     unsafe {
         kv_cache_write_kernel::launch_unchecked::<R>(
             client,
@@ -153,7 +148,7 @@ pub fn kv_cache_write_into<R: Runtime>(
             row_vectors,
             total,
             max_len as u32,
-            start_arg.is_some(),
+            matches!(start, KvLen::Device(_)),
             k.dtype().elem_type(),
         );
     }

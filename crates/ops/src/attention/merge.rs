@@ -1,0 +1,165 @@
+//! Combining the partials of a split launch: one cube per output row.
+
+use cubecl::prelude::*;
+
+use super::plan::Problem;
+use super::workspace::Partials;
+use crate::launch::cube_count_1d;
+use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
+use crate::reduce::{cube_max, cube_sum, ReducePlan};
+
+/// The comptime shape of [`merge_kernel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct MergeBlueprint {
+    pub d: usize,
+    /// Units along the head dimension.
+    pub lanes: usize,
+    /// Groups of splits merged in parallel (the cube has `lanes * groups` units).
+    pub groups: usize,
+    /// Splits per group (unrolled, so that their loads are in flight together).
+    pub per_group: usize,
+    pub plan: ReducePlan,
+}
+
+impl MergeBlueprint {
+    /// About one group per 4 splits, up to 32 groups (a 1024-unit cube).
+    pub fn new<R: Runtime>(client: &ComputeClient<R>, d: usize, splits: usize) -> Self {
+        let hw = &client.properties().hardware;
+        let groups = (splits / 4)
+            .min(hw.max_units_per_cube as usize / 32)
+            .min(hw.max_shared_memory_size / (4 * (d + 2)))
+            .clamp(1, 32);
+        let groups = 1 << groups.ilog2();
+        Self {
+            d,
+            lanes: 32,
+            groups,
+            per_group: splits.div_ceil(groups),
+            plan: ReducePlan::new(client, (32 * groups) as u32),
+        }
+    }
+
+    pub fn units(&self) -> u32 {
+        (self.lanes * self.groups) as u32
+    }
+}
+
+/// Combines the per-split partials of one output row (one cube per row): `out = Σ_s w_s acc_s /
+/// Σ_s w_s sum_s` with `w_s = exp(max_s - max)`. Splits that saw no key (max = EMPTY_MAX) weigh
+/// 0. First the cube reduces the split statistics (max, then the weighted sum), then each unit
+/// adds its `per_group` splits with all their loads issued together: the kernel is a few
+/// dependent memory latencies long, whatever the split count.
+#[cube(launch_unchecked)]
+pub(crate) fn merge_kernel<F: Float>(
+    part_acc: &[f32],
+    part_stats: &[f32],
+    out: &mut [F],
+    splits: u32,
+    rows_out: u32,
+    #[comptime] blueprint: MergeBlueprint,
+    #[define(F)] _dtype: ElemType,
+) {
+    let d = comptime![blueprint.d];
+    let lanes = comptime![blueprint.lanes];
+    let groups = comptime![blueprint.groups];
+    let dpl = comptime![blueprint.d.div_ceil(blueprint.lanes)];
+    let row = min(CUBE_POS, rows_out as usize - 1);
+    let rows = rows_out as usize;
+    let lane = UNIT_POS as usize % lanes;
+    let grp = UNIT_POS as usize / lanes;
+    let empty = f32::new(EMPTY_MAX);
+    let units = comptime![blueprint.lanes * blueprint.groups];
+
+    // The statistics of up to `units * per_group` splits, unit u taking splits u, u + units, ..
+    let mut m_local = empty;
+    #[unroll]
+    for i in 0..comptime![blueprint.per_group.div_ceil(blueprint.lanes)] {
+        let s = UNIT_POS as usize + i * units;
+        if s < splits as usize {
+            m_local = max(m_local, part_stats[(s * rows + row) * 2]);
+        }
+    }
+    let m = cube_max(m_local, blueprint.plan);
+    let mut l_local = 0f32;
+    #[unroll]
+    for i in 0..comptime![blueprint.per_group.div_ceil(blueprint.lanes)] {
+        let s = UNIT_POS as usize + i * units;
+        if s < splits as usize {
+            let st = (s * rows + row) * 2;
+            l_local += part_stats[st + 1] * exp_or_zero(part_stats[st], m);
+        }
+    }
+    let l = cube_sum(l_local, blueprint.plan);
+
+    let mut acc = Array::<f32>::new(dpl);
+    #[unroll]
+    for t in 0..dpl {
+        acc[t] = 0f32;
+    }
+    #[unroll]
+    for i in 0..comptime![blueprint.per_group] {
+        let s = grp + i * groups;
+        if s < splits as usize {
+            let prow = s * rows + row;
+            let w = exp_or_zero(part_stats[prow * 2], m);
+            #[unroll]
+            for t in 0..dpl {
+                let dd = lane + t * lanes;
+                if comptime![(t + 1) * lanes <= d] || dd < d {
+                    acc[t] += part_acc[prow * d + dd] * w;
+                }
+            }
+        }
+    }
+
+    let mut acc_sh = Shared::<[f32]>::new_slice(comptime![groups * d]);
+    #[unroll]
+    for t in 0..dpl {
+        let dd = lane + t * lanes;
+        if comptime![(t + 1) * lanes <= d] || dd < d {
+            acc_sh[grp * d + dd] = acc[t];
+        }
+    }
+    sync_cube();
+
+    if grp == 0 && CUBE_POS < rows {
+        let inv = select(l > 0f32, 1f32 / l, 0f32);
+        #[unroll]
+        for t in 0..dpl {
+            let dd = lane + t * lanes;
+            if comptime![(t + 1) * lanes <= d] || dd < d {
+                let mut a = 0f32;
+                #[unroll]
+                for g in 0..groups {
+                    a += acc_sh[g * d + dd];
+                }
+                out[row * d + dd] = F::cast_from(a * inv);
+            }
+        }
+    }
+}
+
+/// Launches [`merge_kernel`] over the `splits` partials of `p`, writing `p.out`.
+pub(crate) fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    p: &Problem<'_, R>,
+    parts: &Partials<'_, R>,
+    splits: usize,
+) {
+    let blueprint = MergeBlueprint::new(client, p.d, splits);
+    let rows_out = p.rows_out();
+    unsafe {
+        merge_kernel::launch_unchecked::<R>(
+            client,
+            cube_count_1d(client, rows_out as u32),
+            CubeDim::new_1d(blueprint.units()),
+            parts.acc().as_buffer_arg(),
+            parts.stats().as_buffer_arg(),
+            p.out.as_buffer_arg(),
+            splits as u32,
+            rows_out as u32,
+            blueprint,
+            p.q.dtype().elem_type(),
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! Which kernel a problem runs with ([`AttentionStrategy`] to a blueprint), and the dispatch.
+
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+
+use super::flash::{self, FlashBlueprint};
+use super::geometry::len_buffer;
+use super::split_kv::{self, SplitKvBlueprint};
+use super::split_kv_mma::{self, SplitKvMmaBlueprint};
+use super::tiled::{self, TiledBlueprint};
+use super::{
+    AttentionStrategy, AttentionWorkspace, FlashTiling, KvLen, SplitKvTiling, DECODE_MAX_QUERIES,
+};
+use crate::{caps, DType, DeviceTensor, OpsError, Result};
+
+/// A validated attention problem.
+pub(crate) struct Problem<'a, R: Runtime> {
+    pub q: &'a DeviceTensor<R>,
+    pub k: &'a DeviceTensor<R>,
+    pub v: &'a DeviceTensor<R>,
+    pub out: &'a DeviceTensor<R>,
+    pub batch: usize,
+    pub lq: usize,
+    pub hq: usize,
+    pub hkv: usize,
+    pub d: usize,
+    /// Rows of k/v per sequence (Lk, or the cache's max_len).
+    pub kv_rows: usize,
+    pub len: KvLen<'a, R>,
+    pub causal: bool,
+    pub scale: f32,
+    /// Where the split partials go; `None` allocates them per call.
+    pub workspace: Option<&'a AttentionWorkspace<R>>,
+}
+
+impl<R: Runtime> Problem<'_, R> {
+    pub fn group(&self) -> usize {
+        self.hq / self.hkv
+    }
+
+    /// The most keys any launch of this problem can see: sizes the key split.
+    pub fn max_len(&self) -> usize {
+        match self.len {
+            KvLen::Host(l) => l,
+            KvLen::Device(_) => self.kv_rows,
+        }
+    }
+
+    pub fn len_host(&self) -> u32 {
+        match self.len {
+            KvLen::Host(l) => l as u32,
+            KvLen::Device(_) => 0,
+        }
+    }
+
+    pub fn device_len(&self) -> bool {
+        matches!(self.len, KvLen::Device(_))
+    }
+
+    pub fn rows_out(&self) -> usize {
+        self.batch * self.lq * self.hq
+    }
+}
+
+/// The kernel a problem runs with.
+enum Plan {
+    Tiled(TiledBlueprint),
+    TensorCore(FlashBlueprint),
+    Decode(SplitKvBlueprint),
+    TensorCoreDecode(SplitKvMmaBlueprint, usize),
+}
+
+fn mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    let kind = match dtype {
+        DType::F16 => FloatKind::F16,
+        DType::BF16 => FloatKind::BF16,
+        _ => return false,
+    };
+    client.features().matmul.mma.contains(&MmaConfig {
+        a_type: ElemType::Float(kind),
+        b_type: ElemType::Float(kind),
+        cd_type: ElemType::Float(FloatKind::F32),
+        m: 16,
+        n: 8,
+        k: 16,
+    }) && caps::has_plane_ops(client)
+        && caps::plane_size_min(client) == 32
+        && client.properties().hardware.plane_size_max == 32
+}
+
+/// Whether the tensor-core kernels take the problem: `mma` m16n8k16 for the dtype, a head dim
+/// that is a multiple of 16 up to 128, and a positive scale (they keep row maxima in raw score
+/// units).
+fn tensor_cores_fit<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> bool {
+    mma_supported(client, p.q.dtype()) && p.d.is_multiple_of(16) && p.d <= 128 && p.scale > 0.0
+}
+
+fn shared_budget<R: Runtime>(client: &ComputeClient<R>) -> usize {
+    client.properties().hardware.max_shared_memory_size
+}
+
+fn tensor_core_plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    p: &Problem<'_, R>,
+    tiling: FlashTiling,
+) -> Option<Plan> {
+    if !tensor_cores_fit(client, p) {
+        return None;
+    }
+    let bp = FlashBlueprint::new(p.d, tiling, p.causal, p.device_len());
+    (bp.shared_bytes(p.q.dtype().size()) <= shared_budget(client)).then_some(Plan::TensorCore(bp))
+}
+
+fn tensor_core_decode_plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    p: &Problem<'_, R>,
+    tiling: SplitKvTiling,
+) -> Option<Plan> {
+    if !tensor_cores_fit(client, p) {
+        return None;
+    }
+    let bp = SplitKvMmaBlueprint::new(p.d, tiling, p.causal, p.device_len());
+    (bp.shared_bytes(p.q.dtype().size()) <= shared_budget(client))
+        .then_some(Plan::TensorCoreDecode(bp, tiling.cubes_per_sm))
+}
+
+fn decode_plan<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> Option<Plan> {
+    let dtype = p.q.dtype();
+    let plane = caps::plane_size_min(client) as usize;
+    if !caps::has_plane_ops(client)
+        || client.properties().hardware.plane_size_max as usize != plane
+        || plane < 4
+    {
+        return None;
+    }
+    let n = caps::vector_size_for(client, dtype, p.d);
+    let lpk = p.d / n;
+    if !lpk.is_power_of_two() || lpk > plane {
+        return None;
+    }
+    let rows_total = p.lq * p.group();
+    let blocks = rows_total.div_ceil(8);
+    let rows = rows_total.div_ceil(blocks);
+    let units = 256usize.min(client.properties().hardware.max_units_per_cube as usize);
+    if !units.is_multiple_of(plane) || units < plane || rows * lpk > units {
+        return None;
+    }
+    let bp = SplitKvBlueprint {
+        d: p.d,
+        n,
+        rows,
+        unroll: 4,
+        units,
+        plane,
+        causal: p.causal,
+        device_len: p.device_len(),
+        partial: false,
+    };
+    (bp.shared_bytes() <= shared_budget(client)).then_some(Plan::Decode(bp))
+}
+
+fn tiled_plan<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> Result<Plan> {
+    let budget = shared_budget(client);
+    let elem = p.q.dtype().size();
+    for bk in [32, 16, 8] {
+        let bp = TiledBlueprint {
+            d: p.d,
+            br: 16,
+            bk,
+            upr: 8,
+            causal: p.causal,
+            device_len: p.device_len(),
+            partial: false,
+        };
+        if bp.shared_bytes(elem) <= budget {
+            return Ok(Plan::Tiled(bp));
+        }
+    }
+    Err(OpsError::UnsupportedFeature {
+        op: "attention",
+        runtime: caps::runtime_name(client),
+        feature: format!(
+            "{budget} bytes of shared memory per cube are too few for head dim {}",
+            p.d
+        ),
+    })
+}
+
+/// Rejects tile values the tensor-core kernels cannot be built with.
+fn check_tiling(op: &'static str, strategy: AttentionStrategy) -> Result<()> {
+    let warps_ok = |w: usize| matches!(w, 1 | 2 | 4 | 8);
+    let bad = |what: String| Err(OpsError::invalid(op, what));
+    match strategy {
+        AttentionStrategy::TensorCore(t)
+            if !warps_ok(t.warps) || !t.bk.is_multiple_of(16) || !(16..=128).contains(&t.bk) =>
+        {
+            bad(format!(
+                "{t:?}: warps must be 1, 2, 4 or 8 and bk a multiple of 16 in 16..=128"
+            ))
+        }
+        AttentionStrategy::TensorCoreDecode(t)
+            if !warps_ok(t.warps)
+                || t.bk == 0
+                || !t.bk.is_multiple_of(16 * t.warps)
+                || t.bk > 128
+                || !(1..=8).contains(&t.cubes_per_sm) =>
+        {
+            bad(format!(
+                "{t:?}: warps must be 1, 2, 4 or 8, bk a positive multiple of 16 * warps up to \
+                 128, cubes_per_sm in 1..=8"
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    strategy: AttentionStrategy,
+) -> Result<Plan> {
+    check_tiling(op, strategy)?;
+    let unsupported = |what: &str| OpsError::UnsupportedFeature {
+        op,
+        runtime: caps::runtime_name(client),
+        feature: what.to_string(),
+    };
+    match strategy {
+        AttentionStrategy::Auto => {
+            let fast = if p.lq > DECODE_MAX_QUERIES {
+                tensor_core_plan(client, p, FlashTiling::default())
+            } else {
+                tensor_core_decode_plan(client, p, SplitKvTiling::default())
+                    .or_else(|| decode_plan(client, p))
+            };
+            match fast {
+                Some(plan) => Ok(plan),
+                None => tiled_plan(client, p),
+            }
+        }
+        AttentionStrategy::Tiled => tiled_plan(client, p),
+        AttentionStrategy::TensorCore(t) => tensor_core_plan(client, p, t).ok_or_else(|| {
+            unsupported("tensor-core attention (mma f16/bf16 m16n8k16, head dim % 16 == 0, <= 128)")
+        }),
+        AttentionStrategy::Decode => decode_plan(client, p)
+            .ok_or_else(|| unsupported("split-KV decoding (plane operations of a fixed size)")),
+        AttentionStrategy::TensorCoreDecode(t) => {
+            tensor_core_decode_plan(client, p, t).ok_or_else(|| {
+                unsupported(
+                    "tensor-core decoding (mma f16/bf16 m16n8k16, head dim % 16 == 0, <= 128)",
+                )
+            })
+        }
+    }
+}
+
+/// Plans and launches `p` (the split kernels end with a merge launch when they split the keys).
+pub(crate) fn run<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    strategy: AttentionStrategy,
+) -> Result<()> {
+    let plan = plan(client, op, p, strategy)?;
+    let len_t = len_buffer(client, p.len);
+    let sms = caps::num_sms(client) as usize;
+    match plan {
+        Plan::TensorCore(bp) => flash::launch(client, p, &len_t, bp),
+        Plan::Tiled(bp) => tiled::launch(client, op, p, &len_t, bp, 2 * sms)?,
+        Plan::Decode(bp) => split_kv::launch(client, op, p, &len_t, bp, sms)?,
+        Plan::TensorCoreDecode(bp, per_sm) => {
+            split_kv_mma::launch(client, op, p, &len_t, bp, per_sm * sms)?
+        }
+    }
+    Ok(())
+}

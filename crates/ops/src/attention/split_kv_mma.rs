@@ -1,0 +1,305 @@
+//! Flash-decoding on tensor cores (CUDA only): the split-KV decode of `split_kv.rs` with the
+//! FlashAttention step of `flash_step.rs` in place of plane shuffles.
+
+use cubecl::cmma::{MatrixIdent, MmaDefinition};
+use cubecl::prelude::barrier::{copy_async, Barrier};
+use cubecl::prelude::*;
+
+use super::flash_step::{
+    exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
+    next_kv_tile, quad_sum, zeroed_output, StepShape,
+};
+use super::geometry::{kv_len, visible_keys, Geometry, SplitBuffers};
+use super::plan::Problem;
+use super::workspace::Split;
+use super::SplitKvTiling;
+use crate::online_softmax::EMPTY_MAX;
+use crate::{DeviceTensor, Result};
+
+/// The comptime shape of [`split_kv_mma_kernel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SplitKvMmaBlueprint {
+    pub d: usize,
+    /// Planes per cube; each takes `bk / warps` keys of every tile.
+    pub warps: usize,
+    /// Keys per K/V tile (loaded by the whole cube).
+    pub bk: usize,
+    pub causal: bool,
+    pub device_len: bool,
+    pub partial: bool,
+}
+
+impl SplitKvMmaBlueprint {
+    pub fn new(d: usize, tiling: SplitKvTiling, causal: bool, device_len: bool) -> Self {
+        Self {
+            d,
+            warps: tiling.warps,
+            bk: tiling.bk,
+            causal,
+            device_len,
+            partial: false,
+        }
+    }
+
+    pub fn stride(&self) -> usize {
+        self.d + 8
+    }
+
+    /// Keys each plane handles per tile.
+    pub fn wk(&self) -> usize {
+        self.bk / self.warps
+    }
+
+    /// The step of one plane: its `wk` keys of the tile.
+    pub fn step(&self) -> StepShape {
+        StepShape {
+            d: self.d,
+            keys: self.wk(),
+            stride: self.stride(),
+        }
+    }
+
+    pub fn shared_bytes(&self, elem: usize) -> usize {
+        (16 + 4 * self.bk) * self.stride() * elem + self.warps * 16 * (self.d + 2) * 4 + 64
+    }
+}
+
+/// Flash-decoding on tensor cores. The `Lq * Hq / Hkv` query rows of one KV head (the GQA group,
+/// times the few queries) form one 16-row `mma` tile, so each K/V row is read once for all of
+/// them; the keys of the cube's split stream through shared memory in `bk`-key tiles
+/// (`cp.async`, double-buffered), and the planes share each tile (plane `w` takes keys
+/// `w * bk / warps ..`), merging their softmax states at the end. Per key the work is two `mma`s
+/// per plane and a few ALU instructions per lane, so the kernel is bound by reading K/V.
+#[cube(launch_unchecked)]
+pub(crate) fn split_kv_mma_kernel<F: Float>(
+    mut io: SplitBuffers<F, f32>,
+    geo: Geometry,
+    #[comptime] blueprint: SplitKvMmaBlueprint,
+    #[define(F)] _dtype: ElemType,
+) {
+    let d = comptime![blueprint.d];
+    let bk = comptime![blueprint.bk];
+    let wk = comptime![blueprint.wk()];
+    let warps = comptime![blueprint.warps];
+    let stride = comptime![blueprint.stride()];
+    let shape = comptime![blueprint.step()];
+    let dn = comptime![blueprint.d / 8];
+    let empty = f32::new(EMPTY_MAX);
+    // scale * log2(e): scores go through ex2.
+    let c = geo.scale * f32::new(core::f32::consts::LOG2_E);
+
+    let def = MmaDefinition::<F, F, f32>::new(16usize, 8usize, 16usize);
+    let size!(NA) = def.vector_size(MatrixIdent::A);
+    let size!(NB) = def.vector_size(MatrixIdent::B);
+    let size!(NC) = def.vector_size(MatrixIdent::Accumulator);
+
+    let lane = UNIT_POS % 32;
+    let warp = UNIT_POS / 32;
+    let g = lane / 4;
+    let t = lane % 4;
+    let split = CUBE_POS_X;
+    let hk = CUBE_POS_Y;
+    let b = CUBE_POS_Z / geo.row_blocks;
+    let rb = CUBE_POS_Z % geo.row_blocks;
+    let len = kv_len(&io.len_buf, &geo, blueprint.device_len);
+    let rows_total = geo.lq * geo.group;
+
+    // Rows of the tile: (query i, head hk * group + gg) for rho = rb * 16 + r.
+    let first_rho = rb * 16;
+    let last_rho = min(first_rho + 15, rows_total - 1);
+    let k_begin = split * geo.chunk;
+    let split_end = min(k_begin + geo.chunk, len);
+    let k_end = max(
+        min(
+            split_end,
+            visible_keys(last_rho / geo.group, len, geo.lq, blueprint.causal),
+        ),
+        k_begin,
+    );
+    let k_unmasked = min(
+        split_end,
+        visible_keys(first_rho / geo.group, len, geo.lq, blueprint.causal),
+    );
+    let n_tiles = (k_end - k_begin).div_ceil(bk as u32);
+
+    let mut q_sh = Shared::<[F]>::new_aligned_slice(comptime![16 * stride], 16usize);
+    let mut k_sh = Shared::<[F]>::new_aligned_slice(comptime![2 * bk * stride], 16usize);
+    let mut v_sh = Shared::<[F]>::new_aligned_slice(comptime![2 * bk * stride], 16usize);
+    let bar0 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+    let bar1 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+
+    let kv_stride = (geo.hkv as usize) * d;
+    let kv_base = (b * geo.kv_rows) as usize * kv_stride + hk as usize * d;
+    let last_key = k_end.saturating_sub(1) as usize;
+
+    // Q rows gathered from their heads (16-byte copies).
+    let per_row = comptime![d / 8];
+    for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 8], CUBE_DIM as usize) {
+        let r = e / per_row;
+        let col = (e % per_row) * 8;
+        let rho = min(first_rho + r as u32, rows_total - 1);
+        let qrow = (b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group;
+        let s = qrow as usize * d + col;
+        let dst = r * stride + col;
+        copy_async(&io.q[s..s + 8], &mut q_sh[dst..dst + 8], 8u32);
+    }
+    first_kv_tile::<F>(
+        &io.k,
+        &io.v,
+        &mut k_sh,
+        &mut v_sh,
+        &bar0,
+        n_tiles,
+        k_begin as usize,
+        kv_base,
+        kv_stride,
+        last_key,
+        bk,
+        d,
+        stride,
+    );
+
+    let lanes = lane_addresses(lane);
+    let q_frag = load_q_fragments::<F, NA>(&def, &q_sh, lanes.q_row * stride, &lanes, shape);
+
+    let mut o_acc = zeroed_output::<NC>(shape);
+    let mut s_acc = Array::<Vector<f32, NC>>::new(comptime![shape.nk() * 2]);
+    let rho0 = min(first_rho + g, rows_total - 1);
+    let rho1 = min(first_rho + g + 8, rows_total - 1);
+    let lim0 = min(
+        split_end,
+        visible_keys(rho0 / geo.group, len, geo.lq, blueprint.causal),
+    );
+    let lim1 = min(
+        split_end,
+        visible_keys(rho1 / geo.group, len, geo.lq, blueprint.causal),
+    );
+    let mut rows = lane_rows(t, lim0, lim1);
+    let wkey = warp as usize * wk;
+
+    for kt in 0..n_tiles {
+        let buf = next_kv_tile::<F>(
+            &io.k,
+            &io.v,
+            &mut k_sh,
+            &mut v_sh,
+            &bar0,
+            &bar1,
+            kt,
+            n_tiles,
+            k_begin as usize,
+            kv_base,
+            kv_stride,
+            last_key,
+            bk,
+            d,
+            stride,
+        );
+        let kbuf = buf * comptime![bk * stride] + wkey * stride;
+        let key0 = k_begin + kt * bk as u32 + wkey as u32;
+        let masked = key0 + wk as u32 > k_unmasked;
+        flash_step::<F, NA, NB, NC>(
+            &def, &q_frag, &k_sh, &v_sh, kbuf, &lanes, &mut s_acc, &mut o_acc, &mut rows, masked,
+            key0, c, shape,
+        );
+        sync_cube();
+    }
+
+    // Merge the planes: each wrote (max, sum, acc) for the 16 rows over its keys.
+    let l0 = quad_sum(rows.l0);
+    let l1 = quad_sum(rows.l1);
+    let mut o_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * d]);
+    let mut st_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * 2]);
+    let wrow = warp as usize * 16;
+    let col = (2 * t) as usize;
+    #[unroll]
+    for n in 0..dn {
+        let o0 = o_acc[n * 2];
+        let o1 = o_acc[n * 2 + 1];
+        let base0 = (wrow + g as usize) * d + n * 8 + col;
+        let base1 = base0 + 8 * d;
+        o_sh[base0] = o0.extract(0usize);
+        o_sh[base0 + 1] = o0.extract(1usize);
+        o_sh[base1] = o1.extract(0usize);
+        o_sh[base1 + 1] = o1.extract(1usize);
+    }
+    if t == 0 {
+        st_sh[(wrow + g as usize) * 2] = rows.m0;
+        st_sh[(wrow + g as usize) * 2 + 1] = l0;
+        st_sh[(wrow + g as usize + 8) * 2] = rows.m1;
+        st_sh[(wrow + g as usize + 8) * 2 + 1] = l1;
+    }
+    sync_cube();
+
+    for e in range_stepped(UNIT_POS as usize, comptime![16 * d], CUBE_DIM as usize) {
+        let r = e / d;
+        let dd = e % d;
+        let rho = first_rho + r as u32;
+        if rho < rows_total {
+            let mut mm = empty;
+            #[unroll]
+            for w in 0..warps {
+                mm = max(mm, st_sh[(w * 16 + r) * 2]);
+            }
+            let mc = select(mm == empty, 0f32, mm * c);
+            let mut ll = 0f32;
+            let mut acc = 0f32;
+            #[unroll]
+            for w in 0..warps {
+                let f = exp2_approx(st_sh[(w * 16 + r) * 2] * c - mc);
+                ll += st_sh[(w * 16 + r) * 2 + 1] * f;
+                acc += o_sh[(w * 16 + r) * d + dd] * f;
+            }
+            let orow = ((b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group)
+                as usize;
+            if comptime![blueprint.partial] {
+                let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+                let prow = split as usize * rows_out + orow;
+                io.part_acc[prow * d + dd] = acc;
+                if dd == 0 {
+                    // The merge works in natural units of the scaled scores.
+                    io.part_stats[prow * 2] = select(
+                        mm == empty,
+                        empty,
+                        mm * c * f32::new(core::f32::consts::LN_2),
+                    );
+                    io.part_stats[prow * 2 + 1] = ll;
+                }
+            } else {
+                let inv = select(ll > 0f32, 1f32 / ll, 0f32);
+                io.out[orow * d + dd] = F::cast_from(acc * inv);
+            }
+        }
+    }
+}
+
+/// Launches [`split_kv_mma_kernel`] on cubes of `(split, KV head, sequence x 16-row block)`, the
+/// keys split for about `target` cubes, then the merge when they are split.
+pub(crate) fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    len_t: &DeviceTensor<R>,
+    mut blueprint: SplitKvMmaBlueprint,
+    target: usize,
+) -> Result<()> {
+    let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
+    blueprint.partial = split.partial();
+    unsafe {
+        split_kv_mma_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(
+                split.splits as u32,
+                p.hkv as u32,
+                (p.batch * split.row_blocks) as u32,
+            ),
+            CubeDim::new_1d((32 * blueprint.warps) as u32),
+            split.buffers(p, len_t),
+            split.geometry(p),
+            blueprint,
+            p.q.dtype().elem_type(),
+        );
+    }
+    split.finish(client, p);
+    Ok(())
+}
