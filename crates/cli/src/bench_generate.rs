@@ -1,6 +1,8 @@
 //! `cubellm bench-generate`: prefill and decode speed of a model, after a warm-up that compiles the
 //! kernels, and (when the model directory carries a transformers `reference.json`) agreement of
-//! the first greedy tokens with it. One JSON line on stdout, a readable summary on stderr.
+//! the first greedy tokens with it. One JSON line on stdout, a readable summary on stderr; with
+//! `--record FILE` the same line, with the device, date, commit and the peer's numbers of the
+//! same call (`--peer`), is appended to FILE (e.g. `benchmarks/e2e.jsonl`).
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -36,6 +38,16 @@ pub struct BenchGenerateArgs {
     pub no_cuda_graph: bool,
     #[command(flatten)]
     pub weights: crate::weight_args::WeightArgs,
+    /// Append the result, with device, date and commit, to this JSON-lines file.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+    /// A file holding the JSON line of a peer run in the same call (e.g. the output of
+    /// `scripts/bench_torch_decode.py`), recorded beside ours.
+    #[arg(long)]
+    pub peer: Option<PathBuf>,
+    /// The device's name for the record (default: what `nvidia-smi` reports, else the runtime).
+    #[arg(long)]
+    pub device_name: Option<String>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -148,13 +160,98 @@ pub fn bench_generate<R: Runtime>(
         R::name(client),
         if graph { ", decode step replayed as a CUDA graph" } else { "" }
     );
-    println!(
-        "{{\"impl\":\"cubellm\",\"runtime\":\"{}\",\"dtype\":\"{}\",\"prompt_len\":{},\"new_tokens\":{},\"prefill_tok_s\":{prefill:.1},\"decode_tok_s\":{decode:.2},\"cuda_graph\":{graph},\"weights\":\"{compression:?}\",\"weight_bytes\":{},\"greedy_agreement\":{agreement}}}",
-        R::name(client),
-        report.dtype,
-        args.prompt_len,
-        args.new_tokens,
-        report.weight_bytes
-    );
+    let agreement: serde_json::Value = serde_json::from_str(&agreement)?;
+    let line = serde_json::json!({
+        "impl": "cubellm",
+        "runtime": R::name(client),
+        "dtype": report.dtype.to_string(),
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "context": args.prompt_len + args.new_tokens,
+        "prefill_tok_s": (prefill * 10.0).round() / 10.0,
+        "decode_tok_s": (decode * 100.0).round() / 100.0,
+        "cuda_graph": graph,
+        "weights": format!("{compression:?}"),
+        "weight_bytes": report.weight_bytes,
+        "greedy_agreement": agreement,
+    });
+    println!("{line}");
+    if let Some(path) = &args.record {
+        record(path, line, args, R::name(client))?;
+    }
     Ok(())
+}
+
+/// Appends `line` with the device, date, commit and peer to the JSON-lines file `path`.
+fn record(
+    path: &std::path::Path,
+    mut line: serde_json::Value,
+    args: &BenchGenerateArgs,
+    runtime: &str,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let peer = match &args.peer {
+        Some(p) => {
+            let text = std::fs::read_to_string(p)
+                .with_context(|| format!("reading the peer's result {}", p.display()))?;
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            serde_json::from_str::<serde_json::Value>(last)
+                .with_context(|| format!("{}: the last line is not JSON", p.display()))?
+        }
+        None => serde_json::Value::Null,
+    };
+    let device = args
+        .device_name
+        .clone()
+        .or_else(nvidia_smi_name)
+        .unwrap_or_else(|| runtime.to_string());
+    let fields = line.as_object_mut().expect("the result is an object");
+    fields.insert("device".into(), device.into());
+    fields.insert("date".into(), utc_date().into());
+    let commit = option_env!("CUBELLM_BUILD_COMMIT").unwrap_or("unknown");
+    fields.insert("commit".into(), commit.into());
+    fields.insert("peer".into(), peer);
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    writeln!(file, "{line}")?;
+    eprintln!("recorded in {}", path.display());
+    Ok(())
+}
+
+/// The first GPU's name as `nvidia-smi` reports it.
+fn nvidia_smi_name() -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=name", "--format=csv,noheader"])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let name = text.lines().next()?.trim();
+    (out.status.success() && !name.is_empty()).then(|| name.to_string())
+}
+
+/// Today's date in UTC, `YYYY-MM-DD` (civil-from-days, proleptic Gregorian).
+fn utc_date() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
 }

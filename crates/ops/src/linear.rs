@@ -15,7 +15,10 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
-use crate::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
+use crate::matmul::{
+    fused_gated_mlp_into, fused_gated_mlp_normed_into, linear_into, linear_normed_into, Activation,
+    GatedWeights, InputNorm,
+};
 use crate::{DType, DeviceTensor, OpsError, Result};
 
 /// What follows the product `x · Wᵀ`.
@@ -191,6 +194,23 @@ pub trait Linear<R: Runtime>: Send + Sync {
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()>;
+    /// [`Self::forward_into`] of `rms_norm(x, norm.weight, norm.eps)`: the pre-norm block's
+    /// RMSNorm and the projection that consumes it. A format whose kernel can fuse the norm does
+    /// (the dense decode GEMV); the others write the norm into `normed` (x's shape and dtype)
+    /// first, as this default does.
+    fn forward_normed_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        crate::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        self.forward_into(client, normed, epilogue, out, workspace)
+    }
     /// Device bytes of the weight and whatever the format keeps beside it (scales, indices).
     fn weight_bytes(&self) -> usize;
     /// The format, for load reports (e.g. `"int8 (W8A8)"`).
@@ -309,6 +329,39 @@ impl<R: Runtime> DenseLinear<R> {
     }
 }
 
+impl<R: Runtime> DenseLinear<R> {
+    /// The dense kernels for `epilogue`, on x or (with `norm`) on its RMSNorm.
+    fn run(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: Option<(InputNorm<'_, R>, &DeviceTensor<R>)>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        let (w, bias, residual) = (&self.weight, epilogue.bias, epilogue.residual);
+        let Some(act) = epilogue.activation else {
+            return match norm {
+                None => linear_into(client, x, w, bias, residual, out),
+                Some((n, normed)) => {
+                    linear_normed_into(client, x, n, normed, w, bias, residual, out)
+                }
+            };
+        };
+        if bias.is_some() || residual.is_some() {
+            return Err(OpsError::invalid(
+                "DenseLinear",
+                "a gated epilogue takes no bias or residual",
+            ));
+        }
+        let w = GatedWeights::Concatenated(w);
+        match norm {
+            None => fused_gated_mlp_into(client, x, w, act, out),
+            Some((n, normed)) => fused_gated_mlp_normed_into(client, x, n, normed, w, act, out),
+        }
+    }
+}
+
 impl<R: Runtime> Linear<R> for DenseLinear<R> {
     fn in_features(&self) -> usize {
         self.weight.shape()[1]
@@ -326,26 +379,20 @@ impl<R: Runtime> Linear<R> for DenseLinear<R> {
         out: &DeviceTensor<R>,
         _workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        match epilogue.activation {
-            None => linear_into(
-                client,
-                x,
-                &self.weight,
-                epilogue.bias,
-                epilogue.residual,
-                out,
-            ),
-            Some(act) => {
-                if epilogue.bias.is_some() || epilogue.residual.is_some() {
-                    return Err(OpsError::invalid(
-                        "DenseLinear",
-                        "a gated epilogue takes no bias or residual",
-                    ));
-                }
-                let w = GatedWeights::Concatenated(&self.weight);
-                fused_gated_mlp_into(client, x, w, act, out)
-            }
-        }
+        self.run(client, x, None, epilogue, out)
+    }
+
+    fn forward_normed_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        _workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        self.run(client, x, Some((norm, normed)), epilogue, out)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -90,7 +90,7 @@ fn rms_norm_residual_kernel<F: Float, N: Size>(
     }
 }
 
-fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+pub(crate) fn check_eps(op: &'static str, eps: f32) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(OpsError::invalid(
             op,
@@ -100,7 +100,7 @@ fn check_eps(op: &'static str, eps: f32) -> Result<()> {
     Ok(())
 }
 
-fn check_weight<R: Runtime>(
+pub(crate) fn check_weight<R: Runtime>(
     op: &'static str,
     x: &DeviceTensor<R>,
     w: &DeviceTensor<R>,

@@ -643,10 +643,10 @@ impl<R: Runtime> W4A16Linear<R> {
         self.act_dtype
     }
 
-    /// `x · Wᵀ + bias` into `out`. Up to 16 rows (decode) it runs the int4 GEMV and allocates
-    /// nothing (safe inside CUDA graph capture); above, it dequantizes the weight into a
-    /// temporary `[out, in]` matrix of the activation dtype and runs the dense GEMM (tensor
-    /// cores on CUDA), so prefill needs that much transient memory for the largest layer.
+    /// `x · Wᵀ + bias` into `out` for more than 16 rows (prefill): the weight is dequantized
+    /// into a temporary `[out, in]` matrix of the activation dtype and the dense GEMM (tensor
+    /// cores on CUDA) runs on it, so prefill needs that much transient memory for the largest
+    /// layer. (Up to 16 rows the int4 GEMV runs with the whole epilogue: [`Self::gemv_into`].)
     fn product_into(
         &self,
         client: &ComputeClient<R>,
@@ -657,34 +657,71 @@ impl<R: Runtime> W4A16Linear<R> {
         const OP: &str = "W4A16Linear::forward";
         check_same_dtype(OP, x, out)?;
         check_output(client, OP, out, &output_shape(x, self.out_features), bias)?;
-        let (m, k, n) = (x.rows(), self.in_features, self.out_features);
+        let (n, k) = (self.out_features, self.in_features);
         let group = self.group_size.unwrap_or(k);
-        if m <= GEMV_MAX_M {
-            crate::w4a16_nk::gemv_nk(
-                client,
-                x,
-                &self.qweight,
-                &self.scales,
-                group,
-                bias,
-                out,
-                m,
-                k,
-                n,
-            )
-        } else {
-            // Prefill sizes: dequantize to a temporary dense weight and run the tensor-core GEMM
-            // (on an H100, 4096^3 took 7 ms in the SIMT tiled kernel the free function uses).
-            let w = crate::w4a16_nk::dequantize_nk(
-                client,
-                &self.qweight,
-                &self.scales,
-                group,
-                [n, k],
-                x.dtype(),
-            );
-            ops::matmul::linear_into(client, x, &w, bias, None, out)
+        // On an H100, 4096^3 took 7 ms in the SIMT tiled kernel the free function uses.
+        let w = crate::w4a16_nk::dequantize_nk(
+            client,
+            &self.qweight,
+            &self.scales,
+            group,
+            [n, k],
+            x.dtype(),
+        );
+        ops::matmul::linear_into(client, x, &w, bias, None, out)
+    }
+
+    /// The decode GEMV (M <= 16) with `epilogue` fused in; allocates nothing (safe inside CUDA
+    /// graph capture).
+    fn gemv_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        const OP: &str = "W4A16Linear::forward";
+        let (m, k) = (x.rows(), self.in_features);
+        let n = epilogue.out_width(self.out_features);
+        if epilogue.activation.is_some()
+            && (self.out_features % 2 != 0
+                || epilogue.bias.is_some()
+                || epilogue.residual.is_some())
+        {
+            return Err(OpsError::invalid(
+                OP,
+                "a gated epilogue needs an even row count and takes no bias or residual",
+            ));
         }
+        check_same_dtype(OP, x, out)?;
+        check_output(client, OP, out, &output_shape(x, n), epilogue.bias)?;
+        if let Some(r) = epilogue.residual {
+            check_same_dtype(OP, x, r)?;
+            if r.shape() != out.shape() || !r.is_contiguous() {
+                return Err(OpsError::shape(
+                    OP,
+                    format!("residual {:?}, expected {:?}", r.shape(), out.shape()),
+                ));
+            }
+        }
+        let nk_epilogue = crate::w4a16_nk::NkEpilogue {
+            bias: epilogue.bias,
+            residual: epilogue.residual,
+            gate: epilogue.activation,
+        };
+        let group = self.group_size.unwrap_or(k);
+        crate::w4a16_nk::gemv_nk(
+            client,
+            x,
+            &self.qweight,
+            &self.scales,
+            group,
+            nk_epilogue,
+            out,
+            m,
+            k,
+            n,
+        )
     }
 
     fn check_x(&self, x: &DeviceTensor<R>) -> Result<()> {
@@ -737,6 +774,9 @@ impl<R: Runtime> Linear<R> for W4A16Linear<R> {
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
         self.check_x(x)?;
+        if x.rows() <= GEMV_MAX_M {
+            return self.gemv_into(client, x, epilogue, out);
+        }
         unfused_epilogue(
             client,
             "W4A16Linear::forward",

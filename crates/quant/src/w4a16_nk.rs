@@ -7,10 +7,13 @@
 //! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the
 //! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (a plane for a long
 //! K, 8 lanes for K = 1536), striding over K with 16-byte loads (32 weights each), a reduction at
-//! the end; 1536 columns are 1536 groups, enough loads in flight to approach the bandwidth. The
-//! nibbles become floats without int-to-float conversions ([`crate::codec::nibble_f32`]).
+//! the end; 1536 columns are 1536 groups, and each lane keeps a batch of loads in flight. The
+//! nibbles become floats without int-to-float conversions ([`crate::codec::nibble_f32`]). The
+//! kernel applies the dense kernels' epilogue (bias, residual, the gated MLP's `act(g) * u` over
+//! a `[2I, K/8]` gate-then-up weight), so a decode step needs no element-wise kernel after it.
 
 use cubecl::prelude::*;
+use ops::gemm::{write_epilogue, EpilogueBlueprint};
 use ops::{caps, DType, DeviceTensor, Result};
 
 use crate::codec::{nibble_f32, nibbles_offset};
@@ -38,6 +41,10 @@ pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
     (packed, scales)
 }
 
+/// Most weight vectors a lane keeps in flight (per weight row: the gated form reads two).
+const MAX_UNROLL: usize = 8;
+const MAX_UNROLL_GATED: usize = 4;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct NkPlan {
     /// Rows of x, unrolled into per-row accumulators.
@@ -47,14 +54,72 @@ struct NkPlan {
     lanes: u32,
     /// Columns per cube (`CUBE_UNITS / lanes`).
     cols: u32,
+    /// Weight vectors each lane requests before using the previous batch.
+    unroll: u32,
     use_plane: bool,
     /// Every weight vector lies in one scale group (one scale load per vector, not per word).
     scale_per_vector: bool,
-    has_bias: bool,
+    /// Bias, residual and the gated activation (`act(x·Gᵀ) * (x·Uᵀ)`, the up rows `up_offset`
+    /// rows below the gate rows), applied as the dense kernels apply them.
+    epilogue: EpilogueBlueprint,
 }
 
-/// Unit (x = lane, y = column in the cube): `out[m, col] = Σ_k x[m, k] · q[col, k] · s(col, k)`.
-/// `NW` words per weight load (4 = 16 bytes where K/8 allows), `NX` elements per x load.
+/// Adds `x[m, 8 kw ..] · q · s` over the `NW` words of weight vector `v` of row `row` to
+/// `acc[m]`. `s_vec` is the vector's scale when every word of it shares one.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate<F: Float, NW: Size, NX: Size>(
+    x: &[Vector<F, NX>],
+    wv: Vector<i32, NW>,
+    scales: &[f32],
+    s_vec: f32,
+    row: usize,
+    v: usize,
+    k: usize,
+    words_per_group: usize,
+    groups: usize,
+    acc: &mut Array<f32>,
+    #[comptime] plan: NkPlan,
+) {
+    let nw = wv.vector_size();
+    let nx = x[0].vector_size();
+    let x_loads = comptime![8 / nx];
+    let kw0 = v * nw;
+    let mut q = Array::<f32>::new(8usize);
+    #[unroll]
+    for wi in 0..nw {
+        let kw = kw0 + wi;
+        let mut s = s_vec;
+        if !comptime![plan.scale_per_vector] {
+            s = scales[row * groups + kw / words_per_group];
+        }
+        let u = nibbles_offset(wv.extract(wi));
+        #[unroll]
+        for j in 0..8u32 {
+            q[j as usize] = nibble_f32(u, j);
+        }
+        #[unroll]
+        for m in 0..comptime![plan.m as usize] {
+            let base = (m * k + kw * 8) / nx;
+            let mut d = 0f32;
+            #[unroll]
+            for xi in 0..x_loads {
+                let xv = x[base + xi];
+                #[unroll]
+                for l in 0..nx {
+                    d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
+                }
+            }
+            acc[m] += d * s;
+        }
+    }
+}
+
+/// Unit (x = lane, y = column in the cube): `out[m, col] = Σ_k x[m, k] · q[col, k] · s(col, k)`
+/// followed by the epilogue. `NW` words per weight load (4 = 16 bytes where K/8 allows), `NX`
+/// elements per x load. Each lane keeps `unroll` weight loads (and their scales) in flight: the
+/// next batch is requested before the current one is used, since a decode-size int4 weight (1 to
+/// 14 MB) reaches the copy bandwidth only with many bytes in flight on every SM.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
@@ -62,12 +127,14 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     qweight: &[Vector<i32, NW>],
     scales: &[f32],
     bias: &[F],
+    residual: &[F],
     out: &mut [F],
     n: usize,
     k: usize,
     w_vectors: usize,
     words_per_group: usize,
     groups: usize,
+    up_offset: usize,
     #[comptime] plan: NkPlan,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -76,68 +143,138 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let active = col < n;
     let c = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
+    let lanes = comptime![plan.lanes as usize];
+    let unroll = comptime![plan.unroll as usize];
+    let gated = comptime![plan.epilogue.is_gated()];
     let nw = qweight[0].vector_size();
-    let nx = x[0].vector_size();
-    let x_loads = comptime![8 / nx];
+    let lane = UNIT_POS_X as usize;
+    let stride = lanes * unroll;
+    let last = w_vectors - 1;
+    let row_g = c;
+    let row_u = c + up_offset;
+
     let mut acc = Array::<f32>::new(m_rows);
+    let mut acc_up = Array::<f32>::new(m_rows);
     #[unroll]
     for m in 0..m_rows {
         acc[m] = 0f32;
+        acc_up[m] = 0f32;
     }
-    let mut q = Array::<f32>::new(8usize);
-    for v in range_stepped(
-        UNIT_POS_X as usize,
-        w_vectors,
-        comptime![plan.lanes as usize],
-    ) {
-        let wv = qweight[c * w_vectors + v];
-        let kw0 = v * nw;
-        let mut s = 0f32;
+    // Current and next batch: weight vectors, and their scales where one scale covers a vector.
+    let mut wv = Array::<Vector<i32, NW>>::new(unroll);
+    let mut uv = Array::<Vector<i32, NW>>::new(unroll);
+    let mut ws = Array::<f32>::new(unroll);
+    let mut us = Array::<f32>::new(unroll);
+    #[unroll]
+    for u in 0..unroll {
+        let v = min(lane + u * lanes, last);
+        wv[u] = qweight[row_g * w_vectors + v];
         if comptime![plan.scale_per_vector] {
-            s = scales[c * groups + kw0 / words_per_group];
+            ws[u] = scales[row_g * groups + v * nw / words_per_group];
+        }
+        if gated {
+            uv[u] = qweight[row_u * w_vectors + v];
+            if comptime![plan.scale_per_vector] {
+                us[u] = scales[row_u * groups + v * nw / words_per_group];
+            }
+        }
+    }
+    for vb in range_stepped(0, w_vectors, stride) {
+        let mut nwv = Array::<Vector<i32, NW>>::new(unroll);
+        let mut nuv = Array::<Vector<i32, NW>>::new(unroll);
+        let mut nws = Array::<f32>::new(unroll);
+        let mut nus = Array::<f32>::new(unroll);
+        #[unroll]
+        for u in 0..unroll {
+            let v = min(vb + stride + lane + u * lanes, last);
+            nwv[u] = qweight[row_g * w_vectors + v];
+            if comptime![plan.scale_per_vector] {
+                nws[u] = scales[row_g * groups + v * nw / words_per_group];
+            }
+            if gated {
+                nuv[u] = qweight[row_u * w_vectors + v];
+                if comptime![plan.scale_per_vector] {
+                    nus[u] = scales[row_u * groups + v * nw / words_per_group];
+                }
+            }
         }
         #[unroll]
-        for wi in 0..nw {
-            let kw = kw0 + wi;
-            if !comptime![plan.scale_per_vector] {
-                s = scales[c * groups + kw / words_per_group];
-            }
-            let u = nibbles_offset(wv.extract(wi));
-            #[unroll]
-            for j in 0..8u32 {
-                q[j as usize] = nibble_f32(u, j);
-            }
-            #[unroll]
-            for m in 0..m_rows {
-                let base = (m * k + kw * 8) / nx;
-                let mut d = 0f32;
-                #[unroll]
-                for xi in 0..x_loads {
-                    let xv = x[base + xi];
-                    #[unroll]
-                    for l in 0..nx {
-                        d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
-                    }
+        for u in 0..unroll {
+            let v = vb + lane + u * lanes;
+            if v < w_vectors {
+                accumulate::<F, NW, NX>(
+                    x,
+                    wv[u],
+                    scales,
+                    ws[u],
+                    row_g,
+                    v,
+                    k,
+                    words_per_group,
+                    groups,
+                    &mut acc,
+                    plan,
+                );
+                if gated {
+                    accumulate::<F, NW, NX>(
+                        x,
+                        uv[u],
+                        scales,
+                        us[u],
+                        row_u,
+                        v,
+                        k,
+                        words_per_group,
+                        groups,
+                        &mut acc_up,
+                        plan,
+                    );
                 }
-                acc[m] += d * s;
+            }
+        }
+        #[unroll]
+        for u in 0..unroll {
+            wv[u] = nwv[u];
+            ws[u] = nws[u];
+            if gated {
+                uv[u] = nuv[u];
+                us[u] = nus[u];
             }
         }
     }
     #[unroll]
     for m in 0..m_rows {
         let total = ops::reduce::row_sum(acc[m], plan.lanes, plan.cols, plan.use_plane);
+        let mut total_up = 0f32;
+        if gated {
+            total_up = ops::reduce::row_sum(acc_up[m], plan.lanes, plan.cols, plan.use_plane);
+        }
         if active && UNIT_POS_X == 0 {
-            let mut y = total;
-            if comptime![plan.has_bias] {
-                y += f32::cast_from(bias[col]);
-            }
-            out[m * n + col] = F::cast_from(y);
+            write_epilogue::<F>(
+                out,
+                total,
+                total_up,
+                m,
+                col,
+                n,
+                bias,
+                residual,
+                plan.epilogue,
+            );
         }
     }
 }
 
-/// The GEMV on validated operands: `x[M <= 16, K]` contiguous float, `qweight_nk[N, K/8]`,
-/// `scales_nk[N, K/group]` f32, `out[M, N]` of x's dtype.
+/// What follows the int4 product in [`gemv_nk`]: bias `[N]`, residual `[M, N]` (the output's
+/// shape), or the gated activation (then the weight holds `2N` rows, gate then up).
+pub(crate) struct NkEpilogue<'a, R: Runtime> {
+    pub bias: Option<&'a DeviceTensor<R>>,
+    pub residual: Option<&'a DeviceTensor<R>>,
+    pub gate: Option<ops::matmul::Activation>,
+}
+
+/// The GEMV on validated operands: `x[M <= 16, K]` contiguous float, `qweight_nk[N, K/8]`
+/// (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32, `out[M, N]` of x's dtype.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_nk<R: Runtime>(
     client: &ComputeClient<R>,
@@ -145,7 +282,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
     qweight_nk: &DeviceTensor<R>,
     scales_nk: &DeviceTensor<R>,
     group: usize,
-    bias: Option<&DeviceTensor<R>>,
+    epilogue: NkEpilogue<'_, R>,
     out: &DeviceTensor<R>,
     m: usize,
     k: usize,
@@ -176,16 +313,27 @@ pub(crate) fn gemv_nk<R: Runtime>(
         && caps::has_plane_ops(client)
         && hw.plane_size_min == 32
         && hw.plane_size_max == 32;
+    let most = if epilogue.gate.is_some() {
+        MAX_UNROLL_GATED
+    } else {
+        MAX_UNROLL
+    };
     let plan = NkPlan {
         m: m as u32,
         lanes,
         cols: CUBE_UNITS / lanes,
+        unroll: w_vectors.div_ceil(lanes as usize).clamp(1, most) as u32,
         use_plane,
         scale_per_vector: words_per_group.is_multiple_of(nw),
-        has_bias: bias.is_some(),
+        epilogue: EpilogueBlueprint {
+            has_bias: epilogue.bias.is_some(),
+            has_residual: epilogue.residual.is_some(),
+            gate: epilogue.gate,
+        },
     };
     debug_assert!(matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32));
     let cubes = n.div_ceil(plan.cols as usize) as u32;
+    let up_offset = if epilogue.gate.is_some() { n } else { 0 };
     unsafe {
         w4a16_gemv_nk_kernel::launch_unchecked::<R>(
             client,
@@ -196,13 +344,16 @@ pub(crate) fn gemv_nk<R: Runtime>(
             x.as_buffer_arg(),
             qweight_nk.as_buffer_arg(),
             scales_nk.as_buffer_arg(),
-            bias.unwrap_or(x).as_buffer_arg(),
+            // Absent operands are bound to x and never read (the blueprint skips them).
+            epilogue.bias.unwrap_or(x).as_buffer_arg(),
+            epilogue.residual.unwrap_or(x).as_buffer_arg(),
             out.as_buffer_arg(),
             n,
             k,
             w_vectors,
             words_per_group,
             k / group,
+            up_offset,
             plan,
             x.dtype().elem_type(),
         );

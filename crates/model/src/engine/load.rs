@@ -191,10 +191,7 @@ impl<R: Runtime> Reader<'_, R> {
 
     fn build(&self, w: Upload<R>, bias: Option<Upload<R>>) -> Result<Projection<R>> {
         Ok(match w {
-            Upload::Dense(weight) => Projection::Dense {
-                weight,
-                bias: bias.map(Upload::dense),
-            },
+            Upload::Dense(weight) => Projection::dense(weight, bias.map(Upload::dense))?,
             Upload::Host(w) => {
                 let bias = bias.map(|b| match b {
                     Upload::Host(b) => b,
@@ -203,11 +200,7 @@ impl<R: Runtime> Reader<'_, R> {
                 let (layer, bias) =
                     self.compression
                         .build(self.client, &w, bias.as_ref(), self.dtype)?;
-                Projection::Compressed {
-                    parts: w.parts,
-                    layer,
-                    bias,
-                }
+                Projection::compressed(w.parts, layer, bias)
             }
         })
     }

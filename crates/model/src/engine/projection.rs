@@ -1,12 +1,12 @@
-//! The model's linear projections, in whichever weight format the load options chose: dense (the
-//! fused kernels: GEMV/GEMM with bias and residual epilogues, the fused gated MLP), or a
-//! compressed layer (block-sparse after `--sparsify`, quantized after `--quant`): the 8-bit
-//! layers add the residual in their GEMM epilogue, the others leave it to the element-wise add,
-//! and all of them leave the SwiGLU to the element-wise kernel.
+//! The model's linear projections, in whichever weight format the load options chose, each an
+//! [`ops::linear::Linear`]: dense (the fused kernels: GEMV/GEMM with the input RMSNorm, bias
+//! and residual fused in, the fused gated MLP), or a compressed layer (block-sparse after
+//! `--sparsify`, quantized after `--quant`), which applies what its kernels cannot fuse as
+//! separate launches from preallocated scratch.
 
 use cubecl::prelude::*;
-use ops::linear::{Epilogue, Linear, LinearWorkspace};
-use ops::matmul::{fused_gated_mlp_into, linear_into, Activation, GatedWeights};
+use ops::linear::{DenseLinear, Epilogue, Linear, LinearWorkspace};
+use ops::matmul::{Activation, InputNorm};
 use ops::{DType, DeviceTensor};
 
 use crate::config::ModelConfig;
@@ -30,29 +30,23 @@ fn tensor_bytes<R: Runtime>(t: &DeviceTensor<R>) -> usize {
     t.numel() * t.dtype().size()
 }
 
-/// One projection `y = x · Wᵀ (+ b)` of the model, with `W` `[out, in]`.
-// A model holds four per layer: the size of the larger variant does not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum Projection<R: Runtime> {
-    Dense {
-        weight: Weight<R>,
-        bias: Option<Weight<R>>,
-    },
-    Compressed {
-        /// The checkpoint tensors it was made of (several for a fused projection).
-        parts: Vec<String>,
-        layer: Box<dyn Linear<R>>,
-        bias: Option<DeviceTensor<R>>,
-    },
+/// One projection `y = x · Wᵀ (+ b)` of the model, with `W` `[out, in]`, in whichever weight
+/// format the load chose: every format is an [`ops::linear::Linear`], so the layer code never
+/// matches on it.
+pub struct Projection<R: Runtime> {
+    /// The checkpoint tensors the weight was made of (several for a fused projection).
+    parts: Vec<String>,
+    layer: Box<dyn Linear<R>>,
+    /// The dense upload behind `layer` (`None` when the weight is compressed).
+    dense: Option<Weight<R>>,
+    bias: Option<Weight<R>>,
 }
 
 impl<R: Runtime> std::fmt::Debug for Projection<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Dense { weight, .. } => write!(f, "{weight:?}"),
-            Self::Compressed { parts, layer, .. } => {
-                write!(f, "{}: {}", parts.join(" + "), layer.describe())
-            }
+        match &self.dense {
+            Some(weight) => write!(f, "{weight:?}"),
+            None => write!(f, "{}: {}", self.parts.join(" + "), self.layer.describe()),
         }
     }
 }
@@ -75,31 +69,56 @@ impl<R: Runtime> ProjectionScratch<R> {
 }
 
 impl<R: Runtime> Projection<R> {
+    /// A dense `[out, in]` weight in the compute dtype (and its bias).
+    pub fn dense(weight: Weight<R>, bias: Option<Weight<R>>) -> Result<Self> {
+        let layer = DenseLinear::new(weight.tensor.clone())?;
+        Ok(Self {
+            parts: weight.parts.clone(),
+            layer: Box::new(layer),
+            dense: Some(weight),
+            bias,
+        })
+    }
+
+    /// A compressed layer made of the checkpoint tensors `parts`, with its bias (dense, in the
+    /// compute dtype).
+    pub fn compressed(
+        parts: Vec<String>,
+        layer: Box<dyn Linear<R>>,
+        bias: Option<DeviceTensor<R>>,
+    ) -> Self {
+        let bias = bias.map(|tensor| Weight {
+            name: format!("{} (bias)", parts.join(" + ")),
+            parts: Vec::new(),
+            tensor,
+        });
+        Self {
+            parts,
+            layer,
+            dense: None,
+            bias,
+        }
+    }
+
     /// The checkpoint tensors the weight was made of.
     pub fn parts(&self) -> &[String] {
-        match self {
-            Self::Dense { weight, .. } => &weight.parts,
-            Self::Compressed { parts, .. } => parts,
-        }
+        &self.parts
     }
 
     /// The dense uploads it holds (none for a compressed projection).
     pub fn dense_weights(&self) -> Vec<&Weight<R>> {
-        match self {
-            Self::Dense { weight, bias } => std::iter::once(weight).chain(bias).collect(),
-            Self::Compressed { .. } => Vec::new(),
+        match &self.dense {
+            Some(weight) => std::iter::once(weight).chain(&self.bias).collect(),
+            None => Vec::new(),
         }
     }
 
     pub fn is_dense(&self) -> bool {
-        matches!(self, Self::Dense { .. })
+        self.dense.is_some()
     }
 
     pub fn has_bias(&self) -> bool {
-        match self {
-            Self::Dense { bias, .. } => bias.is_some(),
-            Self::Compressed { bias, .. } => bias.is_some(),
-        }
+        self.bias.is_some()
     }
 
     /// Whether the decode step's launches for this projection allocate nothing, so that they
@@ -107,28 +126,19 @@ impl<R: Runtime> Projection<R> {
     /// split-row partials per call (a replayed graph would keep writing to memory the pool has
     /// since handed to someone else). The quantized layers run from the step's scratch.
     pub fn graph_safe(&self) -> bool {
-        match self {
-            Self::Dense { .. } => true,
-            Self::Compressed { layer, .. } => layer.graph_safe(),
-        }
+        self.layer.graph_safe()
     }
 
     /// Device bytes of the weight (and bias, scales, indices).
     pub fn bytes(&self) -> usize {
-        match self {
-            Self::Dense { weight, bias } => {
-                tensor_bytes(&weight.tensor) + bias.as_ref().map_or(0, |b| tensor_bytes(&b.tensor))
-            }
-            Self::Compressed { layer, bias, .. } => {
-                layer.weight_bytes() + bias.as_ref().map_or(0, tensor_bytes)
-            }
-        }
+        self.layer.weight_bytes() + self.bias.as_ref().map_or(0, |b| tensor_bytes(&b.tensor))
     }
 
-    fn out_features(&self) -> usize {
-        match self {
-            Self::Dense { weight, .. } => weight.tensor.shape()[0],
-            Self::Compressed { layer, .. } => layer.out_rows(),
+    fn epilogue<'a>(&'a self, residual: Option<&'a DeviceTensor<R>>) -> Epilogue<'a, R> {
+        let epilogue = Epilogue::NONE.bias(self.bias.as_ref().map(|b| &b.tensor));
+        match residual {
+            Some(r) => epilogue.residual(r),
+            None => epilogue,
         }
     }
 
@@ -140,7 +150,7 @@ impl<R: Runtime> Projection<R> {
         residual: Option<&DeviceTensor<R>>,
     ) -> Result<DeviceTensor<R>> {
         let mut shape = x.shape().to_vec();
-        *shape.last_mut().expect("activations have rank >= 1") = self.out_features();
+        *shape.last_mut().expect("activations have rank >= 1") = self.layer.out_rows();
         let out = DeviceTensor::empty(client, &shape, x.dtype());
         self.forward_into(client, x, residual, &out, None)?;
         Ok(out)
@@ -155,54 +165,46 @@ impl<R: Runtime> Projection<R> {
         out: &DeviceTensor<R>,
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
-        match self {
-            Self::Dense { weight, bias } => dense_into(client, weight, bias, x, residual, out),
-            Self::Compressed { layer, bias, .. } => {
-                let epilogue = Epilogue::NONE.bias(bias.as_ref());
-                let epilogue = match residual {
-                    Some(r) => epilogue.residual(r),
-                    None => epilogue,
-                };
-                let ws = scratch.map(|s| &s.linear);
-                Ok(layer.forward_into(client, x, epilogue, out, ws)?)
-            }
-        }
+        let ws = scratch.map(|s| &s.linear);
+        Ok(self
+            .layer
+            .forward_into(client, x, self.epilogue(residual), out, ws)?)
     }
 
-    /// The MLP's first half on a fused gate-up projection: `silu(x·Gᵀ) * (x·Uᵀ)` into `out`.
-    /// Dense weights run the fused gated-MLP kernel (no intermediate in memory); a compressed
-    /// one writes the `[.., 2I]` product (into `scratch.gate_up` when given) and applies SwiGLU.
-    pub fn gated_mlp_into(
+    /// [`Self::forward_into`] of `rms_norm(x, norm)`: fused into the kernel where the format
+    /// can (the dense decode GEMV), else through `normed` (x's shape and dtype).
+    pub fn forward_normed_into(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
         out: &DeviceTensor<R>,
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
-        match self {
-            Self::Dense { weight, .. } => {
-                let w = GatedWeights::Concatenated(&weight.tensor);
-                fused_gated_mlp_into(client, x, w, Activation::Silu, out)?;
-            }
-            Self::Compressed { layer, bias, .. } => {
-                let epilogue = Epilogue::NONE.bias(bias.as_ref()).gated(Activation::Silu);
-                layer.forward_into(client, x, epilogue, out, scratch.map(|s| &s.linear))?;
-            }
-        }
-        Ok(())
+        let ws = scratch.map(|s| &s.linear);
+        Ok(self
+            .layer
+            .forward_normed_into(client, x, norm, normed, self.epilogue(None), out, ws)?)
     }
-}
 
-/// The dense product with its epilogues (bias, residual) fused into the GEMV/GEMM.
-fn dense_into<R: Runtime>(
-    client: &ComputeClient<R>,
-    weight: &Weight<R>,
-    bias: &Option<Weight<R>>,
-    x: &DeviceTensor<R>,
-    residual: Option<&DeviceTensor<R>>,
-    out: &DeviceTensor<R>,
-) -> Result<()> {
-    let bias = bias.as_ref().map(|b| &b.tensor);
-    linear_into(client, x, &weight.tensor, bias, residual, out)?;
-    Ok(())
+    /// The MLP's first half on a fused gate-up projection, on `rms_norm(x, norm)`:
+    /// `silu(x̂·Gᵀ) * (x̂·Uᵀ)` into `out`. Dense weights run the fused gated-MLP kernel (no
+    /// intermediate in memory); a compressed one writes the `[.., 2I]` product into the scratch
+    /// and applies SwiGLU.
+    pub fn gated_mlp_normed_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
+        out: &DeviceTensor<R>,
+        scratch: Option<&ProjectionScratch<R>>,
+    ) -> Result<()> {
+        let epilogue = self.epilogue(None).gated(Activation::Silu);
+        let ws = scratch.map(|s| &s.linear);
+        Ok(self
+            .layer
+            .forward_normed_into(client, x, norm, normed, epilogue, out, ws)?)
+    }
 }

@@ -7,13 +7,13 @@
 //! the projections that read the same input fused):
 //!
 //! ```text
-//! h   = rms_norm(x, input_layernorm, eps)                          [T, H]
+//! h   = rms_norm(x, input_layernorm, eps)                          [T, H]   (fused into qkv)
 //! qkv = linear(h, q_proj | k_proj | v_proj (+ biases))              [T, (Hq + 2 Hkv) D]
 //! q, k = per-head rms_norm(q, q_norm), rms_norm(k, k_norm)           (Qwen3 only)
 //! q, k = rope(q, start + t), rope(k, start + t); cache[start + t] = k, v      (one launch)
 //! a   = attention_cached(q, cache.k, cache.v, kv_len, 1/sqrt(D), causal)
 //! x   = linear(a, o_proj (+ bias), residual = x)
-//! h   = rms_norm(x, post_attention_layernorm, eps)
+//! h   = rms_norm(x, post_attention_layernorm, eps)                           (fused into gate-up)
 //! x   = linear(silu(h · gate_projᵀ) * (h · up_projᵀ), down_proj, residual = x)
 //! ```
 //!
@@ -23,6 +23,7 @@
 
 use cubecl::prelude::*;
 use ops::attention::attention_cached_into;
+use ops::matmul::InputNorm;
 use ops::qkv::{qkv_rope_cache_into, QkNorm};
 
 use crate::config::ModelConfig;
@@ -246,10 +247,19 @@ impl<R: Runtime> DecoderLayer<R> {
     /// so a decode step made of these calls can be captured as a CUDA graph.
     pub fn forward(&self, s: &StepContext<'_, R>, cache: &LayerCache<R>) -> Result<()> {
         let (c, a) = (s.client, s.act);
-        ops::norm::rms_norm_into(c, &a.hidden, &self.input_layernorm.tensor, s.eps, &a.normed)?;
-        self.qkv_proj
-            .forward_into(c, &a.normed, None, &a.qkv, s.scratch)?;
-        let norm = match (&self.q_norm, &self.k_norm) {
+        let norm = |w: &'_ Weight<R>| InputNorm {
+            weight: &w.tensor,
+            eps: s.eps,
+        };
+        self.qkv_proj.forward_normed_into(
+            c,
+            &a.hidden,
+            norm(&self.input_layernorm),
+            &a.normed,
+            &a.qkv,
+            s.scratch,
+        )?;
+        let qk_norm = match (&self.q_norm, &self.k_norm) {
             (Some(q), Some(k)) => Some(QkNorm {
                 q_weight: &q.tensor,
                 k_weight: &k.tensor,
@@ -267,7 +277,7 @@ impl<R: Runtime> DecoderLayer<R> {
             &a.q,
             &cache.k,
             &cache.v,
-            norm,
+            qk_norm,
         )?;
         attention_cached_into(
             c,
@@ -283,15 +293,14 @@ impl<R: Runtime> DecoderLayer<R> {
         // alias an input of the same launch (WebGPU forbids it).
         self.o_proj
             .forward_into(c, &a.attn_flat, Some(&a.hidden), &a.hidden2, s.scratch)?;
-        ops::norm::rms_norm_into(
+        self.gate_up_proj.gated_mlp_normed_into(
             c,
             &a.hidden2,
-            &self.post_attention_layernorm.tensor,
-            s.eps,
+            norm(&self.post_attention_layernorm),
             &a.normed,
+            &a.gate,
+            s.scratch,
         )?;
-        self.gate_up_proj
-            .gated_mlp_into(c, &a.normed, &a.gate, s.scratch)?;
         self.down_proj
             .forward_into(c, &a.gate, Some(&a.hidden2), &a.hidden, s.scratch)?;
         Ok(())

@@ -1,17 +1,34 @@
-//! Skinny products for decode (M <= 16): `y[m, n] = Σ_k x[m, k] w[n, k]` (+ bias, + residual),
-//! and the gated variant `act(x·gateᵀ) * (x·upᵀ)`.
+//! Skinny products for decode (M <= 16): `y[m, n] = Σ_k x̂[m, k] w[n, k]` (+ bias, + residual),
+//! and the gated variant `act(x̂·gateᵀ) * (x̂·upᵀ)`, where `x̂` is `x` or, with an input norm,
+//! `rms_norm(x, g, eps)` computed by the kernel itself.
 //!
 //! Bandwidth-bound: the weight is read once, row by row. Each plane owns one output column `n`
 //! (one row of `w`, contiguous in memory), its lanes stride over K with 16-byte vector loads and
 //! keep one f32 accumulator per row of x; a plane reduction (or, without plane ops, a
 //! shared-memory one) finishes the dot products and lane 0 applies the epilogue. Several planes
 //! share a cube so that x (a few KB, read by every plane) stays in L1.
+//!
+//! Each lane keeps `unroll` weight loads in flight (the next batch is requested before the
+//! current one is used): a decode-size weight (a few MB) is read in a few microseconds only if the
+//! whole device has enough bytes in flight, and one dependent load per loop iteration left the
+//! small projections at half the copy bandwidth.
+//!
+//! The input norm (the pre-norm block's RMSNorm folded into the projection that consumes it):
+//! every cube reduces the squares of x's rows itself (x is a few KB, read from L2), then scales x
+//! on the fly exactly as [`crate::norm::rms_norm`] does (`F(F(x · rstd) · g)`), so the fused and
+//! the unfused sequence give the same bits up to the order of the sum of squares.
 
 use cubecl::prelude::*;
 
 use super::Problem;
 use crate::caps;
 use crate::gemm::{write_epilogue, EpilogueBlueprint};
+use crate::norm::{scale_by_weight, sum_squares};
+use crate::reduce::{cube_sum, ReducePlan};
+
+/// Most weight loads a lane keeps in flight (per weight: the gated form reads two).
+const MAX_UNROLL: u32 = 8;
+const MAX_UNROLL_GATED: u32 = 6;
 
 /// Comptime shape of a GEMV launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,7 +39,11 @@ pub struct GemvBlueprint {
     pub lanes: u32,
     /// Output columns per cube (one per plane).
     pub cols_per_cube: u32,
+    /// Weight vectors each lane loads before using them.
+    pub unroll: u32,
     pub use_plane: bool,
+    /// `Some`: x goes through an RMSNorm first, its statistics reduced over the whole cube.
+    pub norm: Option<ReducePlan>,
     /// Gated (`epilogue.gate`): two weight rows per column and `act(g) * u` in the epilogue.
     pub epilogue: EpilogueBlueprint,
 }
@@ -39,6 +60,29 @@ fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
     s
 }
 
+/// `rsqrt(mean(x[m]²) + eps)` of each row of x, reduced over the whole cube (every unit must
+/// call it).
+#[cube]
+fn row_inv_rms<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    k_vectors: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] m_rows: usize,
+    #[comptime] plan: ReducePlan,
+) -> Array<f32> {
+    let mut inv = Array::<f32>::new(m_rows);
+    #[unroll]
+    for m in 0..m_rows {
+        let mut s = 0f32;
+        for i in range_stepped(UNIT_POS as usize, k_vectors, plan.cube_dim as usize) {
+            s += sum_squares(x[m * k_vectors + i]);
+        }
+        inv[m] = f32::inverse_sqrt(cube_sum(s, plan) * inv_k + eps);
+    }
+    inv
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_kernel<F: Float, N: Size>(
@@ -48,17 +92,56 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     bias: &[F],
     residual: &[F],
     out: &mut [F],
+    norm_weight: &[Vector<F, N>],
     n_cols: usize,
     k_vectors: usize,
     up_row_offset: usize,
+    inv_k: f32,
+    eps: f32,
     #[comptime] plan: GemvBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
     let col = CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize;
-    // Out-of-range columns still take part in the (shared-memory) reduction's barriers.
+    // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
     let active = col < n_cols;
     let row = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
+    let lanes = comptime![plan.lanes as usize];
+    let unroll = comptime![plan.unroll as usize];
+    let gated = comptime![plan.epilogue.is_gated()];
+    let lane = UNIT_POS_X as usize;
+
+    let w_base = row * k_vectors;
+    let up_base = (up_row_offset + row) * k_vectors;
+    let last = k_vectors - 1;
+    let stride = lanes * unroll;
+    // Software-pipelined in registers: the loads of the next `unroll` vectors are issued before
+    // the current ones are used, so a lane always has a batch in flight. Indices are clamped into
+    // the row (the surplus loads of the last batch re-read its last vector, an L1 hit).
+    let mut wv = Array::<Vector<F, N>>::new(unroll);
+    let mut uv = Array::<Vector<F, N>>::new(unroll);
+    #[unroll]
+    for u in 0..unroll {
+        let kv = min(lane + u * lanes, last);
+        wv[u] = w[w_base + kv];
+        if gated {
+            uv[u] = w_up[up_base + kv];
+        }
+    }
+
+    // The norm's statistics while the first weights are on their way.
+    let mut inv_rms = Array::<f32>::new(m_rows);
+    if comptime![plan.norm.is_some()] {
+        inv_rms = row_inv_rms::<F, N>(
+            x,
+            k_vectors,
+            inv_k,
+            eps,
+            m_rows,
+            comptime![plan.norm.unwrap()],
+        );
+    }
+
     let mut acc = Array::<f32>::new(m_rows);
     let mut acc_up = Array::<f32>::new(m_rows);
     #[unroll]
@@ -66,19 +149,39 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
         acc[m] = 0f32;
         acc_up[m] = 0f32;
     }
-    let w_base = row * k_vectors;
-    let up_base = (up_row_offset + row) * k_vectors;
-    for kv in range_stepped(UNIT_POS_X as usize, k_vectors, plan.lanes as usize) {
-        let wv = w[w_base + kv];
+    for kb in range_stepped(0, k_vectors, stride) {
+        let mut next_w = Array::<Vector<F, N>>::new(unroll);
+        let mut next_u = Array::<Vector<F, N>>::new(unroll);
         #[unroll]
-        for m in 0..m_rows {
-            acc[m] += dot(x[m * k_vectors + kv], wv);
+        for u in 0..unroll {
+            let kv = min(kb + stride + lane + u * lanes, last);
+            next_w[u] = w[w_base + kv];
+            if gated {
+                next_u[u] = w_up[up_base + kv];
+            }
         }
-        if comptime![plan.epilogue.is_gated()] {
-            let uv = w_up[up_base + kv];
-            #[unroll]
-            for m in 0..m_rows {
-                acc_up[m] += dot(x[m * k_vectors + kv], uv);
+        #[unroll]
+        for u in 0..unroll {
+            let kv = kb + lane + u * lanes;
+            if kv < k_vectors {
+                #[unroll]
+                for m in 0..m_rows {
+                    let mut xv = x[m * k_vectors + kv];
+                    if comptime![plan.norm.is_some()] {
+                        xv = scale_by_weight(xv, norm_weight[kv], inv_rms[m]);
+                    }
+                    acc[m] += dot(xv, wv[u]);
+                    if gated {
+                        acc_up[m] += dot(xv, uv[u]);
+                    }
+                }
+            }
+        }
+        #[unroll]
+        for u in 0..unroll {
+            wv[u] = next_w[u];
+            if gated {
+                uv[u] = next_u[u];
             }
         }
     }
@@ -86,7 +189,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     for m in 0..m_rows {
         let total = crate::reduce::row_sum(acc[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         let mut total_up = 0f32;
-        if comptime![plan.epilogue.is_gated()] {
+        if gated {
             total_up =
                 crate::reduce::row_sum(acc_up[m], plan.lanes, plan.cols_per_cube, plan.use_plane);
         }
@@ -118,12 +221,27 @@ pub(super) fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) 
         32
     };
     let cols_per_cube = (256 / lanes).max(1);
+    let k_vectors = p.k / vector;
+    let most = if p.gated.is_some() {
+        MAX_UNROLL_GATED
+    } else {
+        MAX_UNROLL
+    };
+    let unroll = (k_vectors.div_ceil(lanes as usize) as u32).clamp(1, most);
     let bp = GemvBlueprint {
         m: p.m as u32,
         lanes,
         cols_per_cube,
+        unroll,
         use_plane,
+        norm: p
+            .norm
+            .map(|_| ReducePlan::new(client, lanes * cols_per_cube)),
         epilogue: p.epilogue(),
+    };
+    let (norm_weight, eps) = match p.norm {
+        Some(n) => (n.weight, n.eps),
+        None => (p.x, 0.0),
     };
     let cubes = p.n.div_ceil(cols_per_cube as usize) as u32;
     launch_dense!(gemv_kernel::<R>(
@@ -133,9 +251,13 @@ pub(super) fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) 
         p,
         [vector],
         [
+            // Bound to x when there is no norm (never read then).
+            unsafe { norm_weight.as_buffer_arg() },
             p.n,
-            p.k / vector,
+            k_vectors,
             p.up_row_offset,
+            1.0 / p.k as f32,
+            eps,
             bp,
             p.x.dtype().elem_type()
         ]

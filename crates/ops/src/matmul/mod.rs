@@ -59,6 +59,24 @@ pub enum GatedWeights<'a, R: Runtime> {
     Concatenated(&'a DeviceTensor<R>),
 }
 
+/// The RMSNorm over the last dimension that a product applies to its input first:
+/// `x̂ = rms_norm(x, weight, eps)`, rounded as [`crate::norm::rms_norm`] rounds. The decode-size
+/// GEMV (M <= [`GEMV_MAX_M`]) computes it inside the kernel (each cube reduces the row's squares
+/// itself); larger products run [`crate::norm::rms_norm_into`] into a caller's buffer first.
+pub struct InputNorm<'a, R: Runtime> {
+    /// `[K]`, the activation dtype.
+    pub weight: &'a DeviceTensor<R>,
+    pub eps: f32,
+}
+
+impl<R: Runtime> Clone for InputNorm<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for InputNorm<'_, R> {}
+
 /// Which kernel a product runs on (exposed for benchmarks and tests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -109,6 +127,8 @@ struct Problem<'a, R: Runtime> {
     n: usize,
     k: usize,
     gated: Option<Activation>,
+    /// An RMSNorm the kernel applies to x first (only the GEMV fuses one).
+    norm: Option<InputNorm<'a, R>>,
 }
 
 impl<R: Runtime> Problem<'_, R> {
@@ -178,7 +198,68 @@ pub fn linear_into<R: Runtime>(
     residual: Option<&DeviceTensor<R>>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    linear_impl(client, x, w, bias, residual, out, MatmulStrategy::Auto)
+    linear_impl(
+        client,
+        x,
+        w,
+        bias,
+        residual,
+        out,
+        None,
+        MatmulStrategy::Auto,
+    )
+}
+
+/// [`linear_into`] of `rms_norm(x, norm.weight, norm.eps)` (see [`InputNorm`]): one kernel for
+/// decode-size inputs; larger ones write the normalized input into `normed` (x's shape and
+/// dtype) first.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_normed_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    norm: InputNorm<'_, R>,
+    normed: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    residual: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    let norm = Some((norm, normed));
+    linear_impl(
+        client,
+        x,
+        w,
+        bias,
+        residual,
+        out,
+        norm,
+        MatmulStrategy::Auto,
+    )
+}
+
+/// [`linear_normed_into`] on the kernel `strategy` asks for.
+#[allow(clippy::too_many_arguments)]
+pub fn linear_normed_into_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    norm: InputNorm<'_, R>,
+    normed: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+    bias: Option<&DeviceTensor<R>>,
+    residual: Option<&DeviceTensor<R>>,
+    out: &DeviceTensor<R>,
+    strategy: MatmulStrategy,
+) -> Result<()> {
+    linear_impl(
+        client,
+        x,
+        w,
+        bias,
+        residual,
+        out,
+        Some((norm, normed)),
+        strategy,
+    )
 }
 
 /// [`linear_into`] on the kernel `strategy` asks for (errors: see [`MatmulStrategy`]).
@@ -191,16 +272,21 @@ pub fn linear_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    linear_impl(client, x, w, bias, residual, out, strategy)
+    linear_impl(client, x, w, bias, residual, out, None, strategy)
 }
 
-fn linear_impl<R: Runtime>(
+/// An input norm and the buffer its output goes to when the kernel cannot fuse it.
+type NormArg<'a, R> = Option<(InputNorm<'a, R>, &'a DeviceTensor<R>)>;
+
+#[allow(clippy::too_many_arguments)]
+fn linear_impl<'a, R: Runtime>(
     client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    w: &DeviceTensor<R>,
-    bias: Option<&DeviceTensor<R>>,
-    residual: Option<&DeviceTensor<R>>,
-    out: &DeviceTensor<R>,
+    x: &'a DeviceTensor<R>,
+    w: &'a DeviceTensor<R>,
+    bias: Option<&'a DeviceTensor<R>>,
+    residual: Option<&'a DeviceTensor<R>>,
+    out: &'a DeviceTensor<R>,
+    norm: NormArg<'a, R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
     const OP: &str = "linear";
@@ -223,9 +309,10 @@ fn linear_impl<R: Runtime>(
         n,
         k,
         gated: None,
+        norm: None,
     };
     check_epilogue(OP, &p)?;
-    launch(client, OP, &p, strategy)
+    launch_normed(client, OP, p, norm, strategy)
 }
 
 /// `act(x·gateᵀ) * (x·upᵀ)` in one kernel: `x[.., H]` -> `[.., I]`; both products share the x
@@ -257,7 +344,37 @@ pub fn fused_gated_mlp_into<R: Runtime>(
     act: Activation,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, MatmulStrategy::Auto)
+    gated_impl(client, x, weights, act, out, None, MatmulStrategy::Auto)
+}
+
+/// [`fused_gated_mlp_into`] of `rms_norm(x, norm.weight, norm.eps)` (see [`InputNorm`] and
+/// [`linear_normed_into`]).
+pub fn fused_gated_mlp_normed_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    norm: InputNorm<'_, R>,
+    normed: &DeviceTensor<R>,
+    weights: GatedWeights<'_, R>,
+    act: Activation,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    let norm = Some((norm, normed));
+    gated_impl(client, x, weights, act, out, norm, MatmulStrategy::Auto)
+}
+
+/// [`fused_gated_mlp_normed_into`] on the kernel `strategy` asks for.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_gated_mlp_normed_into_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    norm: InputNorm<'_, R>,
+    normed: &DeviceTensor<R>,
+    weights: GatedWeights<'_, R>,
+    act: Activation,
+    out: &DeviceTensor<R>,
+    strategy: MatmulStrategy,
+) -> Result<()> {
+    gated_impl(client, x, weights, act, out, Some((norm, normed)), strategy)
 }
 
 /// [`fused_gated_mlp_into`] on the kernel `strategy` asks for (errors: see
@@ -270,15 +387,16 @@ pub fn fused_gated_mlp_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, strategy)
+    gated_impl(client, x, weights, act, out, None, strategy)
 }
 
-fn gated_impl<R: Runtime>(
+fn gated_impl<'a, R: Runtime>(
     client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    weights: GatedWeights<'_, R>,
+    x: &'a DeviceTensor<R>,
+    weights: GatedWeights<'a, R>,
     act: Activation,
-    out: &DeviceTensor<R>,
+    out: &'a DeviceTensor<R>,
+    norm: NormArg<'a, R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
     const OP: &str = "fused_gated_mlp";
@@ -326,9 +444,10 @@ fn gated_impl<R: Runtime>(
         n: inter,
         k,
         gated: Some(act),
+        norm: None,
     };
     check_epilogue(OP, &p)?;
-    launch(client, OP, &p, strategy)
+    launch_normed(client, OP, p, norm, strategy)
 }
 
 /// A gated MLP as a module: the weights and the activation.
@@ -412,13 +531,50 @@ fn check_epilogue<R: Runtime>(op: &'static str, p: &Problem<'_, R>) -> Result<()
     Ok(())
 }
 
-fn launch<R: Runtime>(
+/// Validates the input norm and runs `p` on it: fused into the GEMV, or as an RMSNorm into
+/// `normed` followed by the product on `normed` for the other kernels.
+fn launch_normed<'a, R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    mut p: Problem<'a, R>,
+    norm: NormArg<'a, R>,
+    strategy: MatmulStrategy,
+) -> Result<()> {
+    let Some((norm, normed)) = norm else {
+        return launch(client, op, &p, strategy);
+    };
+    crate::norm::check_eps(op, norm.eps)?;
+    crate::norm::check_weight(op, p.x, norm.weight)?;
+    check_same_dtype(op, p.x, normed)?;
+    check_contiguous(op, normed, "normed")?;
+    if normed.shape() != p.x.shape() {
+        return Err(OpsError::shape(
+            op,
+            format!(
+                "normed {:?}, expected x's {:?}",
+                normed.shape(),
+                p.x.shape()
+            ),
+        ));
+    }
+    if kernel_for(client, op, &p, strategy)? == Kernel::Gemv {
+        p.norm = Some(norm);
+        launch(client, op, &p, strategy)
+    } else {
+        crate::norm::rms_norm_into(client, p.x, norm.weight, norm.eps, normed)?;
+        p.x = normed;
+        launch(client, op, &p, strategy)
+    }
+}
+
+/// The kernel `strategy` runs `p` on (errors: see [`MatmulStrategy`]).
+fn kernel_for<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     p: &Problem<'_, R>,
     strategy: MatmulStrategy,
-) -> Result<()> {
-    let kernel = match strategy {
+) -> Result<Kernel> {
+    Ok(match strategy {
         MatmulStrategy::Auto => plan(client, p.m, p.x.dtype()),
         MatmulStrategy::Gemv if p.m > GEMV_MAX_M => {
             return Err(OpsError::invalid(
@@ -439,8 +595,16 @@ fn launch<R: Runtime>(
             })
         }
         MatmulStrategy::TensorCore(_) => Kernel::TensorCore,
-    };
-    match kernel {
+    })
+}
+
+fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    strategy: MatmulStrategy,
+) -> Result<()> {
+    match kernel_for(client, op, p, strategy)? {
         Kernel::Gemv => gemv::launch(client, p),
         Kernel::Tiled => tiled::launch(client, p),
         Kernel::TensorCore => {

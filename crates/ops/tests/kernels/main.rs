@@ -8,6 +8,7 @@ mod burn;
 mod elementwise;
 mod embedding;
 mod matmul;
+mod matmul_normed;
 mod norm;
 mod qkv;
 mod rope;

@@ -272,6 +272,55 @@ fn layer_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The layer's residual and gated epilogues: fused into the GEMV up to 16 rows, element-wise
+/// kernels above, both against the f64 reference of the same quantized product.
+fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(401);
+    for dtype in float_dtypes(client) {
+        // K/8 odd (one word per load), group 8 (a scale per word), K past one batch of loads.
+        for (m, k, n, group) in [
+            (1usize, 264usize, 34usize, Some(8)),
+            (3, 256, 70, Some(128)),
+            (16, 1536, 18, Some(128)),
+            (1, 2048, 130, None),
+            (17, 256, 70, Some(128)),
+        ] {
+            let w = random(&mut rng, n * k, 0.5);
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let (x, xr) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let product = qref::w4a16(&xr, m, &qw, None);
+            let what = format!("layer epilogue {dtype} {m}x{k}x{n} group {group:?}");
+
+            let (r, rr) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let out = poisoned(client, &[m, n], dtype);
+            let epilogue = Epilogue::NONE.residual(&r);
+            layer
+                .forward_into(client, &x, epilogue, &out, None)
+                .unwrap();
+            let want: Vec<f64> = product.iter().zip(&rr).map(|(p, r)| p + r).collect();
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(&format!("{what} residual"), &got, &want, tolerance(dtype));
+
+            // Gated: the first n/2 rows are the gate, the rest the up rows.
+            let i = n / 2;
+            let out = poisoned(client, &[m, i], dtype);
+            let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
+            layer.forward_into(client, &x, gated, &out, None).unwrap();
+            let want: Vec<f64> = (0..m * i)
+                .map(|e| {
+                    let (row, col) = (e / i, e % i);
+                    let g = product[row * n + col];
+                    let u = product[row * n + i + col];
+                    ops::reference::matmul::silu(g) * u
+                })
+                .collect();
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(&format!("{what} gated"), &got, &want, tolerance(dtype));
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let (m, k, n) = (2usize, 128usize, 16usize);
     let f = DType::F32;
@@ -421,6 +470,11 @@ fn error_within_int4_bound() {
 #[test]
 fn layer() {
     on_each_runtime!(layer_case);
+}
+
+#[test]
+fn layer_epilogues() {
+    on_each_runtime!(layer_epilogues_case);
 }
 
 #[test]

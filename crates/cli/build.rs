@@ -1,0 +1,25 @@
+//! Records the commit the binary is built from, for the benchmark records (`bench-generate
+//! --record`): `git describe`-like `<short hash>[-dirty]`, or nothing outside a git checkout.
+
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+fn main() {
+    if let Some(hash) = git(&["rev-parse", "--short=12", "HEAD"]) {
+        let dirty =
+            git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+        let suffix = if dirty { "-dirty" } else { "" };
+        println!("cargo:rustc-env=CUBELLM_BUILD_COMMIT={hash}{suffix}");
+    }
+    // Re-run when HEAD moves or the index changes (a commit, a checkout).
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        println!("cargo:rerun-if-changed={dir}/index");
+    }
+}

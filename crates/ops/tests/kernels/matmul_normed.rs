@@ -1,0 +1,200 @@
+//! Products on an RMSNorm'ed input (`linear_normed_into`, `fused_gated_mlp_normed_into`):
+//! fused into the GEMV at decode sizes, a separate norm into the caller's buffer above, both
+//! against `rms_norm` then the product in f64.
+
+use cubecl::prelude::*;
+use ops::matmul::{
+    fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, linear_normed_into,
+    linear_normed_into_with, plan, Activation, GatedWeights, InputNorm, Kernel, MatmulStrategy,
+};
+use ops::reference::{matmul as reference, norm::rms_norm};
+use ops::{DType, DeviceTensor};
+use testkit::*;
+
+const EPS: f32 = 1e-6;
+
+/// (M, N, K): M = 1 and 16 (GEMV), 17 (the unfused path); K not a multiple of the lanes' loads
+/// (127: vectors of one element, 33, 200) and the model's 1536; N off the cube's column count.
+fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
+    let mut s = vec![(1, 33, 127), (3, 127, 33), (16, 100, 200), (17, 33, 64)];
+    if ops::caps::runtime_name(client) == "cuda" {
+        s.extend([(1, 2048, 1536), (16, 1000, 1536), (1, 1536, 8960)]);
+    }
+    s
+}
+
+/// The norm's input scale varies per row, so a wrong row statistic shows.
+fn input(rng: &mut rand::rngs::StdRng, m: usize, k: usize) -> Vec<f32> {
+    let mut x = random(rng, m * k, 1.0);
+    for (r, row) in x.chunks_mut(k).enumerate() {
+        row.iter_mut().for_each(|v| *v *= 0.25 + r as f32);
+    }
+    x
+}
+
+fn linear_normed_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(91);
+    for dtype in float_dtypes(client) {
+        for (si, (m, n, k)) in shapes(client).into_iter().enumerate() {
+            let (x, xh) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
+            let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let (w, wh) = upload(client, &random(&mut rng, n * k, 1.0), &[n, k], dtype);
+            let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+            let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let (bias, res) = (si % 2 == 0, si % 3 != 1);
+            let normed = poisoned(client, &[m, k], dtype);
+            let out = poisoned(client, &[m, n], dtype);
+            let norm = InputNorm {
+                weight: &g,
+                eps: EPS,
+            };
+            let (bias_t, res_t) = (bias.then_some(&b), res.then_some(&r));
+            linear_normed_into(client, &x, norm, &normed, &w, bias_t, res_t, &out).unwrap();
+            let h = rms_norm(&xh, &gh, EPS as f64);
+            let want = reference::linear(
+                &h,
+                &wh,
+                bias.then_some(&bh[..]),
+                res.then_some(&rh[..]),
+                (m, n, k),
+            );
+            let kernel = plan(client, m, dtype);
+            let what =
+                format!("linear_normed {dtype} {m}x{n}x{k} ({kernel:?}) bias={bias} res={res}");
+            assert_close(
+                &what,
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tolerance(dtype),
+            );
+            if kernel != Kernel::Gemv {
+                // The unfused path leaves the norm in `normed`.
+                let got = normed.to_f64_vec(client).unwrap();
+                assert_close(&format!("{what}: normed"), &got, &h, tolerance(dtype));
+            }
+        }
+    }
+}
+
+fn gated_normed_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(92);
+    for dtype in float_dtypes(client) {
+        let mut cases = vec![(1usize, 96usize, 64usize), (3, 33, 127), (17, 40, 40)];
+        if ops::caps::runtime_name(client) == "cuda" {
+            cases.extend([(1, 8960, 1536), (16, 1000, 1536)]);
+        }
+        for (m, i, k) in cases {
+            let (x, xh) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
+            let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let (gu, guh) = upload(
+                client,
+                &random(&mut rng, 2 * i * k, 1.0),
+                &[2 * i, k],
+                dtype,
+            );
+            let normed = poisoned(client, &[m, k], dtype);
+            let out = poisoned(client, &[m, i], dtype);
+            let norm = InputNorm {
+                weight: &g,
+                eps: EPS,
+            };
+            let w = GatedWeights::Concatenated(&gu);
+            fused_gated_mlp_normed_into(client, &x, norm, &normed, w, Activation::Silu, &out)
+                .unwrap();
+            let h = rms_norm(&xh, &gh, EPS as f64);
+            let (gate, up) = guh.split_at(i * k);
+            let want = reference::gated_mlp(&h, gate, up, false, (m, i, k));
+            let what = format!("gated_normed {dtype} {m}x{i}x{k}");
+            assert_close(
+                &what,
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                tolerance(dtype),
+            );
+        }
+    }
+}
+
+/// The fused GEMV and the unfused path (norm, then the tiled GEMM) on the same decode-size
+/// inputs agree to the dtype's rounding.
+fn fused_matches_unfused_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(93);
+    for dtype in float_dtypes(client) {
+        let (m, n, k) = (2, 70, 96);
+        let (x, _) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
+        let (g, _) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+        let (w, _) = upload(
+            client,
+            &random(&mut rng, 2 * n * k, 1.0),
+            &[2 * n, k],
+            dtype,
+        );
+        let norm = InputNorm {
+            weight: &g,
+            eps: EPS,
+        };
+        let run = |strategy: MatmulStrategy, gated: bool| {
+            let normed = poisoned(client, &[m, k], dtype);
+            let width = if gated { n } else { 2 * n };
+            let out = poisoned(client, &[m, width], dtype);
+            if gated {
+                let gw = GatedWeights::Concatenated(&w);
+                let act = Activation::Silu;
+                fused_gated_mlp_normed_into_with(
+                    client, &x, norm, &normed, gw, act, &out, strategy,
+                )
+                .unwrap();
+            } else {
+                linear_normed_into_with(client, &x, norm, &normed, &w, None, None, &out, strategy)
+                    .unwrap();
+            }
+            out.to_f64_vec(client).unwrap()
+        };
+        for gated in [false, true] {
+            let fused = run(MatmulStrategy::Gemv, gated);
+            let unfused = run(MatmulStrategy::Tiled, gated);
+            let what = format!("{dtype} gated={gated}: fused GEMV vs norm + tiled GEMM");
+            assert_close(&what, &fused, &unfused, tolerance(dtype));
+        }
+    }
+}
+
+fn normed_errors_case<R: Runtime>(client: &ComputeClient<R>) {
+    let f = |shape: &[usize]| {
+        let n = shape.iter().product();
+        DeviceTensor::from_f32(client, &vec![0.5; n], shape, DType::F32).unwrap()
+    };
+    let (x, w, out, normed) = (f(&[3, 8]), f(&[5, 8]), f(&[3, 5]), f(&[3, 8]));
+    let g = f(&[8]);
+    let norm = |weight, eps| InputNorm { weight, eps };
+    let run = |n: InputNorm<'_, R>, normed: &DeviceTensor<R>| {
+        linear_normed_into(client, &x, n, normed, &w, None, None, &out)
+    };
+    assert!(run(norm(&g, EPS), &normed).is_ok());
+    assert_err("norm weight", run(norm(&f(&[7]), EPS), &normed), "shape");
+    assert_err("eps", run(norm(&g, -1.0), &normed), "argument");
+    assert_err("eps NaN", run(norm(&g, f32::NAN), &normed), "argument");
+    assert_err("normed shape", run(norm(&g, EPS), &f(&[3, 7])), "shape");
+    let half = DeviceTensor::from_f32(client, &[0.5; 8], &[8], DType::F16).unwrap();
+    assert_err("norm dtype", run(norm(&half, EPS), &normed), "dtype");
+}
+
+#[test]
+fn linear_normed_matches_reference() {
+    on_each_runtime!(linear_normed_case);
+}
+
+#[test]
+fn gated_normed_matches_reference() {
+    on_each_runtime!(gated_normed_case);
+}
+
+#[test]
+fn fused_norm_matches_unfused() {
+    on_each_runtime!(fused_matches_unfused_case);
+}
+
+#[test]
+fn normed_errors() {
+    on_each_runtime!(normed_errors_case);
+}
