@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use cubecl::prelude::*;
-use ops::matmul::linear_into;
+use ops::matmul::{linear_normed_into, InputNorm};
 use ops::qkv::HeadShape;
 use ops::rope::RopeCache;
 use ops::{DType, DeviceTensor};
@@ -258,22 +258,28 @@ impl<R: Runtime> Model<R> {
             }
             None => &s.act.hidden,
         };
-        ops::norm::rms_norm_into(c, x, &self.norm.tensor, s.eps, head.normed)?;
-        self.logits_into(head.normed, head.logits, s.scratch)
+        self.logits_into(x, s.eps, head.normed, head.logits, s.scratch)
     }
 
-    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
+    /// The logits `rms_norm(x, norm) · lm_headᵀ` (`embed_tokens` when tied) into `out`: the
+    /// final norm runs inside the LM head's GEMV at decode sizes, else into `normed` first.
     fn logits_into(
         &self,
         x: &DeviceTensor<R>,
+        eps: f32,
+        normed: &DeviceTensor<R>,
         out: &DeviceTensor<R>,
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
+        let norm = InputNorm {
+            weight: &self.norm.tensor,
+            eps,
+        };
         match &self.lm_head {
-            Some(head) => head.forward_into(&self.client, x, None, out, scratch),
+            Some(head) => head.forward_normed_into(&self.client, x, norm, normed, out, scratch),
             None => {
                 let table = &self.embed_tokens.tensor;
-                linear_into(&self.client, x, table, None, None, out)?;
+                linear_normed_into(&self.client, x, norm, normed, table, None, None, out)?;
                 Ok(())
             }
         }
