@@ -36,7 +36,8 @@ use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::Bsr;
 
-/// Block sizes the kernel is compiled for (the course case is 32).
+/// Block sizes the kernel is compiled for (the model prunes to 32x32 blocks where the shapes
+/// allow, else 16x16).
 pub const SUPPORTED_BLOCKS: [usize; 3] = [16, 32, 64];
 
 /// Padding (elements) of each staged row in shared memory: keeps tensor-core fragment rows off
