@@ -11,7 +11,9 @@ use cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use cubecl::prelude::*;
 use ops::DeviceTensor;
 
-use crate::linear::{load_cols, load_stage, stage_slot, store_stage, write_tile, Blueprint, FRAG};
+use super::blueprint::FRAG;
+use super::staging::{load_cols, load_stage, stage_slot, store_stage, write_tile};
+use super::Blueprint;
 use crate::Bsr;
 
 /// Multiplies this warp's blocks of the stage in shared buffer `buf` into its accumulators: group
