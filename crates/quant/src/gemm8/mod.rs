@@ -21,9 +21,10 @@
 //!
 //! Bytes of a row past K are masked in the loaders, so the padding's content never matters.
 //!
-//! Files: `epilogue.rs` (the dequantizing epilogue), `words.rs` (masked loads of 8-bit codes as
-//! 32-bit words), `mma.rs` (the inline-PTX MMA), one file per kernel (`portable.rs`, `tiled.rs`,
-//! `skinny.rs`), and here the validated operands and the dispatch.
+//! Files: `epilogue.rs` (the launch argument every kernel shares, `Gemm8Out`, and the
+//! dequantizing epilogue that writes it), `words.rs` (masked loads of 8-bit codes as 32-bit
+//! words), `mma.rs` (the inline-PTX MMA), one file per kernel with its launch (`portable.rs`,
+//! `tiled.rs`, `skinny.rs`), and here the validated operands and the dispatch.
 
 mod epilogue;
 mod mma;
@@ -37,11 +38,8 @@ use cubecl::ir::{ElemType, FloatKind, IntKind};
 use cubecl::prelude::*;
 use ops::{caps, DType, DeviceTensor};
 
-use crate::layout::words_arg;
-use epilogue::EpiloguePlan;
-use portable::{gemm8_simt_kernel, S_TILE};
+use epilogue::{EpiloguePlan, Gemm8OutLaunch};
 use skinny::SKINNY_MAX_M;
-use tiled::{gemm8_mma_kernel, T_BM, T_BN};
 
 /// Which kernel runs the 8-bit GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -126,67 +124,36 @@ impl<R: Runtime> Gemm8<'_, R> {
         [self.out.dtype().elem_type(), acc.elem_type()]
     }
 
-    /// Launches on validated operands.
-    pub(crate) fn launch(&self, client: &ComputeClient<R>, choice: KernelChoice) {
-        let plan = self.epilogue_plan();
-        let dtypes = self.dtypes();
-        // Without a bias the kernel never reads it, but something must be bound: an input (the
-        // row scales), never the output, which WebGPU forbids to alias another binding.
+    /// The kernels' [`epilogue::Gemm8Out`] argument. Without a bias or a residual the kernel never reads
+    /// it, but something must be bound: an input (the row scales), never the output, which
+    /// WebGPU forbids to alias another binding.
+    fn out_arg<F: Float>(&self) -> Gemm8OutLaunch<F, R> {
         let bias = self.bias.unwrap_or(self.sa);
         let residual = self.residual.unwrap_or(self.sa);
-        let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
+        // SAFETY: the operands were validated against M, N and K, which the kernels stay within.
         unsafe {
-            if tc && self.m <= SKINNY_MAX_M {
-                self.launch_skinny(client, None);
-            } else if tc {
-                gemm8_mma_kernel::launch_unchecked::<R>(
-                    client,
-                    CubeCount::Static(
-                        self.n.div_ceil(T_BN) as u32,
-                        self.m.div_ceil(T_BM) as u32,
-                        1,
-                    ),
-                    CubeDim::new_1d(128),
-                    self.vec_arg(self.a),
-                    self.vec_arg(self.b),
-                    self.sa.as_buffer_arg(),
-                    self.sb.as_buffer_arg(),
-                    bias.as_buffer_arg(),
-                    residual.as_buffer_arg(),
-                    self.out.as_buffer_arg(),
-                    self.m,
-                    self.n,
-                    self.k,
-                    self.a_pitch / 16,
-                    self.b_pitch / 16,
-                    plan,
-                    dtypes,
-                );
-            } else {
-                gemm8_simt_kernel::launch_unchecked::<R>(
-                    client,
-                    CubeCount::Static(
-                        self.n.div_ceil(S_TILE) as u32,
-                        self.m.div_ceil(S_TILE) as u32,
-                        1,
-                    ),
-                    CubeDim::new_2d(16, 16),
-                    words_arg(self.a),
-                    words_arg(self.b),
-                    self.sa.as_buffer_arg(),
-                    self.sb.as_buffer_arg(),
-                    bias.as_buffer_arg(),
-                    residual.as_buffer_arg(),
-                    self.out.as_buffer_arg(),
-                    self.m,
-                    self.n,
-                    self.k,
-                    self.a_pitch / 4,
-                    self.b_pitch / 4,
-                    plan,
-                    dtypes,
-                );
-            }
+            Gemm8OutLaunch::new(
+                self.sa.as_buffer_arg(),
+                self.sb.as_buffer_arg(),
+                bias.as_buffer_arg(),
+                residual.as_buffer_arg(),
+                self.out.as_buffer_arg(),
+                self.m,
+                self.n,
+                self.k,
+            )
+        }
+    }
+
+    /// Launches on validated operands.
+    pub(crate) fn launch(&self, client: &ComputeClient<R>, choice: KernelChoice) {
+        let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
+        if tc && self.m <= SKINNY_MAX_M {
+            self.launch_skinny(client, None);
+        } else if tc {
+            self.launch_tiled(client);
+        } else {
+            self.launch_portable(client);
         }
     }
 }

@@ -3,9 +3,11 @@
 
 use cubecl::prelude::*;
 
-use super::epilogue::{epilogue, EpiloguePlan};
+use super::epilogue::{write_output, EpiloguePlan, Gemm8Out};
 use super::words::mask_word;
+use super::Gemm8;
 use crate::codec::{decode_e4m3, sext_byte};
+use crate::layout::words_arg;
 
 /// Byte `j` of `w` decoded to the accumulator type.
 #[cube]
@@ -18,27 +20,23 @@ fn decode_byte<Acc: Numeric>(w: i32, #[comptime] j: u32, #[comptime] fp8: bool) 
     }
 }
 
-pub(super) const S_TILE: usize = 64;
+const S_TILE: usize = 64;
 const S_BKW: usize = 8; // words (32 bytes) of K per stage
 const S_STRIDE: usize = S_BKW + 1;
 
 #[cube(launch_unchecked)]
-pub(super) fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
+fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
     a: &[i32],
     b: &[i32],
-    sa: &[f32],
-    sb: &[f32],
-    bias: &[F],
-    residual: &[F],
-    out: &mut [F],
-    m: usize,
-    n: usize,
-    k: usize,
+    mut io: Gemm8Out<F>,
     a_pw: usize,
     b_pw: usize,
     #[comptime] plan: EpiloguePlan,
     #[define(F, Acc)] _dtypes: [ElemType; 2],
 ) {
+    let m = io.m;
+    let n = io.n;
+    let k = io.k;
     let tx = UNIT_POS_X as usize;
     let ty = UNIT_POS_Y as usize;
     let tid = ty * 16 + tx;
@@ -109,18 +107,33 @@ pub(super) fn gemm8_simt_kernel<F: Float, Acc: Numeric>(
             let row = m0 + ty + 16 * i;
             let col = n0 + tx + 16 * j;
             if row < m && col < n {
-                out[row * n + col] = epilogue::<F>(
-                    f32::cast_from(acc[i * 4 + j]),
-                    row,
-                    col,
-                    n,
-                    sa,
-                    sb,
-                    bias,
-                    residual,
-                    plan,
-                );
+                write_output::<F>(&mut io, f32::cast_from(acc[i * 4 + j]), row, col, plan);
             }
+        }
+    }
+}
+
+impl<R: Runtime> Gemm8<'_, R> {
+    /// The portable kernel: one 64x64 output tile per cube of 16x16 units.
+    pub(super) fn launch_portable(&self, client: &ComputeClient<R>) {
+        let count = CubeCount::Static(
+            self.n.div_ceil(S_TILE) as u32,
+            self.m.div_ceil(S_TILE) as u32,
+            1,
+        );
+        unsafe {
+            gemm8_simt_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                CubeDim::new_2d(16, 16),
+                words_arg(self.a),
+                words_arg(self.b),
+                self.out_arg(),
+                self.a_pitch / 4,
+                self.b_pitch / 4,
+                self.epilogue_plan(),
+                self.dtypes(),
+            );
         }
     }
 }

@@ -5,7 +5,7 @@
 use cubecl::prelude::*;
 use ops::{caps, DeviceTensor};
 
-use super::epilogue::{epilogue, epilogue_scaled, EpiloguePlan};
+use super::epilogue::{write_output, write_scaled, EpiloguePlan, Gemm8Out};
 use super::mma::mma_m16n8k32;
 use super::words::load_vec;
 use super::{has_mma8, Gemm8};
@@ -67,19 +67,15 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     a: &[Vector<i32, Const<4>>],
     x: &[Vector<F, NX>],
     b: &[Vector<i32, Const<4>>],
-    sa: &[f32],
-    sb: &[f32],
-    bias: &[F],
-    residual: &[F],
-    out: &mut [F],
-    m: usize,
-    n: usize,
-    k: usize,
+    mut io: Gemm8Out<F>,
     a_pv: usize,
     b_pv: usize,
     #[comptime] plan: SkinnyPlan,
     #[define(F, Acc)] _dtypes: [ElemType; 2],
 ) {
+    let m = io.m;
+    let n = io.n;
+    let k = io.k;
     let warps = comptime![plan.warps as usize];
     let tid = UNIT_POS as usize;
     let warp = (tid / 32) % warps;
@@ -176,11 +172,11 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
         }
         if r < m && cl < n {
             let t = f32::cast_from(total);
-            out[r * n + cl] = if comptime![plan.fused] {
-                epilogue_scaled::<F>(t * scales[r], r, cl, n, sb, bias, residual, plan.epi)
+            if comptime![plan.fused] {
+                write_scaled::<F>(&mut io, t * scales[r], r, cl, plan.epi);
             } else {
-                epilogue::<F>(t, r, cl, n, sa, sb, bias, residual, plan.epi)
-            };
+                write_output::<F>(&mut io, t, r, cl, plan.epi);
+            }
         }
     }
 }
@@ -254,8 +250,6 @@ impl<R: Runtime> Gemm8<'_, R> {
             fused: x.is_some(),
             rows: RowQuantPlan::new(client, xt, format, 32 * warps * tiles),
         };
-        let bias = self.bias.unwrap_or(self.sa);
-        let residual = self.residual.unwrap_or(self.sa);
         unsafe {
             gemm8_skinny_kernel::launch_unchecked::<R>(
                 client,
@@ -265,14 +259,7 @@ impl<R: Runtime> Gemm8<'_, R> {
                 self.vec_arg(self.a),
                 xt.as_buffer_arg(),
                 self.vec_arg(self.b),
-                self.sa.as_buffer_arg(),
-                self.sb.as_buffer_arg(),
-                bias.as_buffer_arg(),
-                residual.as_buffer_arg(),
-                self.out.as_buffer_arg(),
-                self.m,
-                self.n,
-                self.k,
+                self.out_arg(),
                 self.a_pitch / 16,
                 self.b_pitch / 16,
                 plan,

@@ -4,12 +4,13 @@
 
 use cubecl::prelude::*;
 
-use super::epilogue::{epilogue, EpiloguePlan};
+use super::epilogue::{write_output, EpiloguePlan, Gemm8Out};
 use super::mma::mma_m16n8k32;
-use super::words::mask_word;
+use super::words::load_vec;
+use super::Gemm8;
 
-pub(super) const T_BM: usize = 128;
-pub(super) const T_BN: usize = 128;
+const T_BM: usize = 128;
+const T_BN: usize = 128;
 const T_STRIDE: usize = 12; // words per shared row: 8 + 4 of padding (conflict-free fragments)
 const T_STAGE: usize = T_BM * T_STRIDE;
 
@@ -30,20 +31,9 @@ fn load_tile(
     #[unroll]
     for r in 0..2usize {
         let idx = tid + r * 128;
-        let row = idx / 2;
-        let v = idx % 2;
-        let byte = k0 + v * 16;
-        let mut val = Vector::<i32, Const<4>>::new(0i32);
-        if row0 + row < rows && byte < k {
-            val = src[(row0 + row) * pitch_vecs + byte / 16];
-            if byte + 16 > k {
-                #[unroll]
-                for i in 0..4usize {
-                    val.insert(i, mask_word(val.extract(i), byte + 4 * i, k));
-                }
-            }
-        }
-        regs[base + r] = val;
+        let row = row0 + idx / 2;
+        let byte = k0 + (idx % 2) * 16;
+        regs[base + r] = load_vec(src, row, row < rows, byte, k, pitch_vecs);
     }
 }
 
@@ -69,22 +59,18 @@ fn store_tile(
 }
 
 #[cube(launch_unchecked)]
-pub(super) fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
+fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
     a: &[Vector<i32, Const<4>>],
     b: &[Vector<i32, Const<4>>],
-    sa: &[f32],
-    sb: &[f32],
-    bias: &[F],
-    residual: &[F],
-    out: &mut [F],
-    m: usize,
-    n: usize,
-    k: usize,
+    mut io: Gemm8Out<F>,
     a_pv: usize,
     b_pv: usize,
     #[comptime] plan: EpiloguePlan,
     #[define(F, Acc)] _dtypes: [ElemType; 2],
 ) {
+    let m = io.m;
+    let n = io.n;
+    let k = io.k;
     let tid = UNIT_POS as usize;
     let warp = tid / 32;
     let lane = tid % 32;
@@ -166,20 +152,36 @@ pub(super) fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
                 #[unroll]
                 for e in 0..2usize {
                     if row < m && col + e < n {
-                        out[row * n + col + e] = epilogue::<F>(
-                            f32::cast_from(c.extract(2 * h + e)),
-                            row,
-                            col + e,
-                            n,
-                            sa,
-                            sb,
-                            bias,
-                            residual,
-                            plan,
-                        );
+                        let acc = f32::cast_from(c.extract(2 * h + e));
+                        write_output::<F>(&mut io, acc, row, col + e, plan);
                     }
                 }
             }
+        }
+    }
+}
+
+impl<R: Runtime> Gemm8<'_, R> {
+    /// The tensor-core kernel for M > 16: one 128x128 output tile per cube of 4 warps.
+    pub(super) fn launch_tiled(&self, client: &ComputeClient<R>) {
+        let count = CubeCount::Static(
+            self.n.div_ceil(T_BN) as u32,
+            self.m.div_ceil(T_BM) as u32,
+            1,
+        );
+        unsafe {
+            gemm8_mma_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                CubeDim::new_1d(128),
+                self.vec_arg(self.a),
+                self.vec_arg(self.b),
+                self.out_arg(),
+                self.a_pitch / 16,
+                self.b_pitch / 16,
+                self.epilogue_plan(),
+                self.dtypes(),
+            );
         }
     }
 }
