@@ -46,8 +46,10 @@ pub use blueprint::{blueprint, uses_tensor_cores, Blueprint, Tuning};
 
 use crate::Bsr;
 use blueprint::validate_blueprint;
+use cmma::bsr_linear_cmma_kernel;
 use portable::bsr_linear_scalar_kernel;
 use reduce::bsr_split_reduce_kernel;
+use staging::BsrArgsLaunch;
 
 /// Block sizes the kernel is compiled for (the model prunes to 32x32 blocks where the shapes
 /// allow, else 16x16).
@@ -164,40 +166,39 @@ pub fn bsr_linear_into_tuned<R: Runtime>(
     };
     let bias_t = bias.unwrap_or(&plan.dummy_bias);
     let count = CubeCount::Static(plan.n_items as u32, m_tiles as u32, 1);
-    unsafe {
-        if bp.use_cmma {
-            cmma::launch::<R>(
-                client,
-                count,
-                &bp,
-                x,
-                w,
-                bias_t,
-                out,
-                &partial,
-                m,
-                k / bp.vector,
-                n,
-            );
-        } else {
-            bsr_linear_scalar_kernel::launch_unchecked::<R>(
+    // The two kernels take the same arguments; each has its own types for them (the dtype and
+    // vector width are chosen at launch), hence a macro rather than a shared value.
+    macro_rules! launch_blocks {
+        ($kernel:ident) => {
+            $kernel::launch_unchecked::<R>(
                 client,
                 count,
                 CubeDim::new_1d(bp.units as u32),
                 bp.vector,
-                x.as_buffer_arg(),
-                w.values().as_buffer_arg(),
-                w.col_indices().as_buffer_arg(),
-                plan.items.as_buffer_arg(),
-                bias_t.as_buffer_arg(),
-                out.as_buffer_arg(),
-                partial.as_buffer_arg(),
-                m,
-                k / bp.vector,
-                n,
+                BsrArgsLaunch::new(
+                    x.as_buffer_arg(),
+                    w.values().as_buffer_arg(),
+                    w.col_indices().as_buffer_arg(),
+                    plan.items.as_buffer_arg(),
+                    bias_t.as_buffer_arg(),
+                    out.as_buffer_arg(),
+                    partial.as_buffer_arg(),
+                    m,
+                    k / bp.vector,
+                    n,
+                ),
                 bp,
                 dtype.elem_type(),
-            );
+            )
+        };
+    }
+    // SAFETY: the operands were validated against M, K and N above, and the blueprint against
+    // the matrix whose work list the kernels walk.
+    unsafe {
+        if bp.use_cmma {
+            launch_blocks!(bsr_linear_cmma_kernel);
+        } else {
+            launch_blocks!(bsr_linear_scalar_kernel);
         }
         if plan.n_splits > 0 {
             bsr_split_reduce_kernel::launch_unchecked::<R>(

@@ -4,7 +4,7 @@
 use cubecl::prelude::*;
 use ops::reduce::vector_sum;
 
-use super::staging::{load_cols, load_stage, store_stage};
+use super::staging::{load_cols, load_stage, store_stage, work_item, write_output, BsrArgs};
 use super::Blueprint;
 
 /// Multiplies one staged block (buffer `buf`) into the unit's accumulators: unit `u` owns output
@@ -35,29 +35,18 @@ fn dot_stage<F: Float, N: Size>(
     }
 }
 
-/// The vectorised-dot-product kernel (f32, and every dtype where tensor cores are absent).
+/// The vectorised-dot-product kernel (f32, and every dtype where tensor cores are absent). A
+/// stage is one block. With two shared buffers the next stage waits in registers while this one
+/// is multiplied and is stored into the other buffer afterwards (one barrier per stage); with one
+/// (small shared memories) it is stored once every unit is done with the current one (two).
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn bsr_linear_scalar_kernel<F: Float, N: Size>(
-    x: &[Vector<F, N>],
-    values: &[Vector<F, N>],
-    col: &[i32],
-    items: &[i32],
-    bias: &[F],
-    y: &mut [F],
-    partial: &mut [f32],
-    m: usize,
-    k_vectors: usize,
-    n_out: usize,
+    mut io: BsrArgs<Vector<F, N>, F>,
     #[comptime] bp: Blueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    let item = CUBE_POS_X as usize;
     let m0 = CUBE_POS_Y as usize * comptime![bp.tile_m];
-    let brow = items[item * 4] as usize;
-    let start = items[item * 4 + 1] as usize;
-    let end = items[item * 4 + 2] as usize;
-    let slot = items[item * 4 + 3];
+    let (brow, start, end, slot) = work_item(&io.items);
 
     let mut x_sh = Shared::<[Vector<F, N>]>::new_aligned_slice(
         comptime![bp.buffers() * bp.x_stage()],
@@ -77,59 +66,47 @@ pub(super) fn bsr_linear_scalar_kernel<F: Float, N: Size>(
 
     let stages = end - start;
     if stages > 0 {
-        load_cols(col, &mut cols, start, end, bp);
-        load_stage(
-            x, values, &cols, &mut regs, start, end, m0, m, k_vectors, bp,
-        );
+        load_cols(&io.col, &mut cols, start, end, bp);
+        load_stage(&io, &cols, &mut regs, start, end, m0, bp);
         if comptime![bp.double_buffer] {
             store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
             sync_cube();
-            for s in 0..stages {
-                let next = start + s + 1;
-                if s + 1 < stages {
-                    load_cols(col, &mut cols, next, end, bp);
-                    load_stage(x, values, &cols, &mut regs, next, end, m0, m, k_vectors, bp);
-                }
-                dot_stage(&x_sh, &w_sh, &mut acc, s % 2, bp);
-                if s + 1 < stages {
-                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
-                }
-                sync_cube();
+        }
+        for s in 0..stages {
+            let mut buf = 0usize;
+            if comptime![bp.double_buffer] {
+                buf = s % 2;
             }
-        } else {
-            for s in 0..stages {
+            if comptime![!bp.double_buffer] {
                 if s > 0 {
                     sync_cube();
                 }
                 store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
                 sync_cube();
-                let next = start + s + 1;
+            }
+            let next = start + s + 1;
+            if s + 1 < stages {
+                load_cols(&io.col, &mut cols, next, end, bp);
+                load_stage(&io, &cols, &mut regs, next, end, m0, bp);
+            }
+            dot_stage(&x_sh, &w_sh, &mut acc, buf, bp);
+            if comptime![bp.double_buffer] {
                 if s + 1 < stages {
-                    load_cols(col, &mut cols, next, end, bp);
-                    load_stage(x, values, &cols, &mut regs, next, end, m0, m, k_vectors, bp);
+                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
                 }
-                dot_stage(&x_sh, &w_sh, &mut acc, 0, bp);
+                sync_cube();
             }
         }
     }
 
     let unit = UNIT_POS as usize;
-    let block = comptime![bp.block];
-    let c = unit % block;
-    let r0 = unit / block;
+    let c = unit % comptime![bp.block];
+    let r0 = unit / comptime![bp.block];
     #[unroll]
     for i in 0..bp.outputs_per_unit() {
         let r = r0 + i * comptime![bp.rows_per_pass()];
-        if m0 + r < m {
-            let mut v = acc[i];
-            if slot < 0 {
-                if comptime![bp.has_bias] {
-                    v += f32::cast_from(bias[brow * block + c]);
-                }
-                y[(m0 + r) * n_out + brow * block + c] = F::cast_from(v);
-            } else {
-                partial[((slot as usize) * m + m0 + r) * block + c] = v;
-            }
+        if m0 + r < io.m {
+            write_output(&mut io, acc[i], brow, slot, m0 + r, c, bp);
         }
     }
 }

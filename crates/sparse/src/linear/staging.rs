@@ -1,10 +1,43 @@
-//! What both kernels do the same way: read a stage's block columns ahead of its data, map a
-//! stage's load slots to global and shared memory, load a stage into registers and store it
-//! into shared memory, and write an output tile (to `y` with the bias, or to a partial-sum slot).
+//! What both kernels share: their launch argument ([`BsrArgs`]), the work item a cube takes,
+//! reading a stage's block columns ahead of its data, mapping a stage's load slots to global and
+//! shared memory, loading a stage into registers and storing it into shared memory, and writing
+//! outputs (to `y` with the bias, or to a partial-sum slot).
 
 use cubecl::prelude::*;
 
 use super::Blueprint;
+
+/// The buffers and sizes both kernels take: `x[M, K]` and the weight's block values as vectors
+/// (`V`), its block columns, the work list (four i32 per item: block-row, first block, end block,
+/// partial-sum slot or -1; see [`crate::bsr`]), the bias `[N]` (bound to a placeholder when
+/// absent), the output `y[M, N]` (`F`), the f32 partial sums of the cut block-rows, and `M`, the
+/// vectors of a row of `x` and `N`.
+#[derive(CubeLaunch, CubeType)]
+pub(crate) struct BsrArgs<V: CubePrimitive, F: CubePrimitive> {
+    pub x: Box<[V]>,
+    pub values: Box<[V]>,
+    pub col: Box<[i32]>,
+    pub items: Box<[i32]>,
+    pub bias: Box<[F]>,
+    pub y: Box<[F]>,
+    pub partial: Box<[f32]>,
+    pub m: usize,
+    pub k_vectors: usize,
+    pub n: usize,
+}
+
+/// This cube's work item (`CUBE_POS_X`): `(block-row, first block, end block, slot)`, where
+/// `slot` is the item's partial-sum slot when its block-row was cut along K, else -1.
+#[cube]
+pub(crate) fn work_item(items: &[i32]) -> (usize, usize, usize, i32) {
+    let at = CUBE_POS_X as usize * 4;
+    (
+        items[at] as usize,
+        items[at + 1] as usize,
+        items[at + 2] as usize,
+        items[at + 3],
+    )
+}
 
 /// Reads the block columns of the stage starting at block `first` that this unit's `x` loads
 /// will need (0 where it loads weights or past `end`). Issued one stage ahead of the loads that
@@ -83,30 +116,27 @@ pub(crate) fn stage_slot(
 /// `end`) that this unit is responsible for into registers, with the block columns `cols` read
 /// by [`load_cols`]; out-of-range rows and blocks read as zero.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn load_stage<F: Float, N: Size>(
-    x: &[Vector<F, N>],
-    values: &[Vector<F, N>],
+    io: &BsrArgs<Vector<F, N>, F>,
     cols: &Array<u32>,
     regs: &mut Array<Vector<F, N>>,
     first: usize,
     end: usize,
     m0: usize,
-    m: usize,
-    k_vectors: usize,
     #[comptime] bp: Blueprint,
 ) {
     let unit = UNIT_POS as usize;
     #[unroll]
     for i in 0..bp.loads_per_unit() {
         let idx = i * comptime![bp.units] + unit;
-        let (is_x, ok, src, _dst) = stage_slot(idx, cols[i], 0, first, end, m0, m, k_vectors, bp);
+        let (is_x, ok, src, _dst) =
+            stage_slot(idx, cols[i], 0, first, end, m0, io.m, io.k_vectors, bp);
         let mut v = Vector::<F, N>::from_int(0);
         if ok {
             if is_x {
-                v = x[src];
+                v = io.x[src];
             } else {
-                v = values[src];
+                v = io.values[src];
             }
         }
         regs[i] = v;
@@ -137,20 +167,41 @@ pub(crate) fn store_stage<F: Float, N: Size>(
     }
 }
 
-/// Sums the staged output tile over the k-groups and writes it: to `y` with the bias, or to the
-/// item's f32 partial-sum slot when its block-row was cut.
+/// Writes the f32 sum `v` of output row `row`, column `c` of the item's block-row `brow`: to `y`
+/// with the bias when the block-row is whole (`slot < 0`), else to the item's partial-sum slot.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn write_tile<F: Float>(
+pub(crate) fn write_output<F: Float, N: Size>(
+    io: &mut BsrArgs<Vector<F, N>, F>,
+    v: f32,
+    brow: usize,
+    slot: i32,
+    row: usize,
+    c: usize,
+    #[comptime] bp: Blueprint,
+) {
+    let block = comptime![bp.block];
+    if slot < 0 {
+        let mut y = v;
+        if comptime![bp.has_bias] {
+            y += f32::cast_from(io.bias[brow * block + c]);
+        }
+        let at = row * io.n + brow * block + c;
+        io.y[at] = F::cast_from(y);
+    } else {
+        let at = ((slot as usize) * io.m + row) * block + c;
+        io.partial[at] = v;
+    }
+}
+
+/// Sums the staged output tile over the k-groups and writes it ([`write_output`]).
+#[cube]
+pub(crate) fn write_tile<F: Float, N: Size>(
     out_sh: &[f32],
-    bias: &[F],
-    y: &mut [F],
-    partial: &mut [f32],
+    io: &mut BsrArgs<Vector<F, N>, F>,
     brow: usize,
     slot: i32,
     m0: usize,
-    m: usize,
-    n: usize,
     #[comptime] bp: Blueprint,
 ) {
     let unit = UNIT_POS as usize;
@@ -161,20 +212,13 @@ pub(crate) fn write_tile<F: Float>(
         let e = i * comptime![bp.units] + unit;
         let r = e / block;
         let c = e % block;
-        if m0 + r < m {
+        if m0 + r < io.m {
             let mut v = 0f32;
             #[unroll]
             for g in 0..bp.k_groups {
                 v += out_sh[(g * comptime![bp.tile_m] + r) * os + c];
             }
-            if slot < 0 {
-                if comptime![bp.has_bias] {
-                    v += f32::cast_from(bias[brow * block + c]);
-                }
-                y[(m0 + r) * n + brow * block + c] = F::cast_from(v);
-            } else {
-                partial[((slot as usize) * m + m0 + r) * block + c] = v;
-            }
+            write_output(io, v, brow, slot, m0 + r, c, bp);
         }
     }
 }
