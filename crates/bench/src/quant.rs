@@ -1,8 +1,9 @@
 //! Cases for `quant`: the W8A8 linear (activation quantization pre-pass + int8 GEMM + dequant
-//! epilogue, as the model runs it) at the issue's GEMM shapes and at the 1.5B model's decode
-//! shapes, W4A16 at the same shapes, and the e4m3 GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names
-//! match `scripts/bench_torch.py`'s peers; the decode cases compare with this run's own bf16
-//! GEMVs (`matmul` family, `gemv <name> 1x<k>x<n>`), as the issue asks.
+//! epilogue, as the model runs it) at the prefill GEMM shapes (M = 512 and 4096, K = N = 4096)
+//! and at the 1.5B model's decode shapes (M = 1 and 16), W4A16 at the same shapes, and the e4m3
+//! GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names match
+//! `scripts/bench_torch.py`'s peers; the decode cases compare with this run's own bf16 GEMVs
+//! (`matmul` family, `gemv <name> 1x<k>x<n>`).
 //!
 //! Bytes are the minimum the op moves: the float activation in and out, the 8-bit weight and
 //! its scales.

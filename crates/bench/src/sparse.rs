@@ -1,5 +1,5 @@
-//! Cases for `sparse::bsr_linear`: the grid (1024 x 1024 and 4096 x 4096 weights, block
-//! 32, block sparsity 50 / 70 / 90 %, M = 16, 256, 4096, f16), with the same names as the
+//! Cases for `sparse::bsr_linear` on a grid of 1024 x 1024 and 4096 x 4096 weights, block 32,
+//! block sparsity 50 / 70 / 90 %, M = 16, 256, 4096, f16, with the same names as the
 //! PyTorch peers in `scripts/bench_torch.py` (dense `F.linear` and `F.linear` on a BSR weight).
 //!
 //! Weights are pseudo-random and pruned by block L2 norm, which for i.i.d. values drops blocks

@@ -32,31 +32,54 @@ pub(crate) fn scale_by_weight<F: Float, N: Size>(
     normed * w
 }
 
+/// What both kernels take at run time: the rows, their length in vectors, 1 / their length in
+/// elements, and eps.
+#[derive(CubeLaunch, CubeType)]
+struct RowNorm {
+    rows: usize,
+    row_vectors: usize,
+    inv_len: f32,
+    eps: f32,
+}
+
+/// The second half of both kernels: from each unit's partial sum of squares of the cube's row
+/// (which starts at vector `base` of `src`), `out = F(src * rsqrt(mean + eps)) * weight`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_normalized<F: Float, N: Size>(
+    src: &[Vector<F, N>],
+    weight: &[Vector<F, N>],
+    out: &mut [Vector<F, N>],
+    base: usize,
+    partial: f32,
+    norm: &RowNorm,
+    #[comptime] plan: ReducePlan,
+) {
+    let inv = f32::inverse_sqrt(cube_sum(partial, plan) * norm.inv_len + norm.eps);
+    for i in range_stepped(UNIT_POS as usize, norm.row_vectors, CUBE_DIM as usize) {
+        out[base + i] = scale_by_weight(src[base + i], weight[i], inv);
+    }
+}
+
 #[cube(launch_unchecked)]
 fn rms_norm_kernel<F: Float, N: Size>(
     x: &[Vector<F, N>],
     weight: &[Vector<F, N>],
     out: &mut [Vector<F, N>],
-    rows: usize,
-    row_vectors: usize,
-    inv_len: f32,
-    eps: f32,
+    norm: RowNorm,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
     // A grid folded into y (more rows than the x limit) has a few spare cubes.
-    if CUBE_POS >= rows {
+    if CUBE_POS >= norm.rows {
         terminate!();
     }
-    let base = CUBE_POS * row_vectors;
+    let base = CUBE_POS * norm.row_vectors;
     let mut acc = 0f32;
-    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+    for i in range_stepped(UNIT_POS as usize, norm.row_vectors, CUBE_DIM as usize) {
         acc += sum_squares(x[base + i]);
     }
-    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
-    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
-        out[base + i] = scale_by_weight(x[base + i], weight[i], inv);
-    }
+    write_normalized(x, weight, out, base, acc, &norm, plan);
 }
 
 #[cube(launch_unchecked)]
@@ -66,28 +89,22 @@ fn rms_norm_residual_kernel<F: Float, N: Size>(
     weight: &[Vector<F, N>],
     out: &mut [Vector<F, N>],
     sum_out: &mut [Vector<F, N>],
-    rows: usize,
-    row_vectors: usize,
-    inv_len: f32,
-    eps: f32,
+    norm: RowNorm,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
 ) {
-    if CUBE_POS >= rows {
+    if CUBE_POS >= norm.rows {
         terminate!();
     }
-    let base = CUBE_POS * row_vectors;
+    let base = CUBE_POS * norm.row_vectors;
     let mut acc = 0f32;
-    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+    for i in range_stepped(UNIT_POS as usize, norm.row_vectors, CUBE_DIM as usize) {
         // The sum is rounded to the activation dtype first, as the model's residual stream is.
         let s = x[base + i] + residual[base + i];
         sum_out[base + i] = s;
         acc += sum_squares(s);
     }
-    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
-    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
-        out[base + i] = scale_by_weight(sum_out[base + i], weight[i], inv);
-    }
+    write_normalized(&*sum_out, weight, out, base, acc, &norm, plan);
 }
 
 pub(crate) fn check_eps(op: &'static str, eps: f32) -> Result<()> {
@@ -115,6 +132,38 @@ pub(crate) fn check_weight<R: Runtime>(
     Ok(())
 }
 
+/// One validated launch of either kernel: a cube per row (see [`row_launch`]), the reduction
+/// plan and the runtime arguments.
+struct NormLaunch<R: Runtime> {
+    count: CubeCount,
+    dim: CubeDim,
+    vector: usize,
+    norm: RowNormLaunch<R>,
+    plan: ReducePlan,
+}
+
+/// Validates `x` (with `same`, the tensors of its shape), the weight and eps, and plans the launch.
+fn prepare<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    x: &DeviceTensor<R>,
+    same: &[&DeviceTensor<R>],
+    weight: &DeviceTensor<R>,
+    eps: f32,
+) -> Result<NormLaunch<R>> {
+    validate_rows(client, op, x, same)?;
+    check_weight(op, x, weight)?;
+    check_eps(op, eps)?;
+    let l = row_launch(client, x);
+    Ok(NormLaunch {
+        count: l.cube_count,
+        dim: CubeDim::new_1d(l.cube_dim),
+        vector: l.vector,
+        norm: RowNormLaunch::new(x.rows(), l.row_vectors, 1.0 / x.last_dim() as f32, eps),
+        plan: ReducePlan::new(client, l.cube_dim),
+    })
+}
+
 /// `rms_norm(x, w, eps)` over the last dimension of `x` (any rank, contiguous).
 pub fn rms_norm<R: Runtime>(
     client: &ComputeClient<R>,
@@ -136,25 +185,18 @@ pub fn rms_norm_into<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rms_norm";
-    validate_rows(client, OP, x, &[out])?;
-    check_weight(OP, x, weight)?;
-    check_eps(OP, eps)?;
-    let l = row_launch(client, x);
-    let plan = ReducePlan::new(client, l.cube_dim);
+    let l = prepare(client, OP, x, &[out], weight, eps)?;
     unsafe {
         rms_norm_kernel::launch_unchecked::<R>(
             client,
-            l.cube_count,
-            CubeDim::new_1d(l.cube_dim),
+            l.count,
+            l.dim,
             l.vector,
             x.as_buffer_arg(),
             weight.as_buffer_arg(),
             out.as_buffer_arg(),
-            x.rows(),
-            l.row_vectors,
-            1.0 / x.last_dim() as f32,
-            eps,
-            plan,
+            l.norm,
+            l.plan,
             x.dtype().elem_type(),
         );
     }
@@ -186,27 +228,20 @@ pub fn rms_norm_residual_into<R: Runtime>(
     sum_out: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "rms_norm_residual";
-    validate_rows(client, OP, x, &[residual, out, sum_out])?;
-    check_weight(OP, x, weight)?;
-    check_eps(OP, eps)?;
-    let l = row_launch(client, x);
-    let plan = ReducePlan::new(client, l.cube_dim);
+    let l = prepare(client, OP, x, &[residual, out, sum_out], weight, eps)?;
     unsafe {
         rms_norm_residual_kernel::launch_unchecked::<R>(
             client,
-            l.cube_count,
-            CubeDim::new_1d(l.cube_dim),
+            l.count,
+            l.dim,
             l.vector,
             x.as_buffer_arg(),
             residual.as_buffer_arg(),
             weight.as_buffer_arg(),
             out.as_buffer_arg(),
             sum_out.as_buffer_arg(),
-            x.rows(),
-            l.row_vectors,
-            1.0 / x.last_dim() as f32,
-            eps,
-            plan,
+            l.norm,
+            l.plan,
             x.dtype().elem_type(),
         );
     }

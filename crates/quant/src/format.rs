@@ -2,7 +2,7 @@
 //! becomes a quantized code. The kernels implement exactly these rules with integer operations,
 //! and the tests compare them bit for bit.
 //!
-//! Conventions (DESIGN §5, symmetric quantization):
+//! Conventions (symmetric quantization, no zero point):
 //! - scale `s = max(amax / Qmax, SCALE_FLOOR)`, computed in f32;
 //! - quotient `v = x / s` in f32 (an IEEE division, the same on host and device);
 //! - int8: `q = clamp(round_half_even(v), -127, 127)`;
@@ -15,7 +15,8 @@ use ops::DType;
 pub const INT8_QMAX: f32 = 127.0;
 /// Largest finite fp8 e4m3 ("fn" variant) magnitude.
 pub const FP8_QMAX: f32 = 448.0;
-/// Largest int4 code; codes span -8..=7 (DESIGN §5), scales use 7.
+/// Largest int4 code: codes span -8..=7, and scales use 7 so that `-amax` and `amax` both map
+/// to codes in range (-8 is never produced by rounding, like -128 for int8).
 pub const INT4_QMAX: f32 = 7.0;
 /// Smallest scale: an all-zero (or denormal-tiny) row gets this scale instead of dividing by zero.
 /// Any positive floor works because every |x| <= amax <= floor * Qmax then quantizes in range;

@@ -1,5 +1,5 @@
-//! `fp8_gemm(a[M, K], b[K, N], a_scale?, b_scale?, out_dtype)`: the design's contract (DESIGN
-//! §5, after `torch._scaled_mm`). Float operands are quantized here to e4m3 (`a` per row, `b`
+//! `fp8_gemm(a[M, K], b[K, N], a_scale?, b_scale?, out_dtype)`, with the operand and scale
+//! contract of `torch._scaled_mm`. Float operands are quantized here to e4m3 (`a` per row, `b`
 //! per column, `s = max|r| / 448`); pre-quantized e4m3 operands must come with their scales, and
 //! a scale given for a float operand is an error rather than silently ignored.
 

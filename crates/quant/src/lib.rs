@@ -3,8 +3,8 @@
 //! everywhere else), W4A16 GEMM/GEMV with int4 weights packed 8 per i32, and the quantized
 //! linear layers built on them.
 //!
-//! Semantics are DESIGN §5's (symmetric, `s = max|r| / Qmax`, per-token activation scales,
-//! per-output-channel weight scales, group-wise int4 as an option); the exact rules live in
+//! Semantics: symmetric quantization (`s = max|r| / Qmax`, no zero point), per-token activation
+//! scales, per-output-channel weight scales, group-wise int4 as an option; the exact rules live in
 //! [`format`] and are shared by the host encoders, the kernels ([`codec`]) and the references.
 //! Every public op validates its inputs and returns [`ops::OpsError`] before launching.
 

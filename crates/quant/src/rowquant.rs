@@ -11,7 +11,7 @@
 //! testable on the CI machine.
 
 use cubecl::prelude::*;
-use ops::launch::cube_count_1d;
+use ops::launch::{cube_count_1d, validate_rows};
 use ops::reduce::{cube_max, ReducePlan};
 use ops::{caps, DeviceTensor, OpsError, Result};
 
@@ -152,33 +152,12 @@ pub fn quantize_per_row<R: Runtime>(
     x: &DeviceTensor<R>,
     format: QuantFormat,
 ) -> Result<(DeviceTensor<R>, DeviceTensor<R>)> {
-    check_input(client, "quantize_per_row", x)?;
+    validate_rows(client, "quantize_per_row", x, &[])?;
     let (rows, k) = (x.rows(), x.last_dim());
     let q = empty_byte_matrix(client, rows, k, format.dtype());
     let s = DeviceTensor::empty(client, &[rows], ops::DType::F32);
     quantize_per_row_into(client, x, format, &q, &s)?;
     Ok((q, s))
-}
-
-fn check_input<R: Runtime>(
-    client: &ComputeClient<R>,
-    op: &'static str,
-    x: &DeviceTensor<R>,
-) -> Result<()> {
-    caps::check_float_dtype(client, op, x.dtype())?;
-    if x.rank() == 0 || x.numel() == 0 {
-        return Err(OpsError::shape(
-            op,
-            format!(
-                "input must be non-empty with rank >= 1, got {:?}",
-                x.shape()
-            ),
-        ));
-    }
-    if !x.is_contiguous() {
-        return Err(OpsError::shape(op, "input must be contiguous"));
-    }
-    Ok(())
 }
 
 /// [`quantize_per_row`] into a preallocated `q` (`[rows, K]` padded 8-bit matrix of the
@@ -191,7 +170,7 @@ pub fn quantize_per_row_into<R: Runtime>(
     scales: &DeviceTensor<R>,
 ) -> Result<()> {
     const OP: &str = "quantize_per_row";
-    check_input(client, OP, x)?;
+    validate_rows(client, OP, x, &[])?;
     let (rows, k) = (x.rows(), x.last_dim());
     let pitch = check_byte_matrix(OP, "q", q, format.dtype())?;
     if q.shape() != [rows, k] {

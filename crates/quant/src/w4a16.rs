@@ -18,6 +18,7 @@
 //!   accumulates a register micro-tile. Correct everywhere; not tuned for large M.
 
 use cubecl::prelude::*;
+use ops::gemm::cube_tile_origin;
 use ops::launch::{check_same_dtype, cube_count_1d};
 use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
@@ -196,13 +197,8 @@ fn w4a16_tiled_kernel<F: Float>(
     #[comptime] plan: TilePlan,
     #[define(F)] _dtype: ElemType,
 ) {
-    let tiles_n = n.div_ceil(plan.bn as usize);
-    let tiles_m = m.div_ceil(plan.bm as usize);
-    if CUBE_POS >= tiles_m * tiles_n {
-        terminate!();
-    }
-    let m0 = (CUBE_POS / tiles_n) * plan.bm as usize;
-    let n0 = (CUBE_POS % tiles_n) * plan.bn as usize;
+    // Row-major tile order (groups of one tile-row).
+    let (m0, n0) = cube_tile_origin(m, n, plan.bm, plan.bn, 1u32);
     let units = comptime![plan.units() as usize];
     let bm = comptime![plan.bm as usize];
     let bn = comptime![plan.bn as usize];

@@ -1,7 +1,7 @@
 //! The column-major int4 layout of [`crate::W4A16Linear`] and its decode GEMV.
 //!
-//! The public [`crate::w4a16_linear`] takes the course layout `qweight[K/8, N]` (consecutive
-//! columns contiguous). A GEMV over that layout has to split K across cubes to keep all SMs busy
+//! The public [`crate::w4a16_linear`] takes `qweight[K/8, N]`: 8 int4 codes of one column (8
+//! consecutive k) packed per i32, low nibble first, consecutive columns contiguous. A GEMV over that layout has to split K across cubes to keep all SMs busy
 //! when N is small (1536 columns fill 48 cubes of 32 columns), so the layer stores its weight
 //! transposed instead: `qweight_nk[N, K/8]` (each output channel's packed words contiguous, still
 //! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the

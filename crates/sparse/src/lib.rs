@@ -8,7 +8,6 @@
 //! - [`SparseLinear`]: the layer built on them.
 
 pub mod bsr;
-mod cmma;
 pub mod error;
 pub mod layer;
 pub mod linear;

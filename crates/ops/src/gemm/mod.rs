@@ -15,7 +15,8 @@
 //!   [`tile_row()`]; asynchronous: [`issue_tile_async()`]; through registers: [`load_tile_regs()`] /
 //!   [`store_tile_regs()`]), and the transposed scalar
 //!   tile load of the portable tiled GEMM ([`load_tile_transposed()`]).
-//! - [`grouped_tile()`]: the grouped visiting order of output tiles (L2 reuse of the weights).
+//! - [`grouped_tile()`]: the grouped visiting order of output tiles (L2 reuse of the weights), and
+//!   [`cube_tile_origin()`]: where the cube's output tile starts in that order.
 //!
 //! Everything here is a `#[cube]` function or a comptime value: it expands inline into the
 //! calling kernel, so sharing it costs nothing at run time.
@@ -53,4 +54,25 @@ pub fn grouped_tile(
     let size_m = min(tiles_m - first_m, group);
     let local = pid % per_group;
     (first_m + local % size_m, local / size_m)
+}
+
+/// The origin `(m0, n0)` of the `bm x bn` tile of an `[m, n]` output that this cube computes, in
+/// the order of [`grouped_tile()`] (`group_m = 1`: row-major). For a launch of one cube per tile
+/// along x ([`crate::launch::cube_count_1d`]); a cube past the last tile (a count folded into y
+/// has a few spare ones) terminates.
+#[cube]
+pub fn cube_tile_origin(
+    m: usize,
+    n: usize,
+    #[comptime] bm: u32,
+    #[comptime] bn: u32,
+    #[comptime] group_m: u32,
+) -> (usize, usize) {
+    let tiles_m = m.div_ceil(bm as usize);
+    let tiles_n = n.div_ceil(bn as usize);
+    if CUBE_POS >= tiles_m * tiles_n {
+        terminate!();
+    }
+    let (tile_m, tile_n) = grouped_tile(CUBE_POS, tiles_m, tiles_n, group_m);
+    (tile_m * bm as usize, tile_n * bn as usize)
 }

@@ -9,7 +9,7 @@
 use cubecl::prelude::*;
 
 use super::Problem;
-use crate::gemm::{grouped_tile, load_tile_transposed, write_epilogue, EpilogueBlueprint};
+use crate::gemm::{cube_tile_origin, load_tile_transposed, write_epilogue, EpilogueBlueprint};
 
 /// Comptime configuration (the kernel's compile key).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -63,14 +63,7 @@ pub(crate) fn tiled_gemm_kernel<F: Float>(
     #[comptime] plan: TiledBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    let tiles_m = m.div_ceil(plan.bm as usize);
-    let tiles_n = n.div_ceil(plan.bn as usize);
-    if CUBE_POS >= tiles_m * tiles_n {
-        terminate!();
-    }
-    let (tile_m, tile_n) = grouped_tile(CUBE_POS, tiles_m, tiles_n, plan.group_m);
-    let m0 = tile_m * plan.bm as usize;
-    let n0 = tile_n * plan.bn as usize;
+    let (m0, n0) = cube_tile_origin(m, n, plan.bm, plan.bn, plan.group_m);
     let tx = (UNIT_POS % (plan.bn / plan.tn)) as usize;
     let ty = (UNIT_POS / (plan.bn / plan.tn)) as usize;
 

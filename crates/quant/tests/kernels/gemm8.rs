@@ -48,7 +48,7 @@ fn assert_rows_close(what: &str, got: &[f64], want: &[f64], n: usize, tol: f64) 
 
 /// Relative tolerance of a dequantized output in `dtype` (the accumulation is exact for int8
 /// and exact products summed in f32 for fp8).
-/// The 1e-3 holds for f32 and f16 outputs; a bf16 output alone rounds by up to 2^-8
+/// A relative 1e-3 holds for f32 and f16 outputs; a bf16 output alone rounds by up to 2^-8
 /// relative (7 stored mantissa bits), so there the bound is that rounding.
 fn dequant_tolerance(dtype: DType) -> f64 {
     match dtype {

@@ -1,5 +1,5 @@
-//! `ops::attention` against the f64 reference: every kernel on the grid (Lq x Lk x heads x
-//! D x causal), forced one by one where the runtime has it (elsewhere the `feature` error is
+//! `ops::attention` against the f64 reference: every kernel on a grid of Lq x Lk x heads x D x
+//! causal, forced one by one where the runtime has it (elsewhere the `feature` error is
 //! asserted), the KV-cache paths with host and device lengths and a reused workspace, and the
 //! validation errors.
 
@@ -14,7 +14,7 @@ use ops::{caps, reference, DType};
 use rand::rngs::StdRng;
 use testkit::*;
 
-/// The tolerances, relative to the output (|want| + rms(want)).
+/// Tolerances by dtype, relative to the output (|want| + rms(want)).
 fn attn_tol(dtype: DType) -> f64 {
     match dtype {
         DType::F32 => 1e-4,

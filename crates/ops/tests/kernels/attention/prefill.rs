@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// The grid: every runtime runs a covering subset (lavapipe is a CPU); CUDA runs the full
+/// The grid: every runtime runs a covering subset (lavapipe is a CPU); CUDA runs the full
 /// cross product of Lq x Lk x heads x D x causal (Lq <= Lk when causal) in every dtype.
 fn attention_grid_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(40);

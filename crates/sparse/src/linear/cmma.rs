@@ -9,10 +9,12 @@
 use cubecl::cmma;
 use cubecl::prelude::barrier::{copy_async_checked, Barrier};
 use cubecl::prelude::*;
-use ops::DeviceTensor;
 
-use crate::linear::{load_cols, load_stage, stage_slot, store_stage, write_tile, Blueprint, FRAG};
-use crate::Bsr;
+use super::blueprint::FRAG;
+use super::staging::{
+    load_cols, load_stage, stage_slot, store_stage, work_item, write_tile, BsrArgs,
+};
+use super::Blueprint;
 
 /// Multiplies this warp's blocks of the stage in shared buffer `buf` into its accumulators: group
 /// `g` takes blocks `g * group_blocks ..` of the stage (those past `end` are skipped, uniformly
@@ -77,9 +79,7 @@ fn mma_stage<F: Float, N: Size>(
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn issue_stage<F: Float, N: Size>(
-    x: &[Vector<F, N>],
-    values: &[Vector<F, N>],
-    col: &[i32],
+    io: &BsrArgs<Vector<F, N>, F>,
     cols: &mut Array<u32>,
     x_sh: &mut [Vector<F, N>],
     w_sh: &mut [Vector<F, N>],
@@ -87,8 +87,6 @@ fn issue_stage<F: Float, N: Size>(
     first: usize,
     end: usize,
     m0: usize,
-    m: usize,
-    k_vectors: usize,
     #[comptime] bp: Blueprint,
 ) {
     let unit = UNIT_POS as usize;
@@ -97,40 +95,27 @@ fn issue_stage<F: Float, N: Size>(
     #[unroll]
     for i in 0..bp.loads_per_unit() {
         let idx = i * comptime![bp.units] + unit;
-        let (is_x, ok, src, dst) = stage_slot(idx, cols[i], buf, first, end, m0, m, k_vectors, bp);
+        let (is_x, ok, src, dst) =
+            stage_slot(idx, cols[i], buf, first, end, m0, io.m, io.k_vectors, bp);
         let src = select(ok, src, 0usize);
         let len = select(ok, 1usize, 0usize);
         if is_x {
-            copy_async_checked(&x[src..src + len], &mut x_sh[dst..dst + 1], vector);
+            copy_async_checked(&io.x[src..src + len], &mut x_sh[dst..dst + 1], vector);
         } else if idx < total {
-            copy_async_checked(&values[src..src + len], &mut w_sh[dst..dst + 1], vector);
+            copy_async_checked(&io.values[src..src + len], &mut w_sh[dst..dst + 1], vector);
         }
     }
-    load_cols(col, cols, first + comptime![bp.stage_blocks()], end, bp);
+    load_cols(&io.col, cols, first + comptime![bp.stage_blocks()], end, bp);
 }
 
 #[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-fn bsr_linear_cmma_kernel<F: Float, N: Size>(
-    x: &[Vector<F, N>],
-    values: &[Vector<F, N>],
-    col: &[i32],
-    items: &[i32],
-    bias: &[F],
-    y: &mut [F],
-    partial: &mut [f32],
-    m: usize,
-    k_vectors: usize,
-    n_out: usize,
+pub(super) fn bsr_linear_cmma_kernel<F: Float, N: Size>(
+    mut io: BsrArgs<Vector<F, N>, F>,
     #[comptime] bp: Blueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    let item = CUBE_POS_X as usize;
     let m0 = CUBE_POS_Y as usize * comptime![bp.tile_m];
-    let brow = items[item * 4] as usize;
-    let start = items[item * 4 + 1] as usize;
-    let end = items[item * 4 + 2] as usize;
-    let slot = items[item * 4 + 3];
+    let (brow, start, end, slot) = work_item(&io.items);
 
     let x_len = comptime![bp.buffers() * bp.x_stage()];
     let w_len = comptime![bp.buffers() * bp.w_stage()];
@@ -196,25 +181,12 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
         for _ in 0..depth {
             bars.push(Barrier::shared(CUBE_DIM, UNIT_POS == 0));
         }
-        load_cols(col, &mut cols, start, end, bp);
+        load_cols(&io.col, &mut cols, start, end, bp);
         #[unroll]
         for s in 0..depth - 1 {
             if s < stages {
-                issue_stage(
-                    x,
-                    values,
-                    col,
-                    &mut cols,
-                    &mut x_sh,
-                    &mut w_sh,
-                    s,
-                    start + s * sb,
-                    end,
-                    m0,
-                    m,
-                    k_vectors,
-                    bp,
-                );
+                let first = start + s * sb;
+                issue_stage(&io, &mut cols, &mut x_sh, &mut w_sh, s, first, end, m0, bp);
             }
             bars.index(s).commit_copy_async();
         }
@@ -227,20 +199,9 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
                     let next = comptime![(s + depth - 1) % depth];
                     let nt = t + depth - 1;
                     if nt < stages {
+                        let first = start + nt * sb;
                         issue_stage(
-                            x,
-                            values,
-                            col,
-                            &mut cols,
-                            &mut x_sh,
-                            &mut w_sh,
-                            next,
-                            start + nt * sb,
-                            end,
-                            m0,
-                            m,
-                            k_vectors,
-                            bp,
+                            &io, &mut cols, &mut x_sh, &mut w_sh, next, first, end, m0, bp,
                         );
                     }
                     bars.index(next).commit_copy_async();
@@ -261,90 +222,57 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
             }
         }
     } else if stages > 0 {
-        // Register staging: the next stage waits in registers while this one is multiplied.
+        // Register staging: the next stage waits in registers while this one is multiplied, and
+        // is stored into the other shared buffer afterwards (one barrier per stage); with one
+        // buffer (small shared memories) it is stored once every warp is done with the current
+        // one (two). The columns of stage 0, its data, then the columns of stage 1: from here on
+        // the column indices of a stage are read one stage before its data.
         let mut regs = Array::<Vector<F, N>>::new(comptime![bp.loads_per_unit()]);
-        // Columns of stage 0, its data, then the columns of stage 1: from here on the column
-        // indices of a stage are read one stage before its data.
-        load_cols(col, &mut cols, start, end, bp);
-        load_stage(
-            x, values, &cols, &mut regs, start, end, m0, m, k_vectors, bp,
-        );
-        load_cols(col, &mut cols, start + sb, end, bp);
+        load_cols(&io.col, &mut cols, start, end, bp);
+        load_stage(&io, &cols, &mut regs, start, end, m0, bp);
+        load_cols(&io.col, &mut cols, start + sb, end, bp);
         if comptime![bp.double_buffer] {
             store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
             sync_cube();
-            for s in 0..stages {
-                let first = start + s * sb;
-                if s + 1 < stages {
-                    load_stage(
-                        x,
-                        values,
-                        &cols,
-                        &mut regs,
-                        first + sb,
-                        end,
-                        m0,
-                        m,
-                        k_vectors,
-                        bp,
-                    );
-                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
-                }
-                mma_stage(
-                    &x_sh,
-                    &w_sh,
-                    &mut accs,
-                    &mut a_frags,
-                    &mut b_frag,
-                    s % 2,
-                    first,
-                    end,
-                    group,
-                    row0,
-                    bp,
-                );
-                if s + 1 < stages {
-                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
-                }
-                sync_cube();
+        }
+        for s in 0..stages {
+            let first = start + s * sb;
+            let mut buf = 0usize;
+            if comptime![bp.double_buffer] {
+                buf = s % 2;
             }
-        } else {
-            for s in 0..stages {
-                let first = start + s * sb;
+            if comptime![!bp.double_buffer] {
                 if s > 0 {
                     sync_cube();
                 }
                 store_stage(&regs, &mut x_sh, &mut w_sh, 0, bp);
                 sync_cube();
-                if s + 1 < stages {
-                    load_stage(
-                        x,
-                        values,
-                        &cols,
-                        &mut regs,
-                        first + sb,
-                        end,
-                        m0,
-                        m,
-                        k_vectors,
-                        bp,
-                    );
-                    load_cols(col, &mut cols, first + 2 * sb, end, bp);
-                }
-                mma_stage(
-                    &x_sh,
-                    &w_sh,
-                    &mut accs,
-                    &mut a_frags,
-                    &mut b_frag,
-                    0,
-                    first,
-                    end,
-                    group,
-                    row0,
-                    bp,
-                );
             }
+            if s + 1 < stages {
+                load_stage(&io, &cols, &mut regs, first + sb, end, m0, bp);
+                load_cols(&io.col, &mut cols, first + 2 * sb, end, bp);
+            }
+            mma_stage(
+                &x_sh,
+                &w_sh,
+                &mut accs,
+                &mut a_frags,
+                &mut b_frag,
+                buf,
+                first,
+                end,
+                group,
+                row0,
+                bp,
+            );
+            if comptime![bp.double_buffer] {
+                if s + 1 < stages {
+                    store_stage(&regs, &mut x_sh, &mut w_sh, (s + 1) % 2, bp);
+                }
+                sync_cube();
+            }
+        }
+        if comptime![!bp.double_buffer] {
             sync_cube();
         }
     }
@@ -364,46 +292,5 @@ fn bsr_linear_cmma_kernel<F: Float, N: Size>(
         }
     }
     sync_cube();
-    write_tile(&out_sh, bias, y, partial, brow, slot, m0, m, n_out, bp);
-}
-
-/// Launches [`bsr_linear_cmma_kernel`] with the validated arguments of
-/// [`crate::bsr_linear_into`].
-///
-/// # Safety
-/// The caller validated shapes, dtypes and the blueprint against the matrix.
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn launch<R: Runtime>(
-    client: &ComputeClient<R>,
-    count: CubeCount,
-    bp: &Blueprint,
-    x: &DeviceTensor<R>,
-    w: &Bsr<R>,
-    bias: &DeviceTensor<R>,
-    out: &DeviceTensor<R>,
-    partial: &DeviceTensor<R>,
-    m: usize,
-    k_vectors: usize,
-    n: usize,
-) {
-    unsafe {
-        bsr_linear_cmma_kernel::launch_unchecked::<R>(
-            client,
-            count,
-            CubeDim::new_1d(bp.units as u32),
-            bp.vector,
-            x.as_buffer_arg(),
-            w.values().as_buffer_arg(),
-            w.col_indices().as_buffer_arg(),
-            w.plan.items.as_buffer_arg(),
-            bias.as_buffer_arg(),
-            out.as_buffer_arg(),
-            partial.as_buffer_arg(),
-            m,
-            k_vectors,
-            n,
-            *bp,
-            x.dtype().elem_type(),
-        );
-    }
+    write_tile(&out_sh, &mut io, brow, slot, m0, bp);
 }

@@ -1,0 +1,159 @@
+//! The 8-bit GEMM shared by W8A8 (int8 × int8 → i32) and FP8 (e4m3 × e4m3 → f32):
+//! `out[m, n] = acc[m, n] · sa[m] · sb[n] (+ bias[n])` with `acc = Σ_k A[m, k] · B[n, k]`,
+//! both operands padded 8-bit matrices with K contiguous ("NT", see [`crate::layout`]).
+//!
+//! Three kernels:
+//! - **Tensor cores (CUDA, sm_80+ for int8, sm_89+ for e4m3)**, the default there: warp-level
+//!   `mma.sync.m16n8k32` (`.s32.s8.s8.s32` / `.f32.e4m3.e4m3.f32`). CubeCL 0.11.0-pre.3 reports
+//!   these shapes in `features.matmul.mma` and accepts i8 in `cmma` (wmma) too, but its manual-MMA
+//!   lowering tags every fp8 MMA `.kind::f8f6f4`, a qualifier that only exists on sm_120a; so the
+//!   instruction is issued with `gpu_asm!` in the sm_89 form, and int8 goes the same way for
+//!   symmetry. Operands stay 32-bit words end to end (4 codes per register, the PTX fragment
+//!   layout), so no 8-bit CubeCL type is ever materialised.
+//!   - M > 16: block tile 128x128x32 bytes, 4 warps of 64x64, double-buffered shared memory
+//!     filled with 16-byte loads, conflict-free fragment reads (row stride of 12 words).
+//!   - M <= 16 (decode): m16n8 output tiles, K split over up to 8 warps per tile where the
+//!     tiles are few, operands loaded straight from global memory into fragments (no
+//!     shared-memory staging), the K slices summed at the end.
+//! - **Portable (every runtime, wgpu included)**: a shared-memory tiled SIMT kernel over 32-bit
+//!   words (64x64 tile, 4x4 outputs per unit), decoding bytes with integer ops; i32 accumulation
+//!   for int8 (exact), f32 for fp8 (every e4m3 product is exact in f32).
+//!
+//! Bytes of a row past K are masked in the loaders, so the padding's content never matters.
+//!
+//! Files: `epilogue.rs` (the launch argument every kernel shares, `Gemm8Out`, and the
+//! dequantizing epilogue that writes it), `words.rs` (masked loads of 8-bit codes as 32-bit
+//! words), `mma.rs` (the inline-PTX MMA), one file per kernel with its launch (`portable.rs`,
+//! `tiled.rs`, `skinny.rs`), and here the validated operands and the dispatch.
+
+mod epilogue;
+mod mma;
+mod portable;
+mod skinny;
+mod tiled;
+mod words;
+
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind, IntKind};
+use cubecl::prelude::*;
+use ops::{caps, DType, DeviceTensor};
+
+use epilogue::{EpiloguePlan, Gemm8OutLaunch};
+use skinny::SKINNY_MAX_M;
+
+/// Which kernel runs the 8-bit GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KernelChoice {
+    /// The tensor-core kernels where the runtime has the instruction (see [`has_mma8`]): the
+    /// split-K skinny kernel for M <= 16, the 128x128 tile kernel above; the portable kernel
+    /// elsewhere (wgpu, older GPUs).
+    #[default]
+    Auto,
+    /// The portable SIMT kernel on every runtime (CUDA included).
+    Portable,
+}
+
+/// Validated operands of one 8-bit GEMM.
+pub(crate) struct Gemm8<'a, R: Runtime> {
+    pub a: &'a DeviceTensor<R>,
+    pub a_pitch: usize,
+    pub b: &'a DeviceTensor<R>,
+    pub b_pitch: usize,
+    pub sa: &'a DeviceTensor<R>,
+    pub sa_scalar: bool,
+    pub sb: &'a DeviceTensor<R>,
+    pub sb_scalar: bool,
+    pub bias: Option<&'a DeviceTensor<R>>,
+    /// `[M, N]` of the output dtype, added in the epilogue; never aliases `out`.
+    pub residual: Option<&'a DeviceTensor<R>>,
+    /// `[M, N]` contiguous, float.
+    pub out: &'a DeviceTensor<R>,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub fp8: bool,
+}
+
+/// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
+pub fn has_mma8<R: Runtime>(client: &ComputeClient<R>, fp8: bool) -> bool {
+    let t = if fp8 {
+        ElemType::Float(FloatKind::E4M3)
+    } else {
+        ElemType::Int(IntKind::I8)
+    };
+    let cd = if fp8 {
+        ElemType::Float(FloatKind::F32)
+    } else {
+        ElemType::Int(IntKind::I32)
+    };
+    let hw = &client.properties().hardware;
+    caps::runtime_name(client).contains("cuda")
+        && hw.plane_size_min == 32
+        && hw.plane_size_max == 32
+        && client.features().matmul.mma.contains(&MmaConfig {
+            a_type: t,
+            b_type: t,
+            cd_type: cd,
+            m: 16,
+            n: 8,
+            k: 32,
+        })
+}
+
+impl<R: Runtime> Gemm8<'_, R> {
+    /// A padded byte matrix as 16-byte vectors (every row pitch is a multiple of 16).
+    fn vec_arg(&self, t: &DeviceTensor<R>) -> BufferArg<R> {
+        unsafe {
+            BufferArg::from_raw_parts(t.handle().clone(), t.handle().size_in_used() as usize / 4)
+        }
+    }
+
+    fn epilogue_plan(&self) -> EpiloguePlan {
+        EpiloguePlan {
+            fp8: self.fp8,
+            sa_scalar: self.sa_scalar,
+            sb_scalar: self.sb_scalar,
+            has_bias: self.bias.is_some(),
+            has_residual: self.residual.is_some(),
+        }
+    }
+
+    /// The output and accumulator dtypes.
+    fn dtypes(&self) -> [ElemType; 2] {
+        let acc = if self.fp8 { DType::F32 } else { DType::I32 };
+        [self.out.dtype().elem_type(), acc.elem_type()]
+    }
+
+    /// The kernels' [`epilogue::Gemm8Out`] argument. Without a bias or a residual the kernel never reads
+    /// it, but something must be bound: an input (the row scales), never the output, which
+    /// WebGPU forbids to alias another binding.
+    fn out_arg<F: Float>(&self) -> Gemm8OutLaunch<F, R> {
+        let bias = self.bias.unwrap_or(self.sa);
+        let residual = self.residual.unwrap_or(self.sa);
+        // SAFETY: the operands were validated against M, N and K, which the kernels stay within.
+        unsafe {
+            Gemm8OutLaunch::new(
+                self.sa.as_buffer_arg(),
+                self.sb.as_buffer_arg(),
+                bias.as_buffer_arg(),
+                residual.as_buffer_arg(),
+                self.out.as_buffer_arg(),
+                self.m,
+                self.n,
+                self.k,
+            )
+        }
+    }
+
+    /// Launches on validated operands.
+    pub(crate) fn launch(&self, client: &ComputeClient<R>, choice: KernelChoice) {
+        let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
+        if tc && self.m <= SKINNY_MAX_M {
+            self.launch_skinny(client, None);
+        } else if tc {
+            self.launch_tiled(client);
+        } else {
+            self.launch_portable(client);
+        }
+    }
+}
