@@ -168,6 +168,14 @@ impl DecoderBlock {
     }
 }
 
+/// The RMSNorm of a pre-norm block's input, for the projection that consumes it.
+fn input_norm<R: Runtime>(w: &Weight<R>, eps: f32) -> InputNorm<'_, R> {
+    InputNorm {
+        weight: &w.tensor,
+        eps,
+    }
+}
+
 /// What the loader hands a layer under construction: its uploads, by role.
 pub trait LayerParts<R: Runtime> {
     /// The dense upload of `role` (norm weights), `None` when the block has none.
@@ -247,14 +255,10 @@ impl<R: Runtime> DecoderLayer<R> {
     /// so a decode step made of these calls can be captured as a CUDA graph.
     pub fn forward(&self, s: &StepContext<'_, R>, cache: &LayerCache<R>) -> Result<()> {
         let (c, a) = (s.client, s.act);
-        let norm = |w: &'_ Weight<R>| InputNorm {
-            weight: &w.tensor,
-            eps: s.eps,
-        };
         self.qkv_proj.forward_normed_into(
             c,
             &a.hidden,
-            norm(&self.input_layernorm),
+            input_norm(&self.input_layernorm, s.eps),
             &a.normed,
             &a.qkv,
             s.scratch,
@@ -296,7 +300,7 @@ impl<R: Runtime> DecoderLayer<R> {
         self.gate_up_proj.gated_mlp_normed_into(
             c,
             &a.hidden2,
-            norm(&self.post_attention_layernorm),
+            input_norm(&self.post_attention_layernorm, s.eps),
             &a.normed,
             &a.gate,
             s.scratch,
