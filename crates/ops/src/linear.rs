@@ -179,10 +179,17 @@ impl<R: Runtime> LinearWorkspace<R> {
 
 /// A linear layer in some weight format.
 pub trait Linear<R: Runtime>: Send + Sync {
+    /// The logical weight's `[N, K]`: its rows (`2I` for the weight of a gated layer) and the
+    /// features of x, whatever the stored layout.
+    fn shape(&self) -> [usize; 2];
     /// Features of x (`K`).
-    fn in_features(&self) -> usize;
+    fn in_features(&self) -> usize {
+        self.shape()[1]
+    }
     /// Rows of `W` (`N`; `2I` for the weight of a gated layer).
-    fn out_rows(&self) -> usize;
+    fn out_rows(&self) -> usize {
+        self.shape()[0]
+    }
     /// `x[.., K] · Wᵀ` followed by `epilogue`, into the contiguous `out[.., epilogue.out_width(N)]`
     /// of x's dtype. With a workspace large enough for the call nothing is allocated; without
     /// one, intermediates are allocated per call.
@@ -363,12 +370,8 @@ impl<R: Runtime> DenseLinear<R> {
 }
 
 impl<R: Runtime> Linear<R> for DenseLinear<R> {
-    fn in_features(&self) -> usize {
-        self.weight.shape()[1]
-    }
-
-    fn out_rows(&self) -> usize {
-        self.weight.shape()[0]
+    fn shape(&self) -> [usize; 2] {
+        [self.weight.shape()[0], self.weight.shape()[1]]
     }
 
     fn forward_into(

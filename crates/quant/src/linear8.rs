@@ -381,12 +381,8 @@ macro_rules! linear8_layer {
         }
 
         impl<R: Runtime> Linear<R> for $name<R> {
-            fn in_features(&self) -> usize {
-                self.inner.q.shape()[1]
-            }
-
-            fn out_rows(&self) -> usize {
-                self.inner.q.shape()[0]
+            fn shape(&self) -> [usize; 2] {
+                [self.inner.q.shape()[0], self.inner.q.shape()[1]]
             }
 
             fn forward_into(

@@ -753,12 +753,8 @@ impl<R: Runtime> W4A16Linear<R> {
 }
 
 impl<R: Runtime> Linear<R> for W4A16Linear<R> {
-    fn in_features(&self) -> usize {
-        self.in_features
-    }
-
-    fn out_rows(&self) -> usize {
-        self.out_features
+    fn shape(&self) -> [usize; 2] {
+        [self.out_features, self.in_features]
     }
 
     fn forward_into(

@@ -51,12 +51,8 @@ impl<R: Runtime> SparseLinear<R> {
 }
 
 impl<R: Runtime> Linear<R> for SparseLinear<R> {
-    fn in_features(&self) -> usize {
-        self.weight.shape()[1]
-    }
-
-    fn out_rows(&self) -> usize {
-        self.weight.shape()[0]
+    fn shape(&self) -> [usize; 2] {
+        self.weight.shape()
     }
 
     fn forward_into(
