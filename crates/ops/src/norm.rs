@@ -10,8 +10,9 @@ use crate::launch::{check_same_dtype, row_launch, validate_rows};
 use crate::reduce::{cube_sum, ReducePlan};
 use crate::{DeviceTensor, OpsError, Result};
 
+/// `Σ v²` of one vector, in f32.
 #[cube]
-pub(crate) fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
+pub fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
     let mut s = 0f32;
     #[unroll]
     for i in 0..v.vector_size() {
@@ -23,13 +24,37 @@ pub(crate) fn sum_squares<F: Float, N: Size>(v: Vector<F, N>) -> f32 {
 
 /// `F(x * inv) * w`, rounding to the activation dtype before the weight as Hugging Face does.
 #[cube]
-pub(crate) fn scale_by_weight<F: Float, N: Size>(
+pub fn scale_by_weight<F: Float, N: Size>(
     v: Vector<F, N>,
     w: Vector<F, N>,
     inv: f32,
 ) -> Vector<F, N> {
     let normed = Vector::<F, N>::cast_from(Vector::<f32, N>::cast_from(v) * Vector::new(inv));
     normed * w
+}
+
+/// `rsqrt(mean(x[m]²) + eps)` of rows `0..m_rows` of `x` (rows of `k_vectors` vectors; `inv_k`
+/// = 1 / K), reduced over the whole cube with `plan` (every unit must call it). The statistics of
+/// an RMSNorm that a consuming kernel applies on the fly with [`scale_by_weight`].
+#[cube]
+pub fn row_inv_rms<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    k_vectors: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] m_rows: usize,
+    #[comptime] plan: ReducePlan,
+) -> Array<f32> {
+    let mut inv = Array::<f32>::new(m_rows);
+    #[unroll]
+    for m in 0..m_rows {
+        let mut s = 0f32;
+        for i in range_stepped(UNIT_POS as usize, k_vectors, plan.cube_dim as usize) {
+            s += sum_squares(x[m * k_vectors + i]);
+        }
+        inv[m] = f32::inverse_sqrt(cube_sum(s, plan) * inv_k + eps);
+    }
+    inv
 }
 
 /// What both kernels take at run time: the rows, their length in vectors, 1 / their length in
@@ -107,7 +132,8 @@ fn rms_norm_residual_kernel<F: Float, N: Size>(
     write_normalized(&*sum_out, weight, out, base, acc, &norm, plan);
 }
 
-pub(crate) fn check_eps(op: &'static str, eps: f32) -> Result<()> {
+/// Errors unless `eps` is finite and `>= 0`.
+pub fn check_eps(op: &'static str, eps: f32) -> Result<()> {
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(OpsError::invalid(
             op,
@@ -117,7 +143,8 @@ pub(crate) fn check_eps(op: &'static str, eps: f32) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn check_weight<R: Runtime>(
+/// Errors unless `w` is a contiguous `[K]` of x's dtype (`K` = x's last dimension).
+pub fn check_weight<R: Runtime>(
     op: &'static str,
     x: &DeviceTensor<R>,
     w: &DeviceTensor<R>,

@@ -19,6 +19,7 @@ pub mod reference;
 pub mod rowquant;
 pub mod transpose;
 pub mod w4a16;
+mod w4a16_layer;
 mod w4a16_nk;
 
 pub use format::QuantFormat;
@@ -26,4 +27,5 @@ pub use fp8::fp8_gemm;
 pub use gemm8::KernelChoice;
 pub use linear8::{gemm8_into, w8a8_linear, w8a8_linear_into, ActScratch, Fp8Linear, W8A8Linear};
 pub use rowquant::{quantize_per_row, quantize_per_row_into};
-pub use w4a16::{w4a16_linear, w4a16_linear_into, W4A16Linear, W4a16Kernel};
+pub use w4a16::{w4a16_linear, w4a16_linear_into, W4a16Kernel};
+pub use w4a16_layer::W4A16Linear;

@@ -14,6 +14,9 @@
 
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::matmul::InputNorm;
+use ops::norm::{row_inv_rms, scale_by_weight};
+use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
 use crate::codec::{nibble_f32, nibbles_offset};
@@ -62,6 +65,9 @@ struct NkPlan {
     /// Bias, residual and the gated activation (`act(x·Gᵀ) * (x·Uᵀ)`, the up rows `up_offset`
     /// rows below the gate rows), applied as the dense kernels apply them.
     epilogue: EpilogueBlueprint,
+    /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube, applied to
+    /// each x load as `ops::norm::rms_norm` rounds it).
+    norm: Option<ReducePlan>,
 }
 
 /// Adds `x[m, 8 kw ..] · q · s` over the `NW` words of weight vector `v` of row `row` to
@@ -78,6 +84,8 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
     k: usize,
     words_per_group: usize,
     groups: usize,
+    norm_w: &[Vector<F, NX>],
+    inv_rms: &Array<f32>,
     acc: &mut Array<f32>,
     #[comptime] plan: NkPlan,
 ) {
@@ -104,7 +112,10 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
             let mut d = 0f32;
             #[unroll]
             for xi in 0..x_loads {
-                let xv = x[base + xi];
+                let mut xv = x[base + xi];
+                if comptime![plan.norm.is_some()] {
+                    xv = scale_by_weight(xv, norm_w[kw * 8 / nx + xi], inv_rms[m]);
+                }
                 #[unroll]
                 for l in 0..nx {
                     d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
@@ -129,12 +140,15 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     bias: &[F],
     residual: &[F],
     out: &mut [F],
+    norm_w: &[Vector<F, NX>],
     n: usize,
     k: usize,
     w_vectors: usize,
     words_per_group: usize,
     groups: usize,
     up_offset: usize,
+    inv_k: f32,
+    eps: f32,
     #[comptime] plan: NkPlan,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -179,6 +193,13 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
             }
         }
     }
+    // The norm's statistics while the first weights are on their way.
+    let mut inv_rms = Array::<f32>::new(m_rows);
+    if comptime![plan.norm.is_some()] {
+        let nx = x[0].vector_size();
+        inv_rms =
+            row_inv_rms::<F, NX>(x, k / nx, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
+    }
     for vb in range_stepped(0, w_vectors, stride) {
         let mut nwv = Array::<Vector<i32, NW>>::new(unroll);
         let mut nuv = Array::<Vector<i32, NW>>::new(unroll);
@@ -212,6 +233,8 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
                     k,
                     words_per_group,
                     groups,
+                    norm_w,
+                    &inv_rms,
                     &mut acc,
                     plan,
                 );
@@ -226,6 +249,8 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
                         k,
                         words_per_group,
                         groups,
+                        norm_w,
+                        &inv_rms,
                         &mut acc_up,
                         plan,
                     );
@@ -271,6 +296,8 @@ pub(crate) struct NkEpilogue<'a, R: Runtime> {
     pub bias: Option<&'a DeviceTensor<R>>,
     pub residual: Option<&'a DeviceTensor<R>>,
     pub gate: Option<ops::matmul::Activation>,
+    /// An RMSNorm of x (weight `[K]` of x's dtype) applied before the product.
+    pub norm: Option<InputNorm<'a, R>>,
 }
 
 /// The GEMV on validated operands: `x[M <= 16, K]` contiguous float, `qweight_nk[N, K/8]`
@@ -330,6 +357,11 @@ pub(crate) fn gemv_nk<R: Runtime>(
             has_residual: epilogue.residual.is_some(),
             gate: epilogue.gate,
         },
+        norm: epilogue.norm.map(|_| ReducePlan::new(client, CUBE_UNITS)),
+    };
+    let (norm_w, eps) = match epilogue.norm {
+        Some(n) => (n.weight, n.eps),
+        None => (x, 0.0),
     };
     debug_assert!(matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32));
     let cubes = n.div_ceil(plan.cols as usize) as u32;
@@ -348,12 +380,15 @@ pub(crate) fn gemv_nk<R: Runtime>(
             epilogue.bias.unwrap_or(x).as_buffer_arg(),
             epilogue.residual.unwrap_or(x).as_buffer_arg(),
             out.as_buffer_arg(),
+            norm_w.as_buffer_arg(),
             n,
             k,
             w_vectors,
             words_per_group,
             k / group,
             up_offset,
+            1.0 / k as f32,
+            eps,
             plan,
             x.dtype().elem_type(),
         );

@@ -23,8 +23,8 @@ use cubecl::prelude::*;
 use super::Problem;
 use crate::caps;
 use crate::gemm::{write_epilogue, EpilogueBlueprint};
-use crate::norm::{scale_by_weight, sum_squares};
-use crate::reduce::{cube_sum, ReducePlan};
+use crate::norm::{row_inv_rms, scale_by_weight};
+use crate::reduce::ReducePlan;
 
 /// Most weight loads a lane keeps in flight (per weight: the gated form reads two).
 const MAX_UNROLL: u32 = 8;
@@ -58,29 +58,6 @@ fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
         s += p.extract(i);
     }
     s
-}
-
-/// `rsqrt(mean(x[m]²) + eps)` of each row of x, reduced over the whole cube (every unit must
-/// call it).
-#[cube]
-fn row_inv_rms<F: Float, N: Size>(
-    x: &[Vector<F, N>],
-    k_vectors: usize,
-    inv_k: f32,
-    eps: f32,
-    #[comptime] m_rows: usize,
-    #[comptime] plan: ReducePlan,
-) -> Array<f32> {
-    let mut inv = Array::<f32>::new(m_rows);
-    #[unroll]
-    for m in 0..m_rows {
-        let mut s = 0f32;
-        for i in range_stepped(UNIT_POS as usize, k_vectors, plan.cube_dim as usize) {
-            s += sum_squares(x[m * k_vectors + i]);
-        }
-        inv[m] = f32::inverse_sqrt(cube_sum(s, plan) * inv_k + eps);
-    }
-    inv
 }
 
 #[cube(launch_unchecked)]

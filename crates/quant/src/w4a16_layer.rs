@@ -1,0 +1,267 @@
+//! [`W4A16Linear`]: the int4 layer. Its weight is stored column-major (`crate::w4a16_nk`), the
+//! layout of its decode GEMV, which fuses the input norm and the whole epilogue; prefill
+//! dequantizes the weight and runs the dense tensor-core GEMM.
+
+use cubecl::prelude::*;
+use ops::launch::check_same_dtype;
+use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
+use ops::matmul::InputNorm;
+use ops::{caps, DType, DeviceTensor, OpsError, Result};
+
+use crate::layout::{check_output, output_shape};
+use crate::w4a16::GEMV_MAX_M;
+
+/// `y = x · Wᵀ` with `W[out_features, in_features]` quantized to int4 (per output channel, or
+/// per group of `group_size` input features) when the layer is built; the bias, residual and
+/// gated activation come with the [`Epilogue`], and an input RMSNorm with
+/// [`Linear::forward_normed_into`]: up to 16 rows the int4 GEMV applies them all, above they run
+/// around the dense GEMM.
+///
+/// The float weight is quantized once in [`W4A16Linear::from_dense`] and not kept, and the layer
+/// exposes no way to change its weight: it cannot go stale. A new float weight means a new layer.
+pub struct W4A16Linear<R: Runtime> {
+    qweight: DeviceTensor<R>,
+    scales: DeviceTensor<R>,
+    group_size: Option<usize>,
+    in_features: usize,
+    out_features: usize,
+    act_dtype: DType,
+}
+
+impl<R: Runtime> Clone for W4A16Linear<R> {
+    fn clone(&self) -> Self {
+        Self {
+            qweight: self.qweight.clone(),
+            scales: self.scales.clone(),
+            group_size: self.group_size,
+            in_features: self.in_features,
+            out_features: self.out_features,
+            act_dtype: self.act_dtype,
+        }
+    }
+}
+
+impl<R: Runtime> W4A16Linear<R> {
+    /// Quantizes a host float weight `[out_features, in_features]` (row-major f32, PyTorch's
+    /// layout) with [`crate::host::quantize_weight_int4`]; `act_dtype` is the float dtype of x
+    /// and y. `in_features` must be a multiple of 8 and of `group_size` (64 or 128 are usual;
+    /// `None` = one scale per output channel).
+    pub fn from_dense(
+        client: &ComputeClient<R>,
+        weight: &[f32],
+        shape: [usize; 2],
+        act_dtype: DType,
+        group_size: Option<usize>,
+    ) -> Result<Self> {
+        const OP: &str = "W4A16Linear::from_dense";
+        caps::check_float_dtype(client, OP, act_dtype)?;
+        let [out_features, in_features] = shape;
+        if weight.len() != out_features * in_features {
+            return Err(OpsError::shape(
+                OP,
+                format!("{} values for a weight of shape {shape:?}", weight.len()),
+            ));
+        }
+        let q = crate::host::quantize_weight_int4(weight, out_features, in_features, group_size)?;
+        // Stored column-major (see `crate::w4a16_nk`): the decode GEMV's layout.
+        let (packed, scales) = crate::w4a16_nk::transpose_to_nk(&q);
+        let groups = scales.len() / out_features;
+        let qweight = DeviceTensor::from_slice(client, &packed, &[out_features, in_features / 8])?;
+        let scales = DeviceTensor::from_slice(client, &scales, &[out_features, groups])?;
+        Ok(Self {
+            qweight,
+            scales,
+            group_size,
+            in_features,
+            out_features,
+            act_dtype,
+        })
+    }
+
+    /// The group size along K (`None`: per output channel).
+    pub fn group_size(&self) -> Option<usize> {
+        self.group_size
+    }
+
+    /// The float dtype of x and y.
+    pub fn act_dtype(&self) -> DType {
+        self.act_dtype
+    }
+
+    /// `x · Wᵀ + bias` into `out` for more than 16 rows (prefill): the weight is dequantized
+    /// into a temporary `[out, in]` matrix of the activation dtype and the dense GEMM (tensor
+    /// cores on CUDA) runs on it, so prefill needs that much transient memory for the largest
+    /// layer. (Up to 16 rows the int4 GEMV runs with the whole epilogue: [`Self::gemv_into`].)
+    fn product_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        bias: Option<&DeviceTensor<R>>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        const OP: &str = "W4A16Linear::forward";
+        check_same_dtype(OP, x, out)?;
+        check_output(client, OP, out, &output_shape(x, self.out_features), bias)?;
+        let (n, k) = (self.out_features, self.in_features);
+        let group = self.group_size.unwrap_or(k);
+        // On an H100, 4096^3 took 7 ms in the SIMT tiled kernel the free function uses.
+        let w = crate::w4a16_nk::dequantize_nk(
+            client,
+            &self.qweight,
+            &self.scales,
+            group,
+            [n, k],
+            x.dtype(),
+        );
+        ops::matmul::linear_into(client, x, &w, bias, None, out)
+    }
+
+    /// The decode GEMV (M <= 16) with `epilogue` fused in; allocates nothing (safe inside CUDA
+    /// graph capture).
+    fn gemv_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: Option<InputNorm<'_, R>>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        const OP: &str = "W4A16Linear::forward";
+        if let Some(nm) = norm {
+            ops::norm::check_eps(OP, nm.eps)?;
+            ops::norm::check_weight(OP, x, nm.weight)?;
+        }
+        let (m, k) = (x.rows(), self.in_features);
+        let n = epilogue.out_width(self.out_features);
+        if epilogue.activation.is_some()
+            && (self.out_features % 2 != 0
+                || epilogue.bias.is_some()
+                || epilogue.residual.is_some())
+        {
+            return Err(OpsError::invalid(
+                OP,
+                "a gated epilogue needs an even row count and takes no bias or residual",
+            ));
+        }
+        check_same_dtype(OP, x, out)?;
+        check_output(client, OP, out, &output_shape(x, n), epilogue.bias)?;
+        if let Some(r) = epilogue.residual {
+            check_same_dtype(OP, x, r)?;
+            if r.shape() != out.shape() || !r.is_contiguous() {
+                return Err(OpsError::shape(
+                    OP,
+                    format!("residual {:?}, expected {:?}", r.shape(), out.shape()),
+                ));
+            }
+        }
+        let nk_epilogue = crate::w4a16_nk::NkEpilogue {
+            bias: epilogue.bias,
+            residual: epilogue.residual,
+            gate: epilogue.activation,
+            norm,
+        };
+        let group = self.group_size.unwrap_or(k);
+        crate::w4a16_nk::gemv_nk(
+            client,
+            x,
+            &self.qweight,
+            &self.scales,
+            group,
+            nk_epilogue,
+            out,
+            m,
+            k,
+            n,
+        )
+    }
+
+    fn check_x(&self, x: &DeviceTensor<R>) -> Result<()> {
+        if x.dtype() != self.act_dtype {
+            return Err(OpsError::UnsupportedDType {
+                op: "W4A16Linear::forward",
+                dtype: x.dtype(),
+                runtime: "any",
+                detail: format!("the layer was built for {} activations", self.act_dtype),
+            });
+        }
+        if x.rank() == 0 || x.numel() == 0 || !x.is_contiguous() {
+            return Err(OpsError::shape(
+                "W4A16Linear::forward",
+                format!(
+                    "x must be a non-empty contiguous tensor, got {:?}",
+                    x.shape()
+                ),
+            ));
+        }
+        if x.last_dim() != self.in_features {
+            return Err(OpsError::shape(
+                "W4A16Linear::forward",
+                format!(
+                    "x {:?} does not end in in_features = {}",
+                    x.shape(),
+                    self.in_features
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl<R: Runtime> Linear<R> for W4A16Linear<R> {
+    fn shape(&self) -> [usize; 2] {
+        [self.out_features, self.in_features]
+    }
+
+    fn forward_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        self.check_x(x)?;
+        if x.rows() <= GEMV_MAX_M {
+            return self.gemv_into(client, x, None, epilogue, out);
+        }
+        unfused_epilogue(
+            client,
+            "W4A16Linear::forward",
+            epilogue,
+            out,
+            workspace,
+            |dst, bias| self.product_into(client, x, bias, dst),
+        )
+    }
+
+    /// Up to 16 rows the norm runs inside the GEMV (each cube reduces x's squares itself).
+    fn forward_normed_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        self.check_x(x)?;
+        if x.rows() <= GEMV_MAX_M {
+            return self.gemv_into(client, x, Some(norm), epilogue, out);
+        }
+        ops::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        self.forward_into(client, normed, epilogue, out, workspace)
+    }
+
+    /// Device bytes of the packed weight and the f32 scales.
+    fn weight_bytes(&self) -> usize {
+        4 * (self.qweight.numel() + self.scales.numel())
+    }
+
+    fn describe(&self) -> String {
+        match self.group_size {
+            Some(g) => format!("int4, group {g} (W4A16)"),
+            None => "int4, per channel (W4A16)".into(),
+        }
+    }
+}
