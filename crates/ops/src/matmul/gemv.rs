@@ -229,7 +229,7 @@ pub(super) fn launch<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) 
         [vector],
         [
             // Bound to x when there is no norm (never read then).
-            unsafe { norm_weight.as_buffer_arg() },
+            norm_weight.as_buffer_arg(),
             p.n,
             k_vectors,
             p.up_row_offset,
