@@ -13,6 +13,7 @@
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
 use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
+use ops::matmul::Activation;
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
@@ -80,6 +81,7 @@ pub fn gemm8_into<R: Runtime>(
         n,
         k,
         fp8: format == QuantFormat::Fp8E4M3,
+        gate: None,
     }
     .launch(client, choice);
     Ok(())
@@ -175,8 +177,9 @@ impl<R: Runtime> Weight8<R> {
         self.q.handle().size_in_used() as usize + self.scales.numel() * 4
     }
 
-    /// The product with bias and residual in the GEMM's epilogue; a gated epilogue writes the
-    /// product into the workspace and applies SwiGLU after ([`unfused_epilogue`]).
+    /// The product with bias and residual in the GEMM's epilogue; a gated epilogue runs in the
+    /// skinny kernel's epilogue at decode sizes on CUDA, else writes the product into the
+    /// workspace and applies SwiGLU after ([`unfused_epilogue`]).
     fn forward_into(
         &self,
         client: &ComputeClient<R>,
@@ -196,12 +199,33 @@ impl<R: Runtime> Weight8<R> {
             }
         };
         let (w, ws, choice) = (&self.q, &self.scales, self.choice);
+        let (bias, residual) = (epilogue.bias, epilogue.residual);
         if epilogue.activation.is_none() {
-            let (bias, residual) = (epilogue.bias, epilogue.residual);
-            return linear8_into(client, x, w, ws, bias, residual, (&q, &s), out, choice);
+            return linear8_into(
+                client,
+                x,
+                w,
+                ws,
+                bias,
+                residual,
+                (&q, &s),
+                out,
+                choice,
+                None,
+            );
+        }
+        let fp8 = self.format == QuantFormat::Fp8E4M3;
+        if choice == KernelChoice::Auto
+            && bias.is_none()
+            && residual.is_none()
+            && Gemm8::<R>::can_gate(client, fp8, rows)
+        {
+            // Decode: SiLU(gate) * up in the skinny kernel's epilogue.
+            let gate = epilogue.activation;
+            return linear8_into(client, x, w, ws, None, None, (&q, &s), out, choice, gate);
         }
         unfused_epilogue(client, OP, epilogue, out, workspace, |dst, bias| {
-            linear8_into(client, x, w, ws, bias, None, (&q, &s), dst, choice)
+            linear8_into(client, x, w, ws, bias, None, (&q, &s), dst, choice, None)
         })
     }
 }
@@ -219,6 +243,7 @@ fn linear8_into<R: Runtime>(
     (q, s): (&DeviceTensor<R>, &DeviceTensor<R>),
     out: &DeviceTensor<R>,
     choice: KernelChoice,
+    gate: Option<Activation>,
 ) -> Result<()> {
     const OP: &str = "quantized linear";
     let format = match qweight.dtype() {
@@ -254,7 +279,15 @@ fn linear8_into<R: Runtime>(
             format!("x {:?} for a weight {:?}", x.shape(), qweight.shape()),
         ));
     }
-    check_output(client, OP, out, &output_shape(x, n), bias)?;
+    // Gated, the weight holds the gate rows then the up rows and the output is half as wide.
+    let width = if gate.is_some() { n / 2 } else { n };
+    if gate.is_some() && (n % 2 != 0 || bias.is_some() || residual.is_some()) {
+        return Err(OpsError::invalid(
+            OP,
+            "a gated product needs an even row count and takes no bias or residual",
+        ));
+    }
+    check_output(client, OP, out, &output_shape(x, width), bias)?;
     let residual = match residual {
         Some(r) => {
             check_same_dtype(OP, out, r)?;
@@ -273,7 +306,7 @@ fn linear8_into<R: Runtime>(
         None => None,
     };
     let x2 = x.reshape(&[rows, k])?;
-    let out2 = out.reshape(&[rows, n])?;
+    let out2 = out.reshape(&[rows, width])?;
     let fp8 = format == QuantFormat::Fp8E4M3;
     let gemm = Gemm8 {
         a: q,
@@ -291,6 +324,7 @@ fn linear8_into<R: Runtime>(
         n,
         k,
         fp8,
+        gate,
     };
     if choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
@@ -347,6 +381,7 @@ pub fn w8a8_linear_into<R: Runtime>(
         (&q, &s),
         out,
         KernelChoice::default(),
+        None,
     )
 }
 

@@ -15,6 +15,9 @@ pub(crate) struct EpiloguePlan {
     pub sb_scalar: bool,
     pub has_bias: bool,
     pub has_residual: bool,
+    /// Gated MLP (skinny kernel only): the weight's `N` rows are `N/2` gate rows then the
+    /// matching up rows, and the `[M, N/2]` output is `act(gate) * up`.
+    pub gate: Option<ops::matmul::Activation>,
 }
 
 /// The buffers and sizes every kernel takes beside its operand codes: the activation scales `sa`
@@ -75,4 +78,36 @@ pub(crate) fn write_scaled<F: Float>(
         y += f32::cast_from(io.residual[at]);
     }
     io.out[at] = F::cast_from(y);
+}
+
+/// The gated form of [`write_scaled`]: output `(row, col)` of an `[M, N/2]` output from the gate
+/// accumulator (weight row `col`) and the up accumulator (row `col + N/2`), each already
+/// multiplied by its row's activation scale: both dequantized (`+ bias`) and rounded to `F`, as
+/// two separate linears would deliver them, then `act(gate) * up`.
+#[cube]
+pub(crate) fn write_gated<F: Float>(
+    io: &mut Gemm8Out<F>,
+    gate_a: f32,
+    up_a: f32,
+    row: usize,
+    col: usize,
+    #[comptime] plan: EpiloguePlan,
+) {
+    let half = io.n / 2;
+    let mut sg = io.sb[0];
+    let mut su = io.sb[0];
+    if !comptime![plan.sb_scalar] {
+        sg = io.sb[col];
+        su = io.sb[col + half];
+    }
+    let mut g = gate_a * sg;
+    let mut u = up_a * su;
+    if comptime![plan.has_bias] {
+        g += f32::cast_from(io.bias[col]);
+        u += f32::cast_from(io.bias[col + half]);
+    }
+    let g = f32::cast_from(F::cast_from(g));
+    let u = f32::cast_from(F::cast_from(u));
+    let gelu = comptime![plan.gate == Some(ops::matmul::Activation::Gelu)];
+    io.out[row * half + col] = F::cast_from(ops::gemm::activation(g, gelu) * u);
 }

@@ -72,6 +72,17 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     pub n: usize,
     pub k: usize,
     pub fp8: bool,
+    /// Gated MLP: `b`'s `N` rows are the gate rows then the up rows and `out` is
+    /// `[M, N/2]` (the skinny kernel only: see [`Gemm8::can_gate`]).
+    pub gate: Option<ops::matmul::Activation>,
+}
+
+impl<R: Runtime> Gemm8<'_, R> {
+    /// Whether a gated product (`act(x·Gᵀ) * (x·Uᵀ)` in the epilogue) runs in one launch: the
+    /// skinny tensor-core kernel (M <= 16 on a runtime with the 8-bit `mma`).
+    pub(crate) fn can_gate(client: &ComputeClient<R>, fp8: bool, rows: usize) -> bool {
+        has_mma8(client, fp8) && rows <= SKINNY_MAX_M
+    }
 }
 
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
@@ -115,6 +126,7 @@ impl<R: Runtime> Gemm8<'_, R> {
             sb_scalar: self.sb_scalar,
             has_bias: self.bias.is_some(),
             has_residual: self.residual.is_some(),
+            gate: self.gate,
         }
     }
 
@@ -147,6 +159,7 @@ impl<R: Runtime> Gemm8<'_, R> {
 
     /// Launches on validated operands.
     pub(crate) fn launch(&self, client: &ComputeClient<R>, choice: KernelChoice) {
+        debug_assert!(self.gate.is_none() || Self::can_gate(client, self.fp8, self.m));
         let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
         if tc && self.m <= SKINNY_MAX_M {
             self.launch_skinny(client, None);

@@ -5,7 +5,7 @@
 use cubecl::prelude::*;
 use ops::{caps, DeviceTensor};
 
-use super::epilogue::{write_output, write_scaled, EpiloguePlan, Gemm8Out};
+use super::epilogue::{write_gated, write_output, write_scaled, EpiloguePlan, Gemm8Out};
 use super::mma::mma_m16n8k32;
 use super::words::load_vec;
 use super::{has_mma8, Gemm8};
@@ -83,9 +83,20 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    let n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * 8;
-    let col_ok = n0 + gid < n;
-    let col = select(col_ok, n0 + gid, 0);
+    let gated = comptime![plan.epi.gate.is_some()];
+    // The weight row this lane's quad reads: plain, tile `t` of the cube covers rows
+    // `8 t ..`; gated, tiles pair up (gate rows `8 p ..`, then the matching up rows `N/2` below).
+    let mut n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * 8;
+    let mut limit = n;
+    let mut row_base = 0usize;
+    if gated {
+        let pairs = comptime![plan.tiles as usize / 2];
+        limit = n / 2;
+        n0 = (CUBE_POS * pairs + tile / 2) * 8;
+        row_base = (tile % 2) * limit;
+    }
+    let col_ok = n0 + gid < limit;
+    let col = select(col_ok, row_base + n0 + gid, 0);
     let lo_ok = gid < m;
     let hi_ok = gid + 8 < m;
 
@@ -179,23 +190,60 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
         red[(tid / 32) * 128 + r * 8 + 2 * tig + e % 2] = cv.extract(e);
     }
     sync_cube();
-    // Tiles x 128 outputs, more than the cube's units when warps < 4.
-    for idx in range_stepped(tid, comptime![plan.tiles as usize * 128], CUBE_DIM as usize) {
-        let t = idx / 128;
-        let o = idx % 128;
-        let r = o / 8;
-        let cl = (CUBE_POS * comptime![plan.tiles as usize] + t) * 8 + o % 8;
-        let mut total = Acc::from_int(0);
-        #[unroll]
-        for w in 0..warps {
-            total += red[(t * warps + w) * 128 + o];
+    if gated {
+        // Pairs x 128 outputs: tile 2p holds the gate sums, 2p + 1 the up sums.
+        let pairs = comptime![plan.tiles as usize / 2];
+        for idx in range_stepped(
+            tid,
+            comptime![plan.tiles as usize / 2 * 128],
+            CUBE_DIM as usize,
+        ) {
+            let p = idx / 128;
+            let o = idx % 128;
+            let r = o / 8;
+            let cl = (CUBE_POS * pairs + p) * 8 + o % 8;
+            let mut tg = Acc::from_int(0);
+            let mut tu = Acc::from_int(0);
+            #[unroll]
+            for w in 0..warps {
+                tg += red[(2 * p * warps + w) * 128 + o];
+                tu += red[((2 * p + 1) * warps + w) * 128 + o];
+            }
+            if r < m && cl < n / 2 {
+                let mut sr = 0f32;
+                if comptime![plan.fused] {
+                    sr = scales[r];
+                } else {
+                    if comptime![plan.epi.sa_scalar] {
+                        sr = io.sa[0];
+                    } else {
+                        sr = io.sa[r];
+                    }
+                }
+                let g = f32::cast_from(tg) * sr;
+                let u = f32::cast_from(tu) * sr;
+                write_gated::<F>(&mut io, g, u, r, cl, plan.epi);
+            }
         }
-        if r < m && cl < n {
-            let t = f32::cast_from(total);
-            if comptime![plan.fused] {
-                write_scaled::<F>(&mut io, t * scales[r], r, cl, plan.epi);
-            } else {
-                write_output::<F>(&mut io, t, r, cl, plan.epi);
+    } else {
+        // Tiles x 128 outputs, more than the cube's units when warps < 4.
+        for idx in range_stepped(tid, comptime![plan.tiles as usize * 128], CUBE_DIM as usize) {
+            let t = idx / 128;
+            let o = idx % 128;
+            let r = o / 8;
+            let cl = (CUBE_POS * comptime![plan.tiles as usize] + t) * 8 + o % 8;
+            let mut total = Acc::from_int(0);
+            #[unroll]
+            for w in 0..warps {
+                total += red[(t * warps + w) * 128 + o];
+            }
+            if r < m && cl < n {
+                let t = f32::cast_from(total);
+                if comptime![plan.fused] {
+                    write_scaled::<F>(&mut io, t * scales[r], r, cl, plan.epi);
+                } else {
+                    write_output::<F>(&mut io, t, r, cl, plan.epi);
+                }
             }
         }
     }
@@ -211,18 +259,31 @@ struct SkinnyShape {
 }
 
 impl SkinnyShape {
-    fn new<R: Runtime>(client: &ComputeClient<R>, n: usize) -> Self {
+    /// For `n` weight rows; gated, the tiles come in (gate, up) pairs, at least one per cube.
+    fn new<R: Runtime>(client: &ComputeClient<R>, n: usize, gated: bool) -> Self {
         let tiles = n.div_ceil(8).max(1);
         let want = 32 * caps::num_sms(client).max(1) as usize;
         let warps = want.div_ceil(tiles).next_power_of_two().clamp(1, 16) as u32;
+        let per_cube = (8 / warps).max(1);
+        if gated && per_cube < 2 {
+            // Two tiles of 8 warps: the cube keeps its 512 units.
+            return Self {
+                warps: warps.min(8),
+                tiles: 2,
+            };
+        }
         Self {
             warps,
-            tiles: (8 / warps).max(1),
+            tiles: per_cube,
         }
     }
 
-    fn cubes(&self, n: usize) -> usize {
-        n.div_ceil(8).div_ceil(self.tiles as usize)
+    fn cubes(&self, n: usize, gated: bool) -> usize {
+        if gated {
+            (n / 2).div_ceil(8).div_ceil(self.tiles as usize / 2)
+        } else {
+            n.div_ceil(8).div_ceil(self.tiles as usize)
+        }
     }
 }
 
@@ -238,7 +299,8 @@ impl<R: Runtime> Gemm8<'_, R> {
         k: usize,
         n: usize,
     ) -> bool {
-        let cubes = SkinnyShape::new(client, n).cubes(n);
+        // The fused decision is made without the gate: a gated launch has the same cube count.
+        let cubes = SkinnyShape::new(client, n, false).cubes(n, false);
         has_mma8(client, fp8)
             && rows <= SKINNY_MAX_M
             && rows * crate::format::row_pitch(k) <= FUSED_MAX_CODE_BYTES
@@ -254,7 +316,8 @@ impl<R: Runtime> Gemm8<'_, R> {
 
     /// The skinny tensor-core kernel (M <= 16), reading codes from `a` or, fused, quantizing `x`.
     pub(super) fn launch_skinny(&self, client: &ComputeClient<R>, x: Option<&DeviceTensor<R>>) {
-        let shape = SkinnyShape::new(client, self.n);
+        let gated = self.gate.is_some();
+        let shape = SkinnyShape::new(client, self.n, gated);
         let (warps, tiles) = (shape.warps, shape.tiles);
         let format = if self.fp8 {
             QuantFormat::Fp8E4M3
@@ -273,7 +336,7 @@ impl<R: Runtime> Gemm8<'_, R> {
         unsafe {
             gemm8_skinny_kernel::launch_unchecked::<R>(
                 client,
-                ops::launch::cube_count_1d(client, shape.cubes(self.n) as u32),
+                ops::launch::cube_count_1d(client, shape.cubes(self.n, gated) as u32),
                 CubeDim::new_1d(32 * warps * tiles),
                 plan.rows.vector,
                 self.vec_arg(self.a),
