@@ -210,10 +210,9 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
                 tu += red[((2 * p + 1) * warps + w) * 128 + o];
             }
             if r < m && cl < n / 2 {
-                let mut sr = 0f32;
-                if comptime![plan.fused] {
-                    sr = scales[r];
-                } else {
+                // The row's activation scale: staged by the fused kernel, else given.
+                let mut sr = scales[r];
+                if !comptime![plan.fused] {
                     if comptime![plan.epi.sa_scalar] {
                         sr = io.sa[0];
                     } else {
