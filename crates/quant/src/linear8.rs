@@ -13,7 +13,7 @@
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
 use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
-use ops::matmul::Activation;
+use ops::matmul::{Activation, InputNorm};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
@@ -82,6 +82,7 @@ pub fn gemm8_into<R: Runtime>(
         k,
         fp8: format == QuantFormat::Fp8E4M3,
         gate: None,
+        norm: None,
     }
     .launch(client, choice);
     Ok(())
@@ -179,11 +180,13 @@ impl<R: Runtime> Weight8<R> {
 
     /// The product with bias and residual in the GEMM's epilogue; a gated epilogue runs in the
     /// skinny kernel's epilogue at decode sizes on CUDA, else writes the product into the
-    /// workspace and applies SwiGLU after ([`unfused_epilogue`]).
-    fn forward_into(
+    /// workspace and applies SwiGLU after ([`unfused_epilogue`]). With `norm`, x is normalized
+    /// by the fused skinny kernel (only where [`Gemm8::can_fuse`] holds).
+    fn run(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
+        norm: Option<InputNorm<'_, R>>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
@@ -200,19 +203,20 @@ impl<R: Runtime> Weight8<R> {
         };
         let (w, ws, choice) = (&self.q, &self.scales, self.choice);
         let (bias, residual) = (epilogue.bias, epilogue.residual);
+        let call = |bias, residual, out, gate| Call {
+            x,
+            qweight: w,
+            w_scale: ws,
+            bias,
+            residual,
+            act: (&q, &s),
+            out,
+            choice,
+            gate,
+            norm,
+        };
         if epilogue.activation.is_none() {
-            return linear8_into(
-                client,
-                x,
-                w,
-                ws,
-                bias,
-                residual,
-                (&q, &s),
-                out,
-                choice,
-                None,
-            );
+            return linear8_into(client, call(bias, residual, out, None));
         }
         let fp8 = self.format == QuantFormat::Fp8E4M3;
         if choice == KernelChoice::Auto
@@ -221,31 +225,66 @@ impl<R: Runtime> Weight8<R> {
             && Gemm8::<R>::can_gate(client, fp8, rows)
         {
             // Decode: SiLU(gate) * up in the skinny kernel's epilogue.
-            let gate = epilogue.activation;
-            return linear8_into(client, x, w, ws, None, None, (&q, &s), out, choice, gate);
+            return linear8_into(client, call(None, None, out, epilogue.activation));
         }
         unfused_epilogue(client, OP, epilogue, out, workspace, |dst, bias| {
-            linear8_into(client, x, w, ws, bias, None, (&q, &s), dst, choice, None)
+            linear8_into(client, call(bias, None, dst, None))
         })
     }
+
+    /// [`Self::run`] on `rms_norm(x)`: inside the fused decode kernel where it runs, else the
+    /// norm into `normed` first.
+    fn run_normed(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: InputNorm<'_, R>,
+        normed: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> Result<()> {
+        let fp8 = self.format == QuantFormat::Fp8E4M3;
+        let (rows, k, n) = (x.rows(), x.last_dim(), self.q.shape()[0]);
+        if self.choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
+            return self.run(client, x, Some(norm), epilogue, out, workspace);
+        }
+        ops::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        self.run(client, normed, None, epilogue, out, workspace)
+    }
+}
+
+/// One call of [`linear8_into`]: the float activation, the 8-bit weight and its scales, the
+/// epilogue operands, the activation scratch (codes, scales), the output, and the options.
+struct Call<'a, R: Runtime> {
+    x: &'a DeviceTensor<R>,
+    qweight: &'a DeviceTensor<R>,
+    w_scale: &'a DeviceTensor<R>,
+    bias: Option<&'a DeviceTensor<R>>,
+    residual: Option<&'a DeviceTensor<R>>,
+    act: (&'a DeviceTensor<R>, &'a DeviceTensor<R>),
+    out: &'a DeviceTensor<R>,
+    choice: KernelChoice,
+    gate: Option<Activation>,
+    norm: Option<InputNorm<'a, R>>,
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
 /// weight's format into `scratch`, then the 8-bit GEMM with the dequantizing epilogue.
-#[allow(clippy::too_many_arguments)]
-fn linear8_into<R: Runtime>(
-    client: &ComputeClient<R>,
-    x: &DeviceTensor<R>,
-    qweight: &DeviceTensor<R>,
-    w_scale: &DeviceTensor<R>,
-    bias: Option<&DeviceTensor<R>>,
-    residual: Option<&DeviceTensor<R>>,
-    (q, s): (&DeviceTensor<R>, &DeviceTensor<R>),
-    out: &DeviceTensor<R>,
-    choice: KernelChoice,
-    gate: Option<Activation>,
-) -> Result<()> {
+fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Result<()> {
     const OP: &str = "quantized linear";
+    let Call {
+        x,
+        qweight,
+        w_scale,
+        bias,
+        residual,
+        act: (q, s),
+        out,
+        choice,
+        gate,
+        norm,
+    } = call;
     let format = match qweight.dtype() {
         DType::I8 => QuantFormat::Int8,
         _ => QuantFormat::Fp8E4M3,
@@ -325,8 +364,20 @@ fn linear8_into<R: Runtime>(
         k,
         fp8,
         gate,
+        norm,
     };
-    if choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
+    let fused = choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n);
+    if let Some(nm) = norm {
+        ops::norm::check_eps(OP, nm.eps)?;
+        ops::norm::check_weight(OP, x, nm.weight)?;
+        if !fused {
+            return Err(OpsError::invalid(
+                OP,
+                "an input norm is applied only by the fused decode kernel",
+            ));
+        }
+    }
+    if fused {
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
         // scratch is not written).
         gemm.launch_fused(client, &x2);
@@ -371,18 +422,19 @@ pub fn w8a8_linear_into<R: Runtime>(
         ));
     }
     let (q, s) = scratch.views("w8a8_linear", x.rows(), x.last_dim())?;
-    linear8_into(
-        client,
+    let call = Call {
         x,
         qweight,
         w_scale,
         bias,
-        None,
-        (&q, &s),
+        residual: None,
+        act: (&q, &s),
         out,
-        KernelChoice::default(),
-        None,
-    )
+        choice: KernelChoice::default(),
+        gate: None,
+        norm: None,
+    };
+    linear8_into(client, call)
 }
 
 macro_rules! linear8_layer {
@@ -428,7 +480,22 @@ macro_rules! linear8_layer {
                 out: &DeviceTensor<R>,
                 workspace: Option<&LinearWorkspace<R>>,
             ) -> Result<()> {
-                self.inner.forward_into(client, x, epilogue, out, workspace)
+                self.inner.run(client, x, None, epilogue, out, workspace)
+            }
+
+            /// At decode sizes on CUDA the skinny kernel normalizes x as it quantizes it.
+            fn forward_normed_into(
+                &self,
+                client: &ComputeClient<R>,
+                x: &DeviceTensor<R>,
+                norm: InputNorm<'_, R>,
+                normed: &DeviceTensor<R>,
+                epilogue: Epilogue<'_, R>,
+                out: &DeviceTensor<R>,
+                workspace: Option<&LinearWorkspace<R>>,
+            ) -> Result<()> {
+                self.inner
+                    .run_normed(client, x, norm, normed, epilogue, out, workspace)
             }
 
             /// Device bytes of the codes (rows padded to 16 bytes) and scales.

@@ -12,6 +12,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::{cube_count_1d, validate_rows};
+use ops::norm::scale_by_weight;
 use ops::reduce::{cube_max, ReducePlan};
 use ops::{caps, DeviceTensor, OpsError, Result};
 
@@ -25,6 +26,9 @@ pub(crate) struct RowQuantPlan {
     pub fp8: bool,
     /// Elements per vector load of `x` (1, 2 or 4; divides K).
     pub vector: usize,
+    /// The rows are quantized after an RMSNorm (`x̂ = F(F(x · inv) · g)`, as `ops::norm` rounds
+    /// it): [`row_scale`] and [`encode_word`] read `norm_w` and the row's `inv`.
+    pub norm: bool,
 }
 
 impl RowQuantPlan {
@@ -44,6 +48,7 @@ impl RowQuantPlan {
             reduce: ReducePlan::new(client, cube_dim),
             fp8: format == QuantFormat::Fp8E4M3,
             vector,
+            norm: false,
         }
     }
 }
@@ -79,6 +84,8 @@ fn quantize_rows_kernel<F: Float, N: Size>(
 #[cube]
 pub(crate) fn row_scale<F: Float, N: Size>(
     x: &[Vector<F, N>],
+    norm_w: &[Vector<F, N>],
+    inv: f32,
     row: usize,
     k: usize,
     #[comptime] plan: RowQuantPlan,
@@ -87,7 +94,10 @@ pub(crate) fn row_scale<F: Float, N: Size>(
     let base = row * row_vectors;
     let mut amax = 0f32;
     for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
-        let v = x[base + i];
+        let mut v = x[base + i];
+        if comptime![plan.norm] {
+            v = scale_by_weight(v, norm_w[i], inv);
+        }
         #[unroll]
         for l in 0..plan.vector {
             amax = max(amax, f32::abs(f32::cast_from(v.extract(l))));
@@ -102,6 +112,8 @@ pub(crate) fn row_scale<F: Float, N: Size>(
 #[cube]
 pub(crate) fn encode_word<F: Float, N: Size>(
     x: &[Vector<F, N>],
+    norm_w: &[Vector<F, N>],
+    inv: f32,
     row: usize,
     w: usize,
     k: usize,
@@ -114,7 +126,10 @@ pub(crate) fn encode_word<F: Float, N: Size>(
     for c in 0..comptime![4 / plan.vector] {
         let k0 = w * 4 + c * plan.vector;
         if k0 < k {
-            let v = x[base + k0 / plan.vector];
+            let mut v = x[base + k0 / plan.vector];
+            if comptime![plan.norm] {
+                v = scale_by_weight(v, norm_w[k0 / plan.vector], inv);
+            }
             #[unroll]
             for l in 0..plan.vector {
                 let code = encode(f32::cast_from(v.extract(l)) / s, plan.fp8);
@@ -135,12 +150,12 @@ fn quantize_row<F: Float, N: Size>(
     pitch_words: usize,
     #[comptime] plan: RowQuantPlan,
 ) {
-    let s = row_scale::<F, N>(x, row, k, plan);
+    let s = row_scale::<F, N>(x, x, 1f32, row, k, plan);
     if UNIT_POS == 0 {
         scales[row] = s;
     }
     for w in range_stepped(UNIT_POS as usize, pitch_words, CUBE_DIM as usize) {
-        q[row * pitch_words + w] = encode_word::<F, N>(x, row, w, k, s, plan);
+        q[row * pitch_words + w] = encode_word::<F, N>(x, x, 1f32, row, w, k, s, plan);
     }
 }
 

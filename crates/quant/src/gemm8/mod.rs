@@ -75,6 +75,9 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     /// Gated MLP: `b`'s `N` rows are the gate rows then the up rows and `out` is
     /// `[M, N/2]` (the skinny kernel only: see [`Gemm8::can_gate`]).
     pub gate: Option<ops::matmul::Activation>,
+    /// An RMSNorm of the float activation, applied by the fused skinny kernel before it
+    /// quantizes (only with [`Gemm8::launch_fused`]).
+    pub norm: Option<ops::matmul::InputNorm<'a, R>>,
 }
 
 impl<R: Runtime> Gemm8<'_, R> {

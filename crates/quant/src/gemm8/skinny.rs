@@ -11,6 +11,8 @@ use super::words::load_vec;
 use super::{has_mma8, Gemm8};
 use crate::format::QuantFormat;
 use crate::rowquant::{encode_word, row_scale, RowQuantPlan};
+use ops::norm::sum_squares;
+use ops::reduce::cube_sum;
 
 /// Rows of A the skinny kernel takes: one m16 MMA tile.
 pub(crate) const SKINNY_MAX_M: usize = 16;
@@ -68,6 +70,8 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     x: &[Vector<F, NX>],
     b: &[Vector<i32, Const<4>>],
     mut io: Gemm8Out<F>,
+    norm_w: &[Vector<F, NX>],
+    norm_eps: f32,
     a_pv: usize,
     b_pv: usize,
     #[comptime] plan: SkinnyPlan,
@@ -122,13 +126,23 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let mut scales = Shared::<[f32]>::new_slice(SKINNY_MAX_M);
     if comptime![plan.fused] {
         for r in 0..m {
-            let s = row_scale::<F, NX>(x, r, k, plan.rows);
+            // With an input norm, the row's statistics first (a cube-wide sum).
+            let mut inv = 1f32;
+            if comptime![plan.rows.norm] {
+                let row_vectors = k / plan.rows.vector;
+                let mut ss = 0f32;
+                for i in range_stepped(tid, row_vectors, CUBE_DIM as usize) {
+                    ss += sum_squares(x[r * row_vectors + i]);
+                }
+                inv = f32::inverse_sqrt(cube_sum(ss, plan.rows.reduce) / k as f32 + norm_eps);
+            }
+            let s = row_scale::<F, NX>(x, norm_w, inv, r, k, plan.rows);
             if tid == 0 {
                 scales[r] = s;
             }
             for w in range_stepped(tid, pitch_words, CUBE_DIM as usize) {
                 codes[r * pitch_words + w] =
-                    i32::reinterpret(encode_word::<F, NX>(x, r, w, k, s, plan.rows));
+                    i32::reinterpret(encode_word::<F, NX>(x, norm_w, inv, r, w, k, s, plan.rows));
             }
         }
         sync_cube();
@@ -325,12 +339,23 @@ impl<R: Runtime> Gemm8<'_, R> {
         };
         // Unfused, `x` is never read: bind the output (CUDA only, where aliasing is allowed).
         let xt = x.unwrap_or(self.out);
+        let mut rows = RowQuantPlan::new(client, xt, format, 32 * warps * tiles);
+        rows.norm = self.norm.is_some();
+        debug_assert!(
+            !rows.norm || x.is_some(),
+            "the input norm needs the fused kernel"
+        );
         let plan = SkinnyPlan {
             epi: self.epilogue_plan(),
             warps,
             tiles,
             fused: x.is_some(),
-            rows: RowQuantPlan::new(client, xt, format, 32 * warps * tiles),
+            rows,
+        };
+        // Without a norm its weight is never read: bind x.
+        let (norm_w, norm_eps) = match self.norm {
+            Some(n) => (n.weight, n.eps),
+            None => (xt, 0.0),
         };
         unsafe {
             gemm8_skinny_kernel::launch_unchecked::<R>(
@@ -342,6 +367,8 @@ impl<R: Runtime> Gemm8<'_, R> {
                 xt.as_buffer_arg(),
                 self.vec_arg(self.b),
                 self.out_arg(),
+                norm_w.as_buffer_arg(),
+                norm_eps,
                 self.a_pitch / 16,
                 self.b_pitch / 16,
                 plan,
