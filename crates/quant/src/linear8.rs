@@ -228,7 +228,19 @@ impl<R: Runtime> Weight8<R> {
             return linear8_into(client, call(None, None, out, epilogue.activation));
         }
         unfused_epilogue(client, OP, epilogue, out, workspace, |dst, bias| {
-            linear8_into(client, call(bias, None, dst, None))
+            let call = Call {
+                x,
+                qweight: w,
+                w_scale: ws,
+                bias,
+                residual: None,
+                act: (&q, &s),
+                out: dst,
+                choice,
+                gate: None,
+                norm,
+            };
+            linear8_into(client, call)
         })
     }
 
