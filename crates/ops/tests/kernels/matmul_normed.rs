@@ -23,6 +23,13 @@ fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
     s
 }
 
+/// The normalized input as the kernels hold it: `rms_norm(x, g)` rounded to the activation dtype
+/// (as `ops::norm::rms_norm` rounds it, and the fused GEMV each element it reads).
+fn normed_input(xh: &[f64], gh: &[f64], dtype: DType) -> Vec<f64> {
+    let h: Vec<f32> = rms_norm(xh, gh, EPS as f64).iter().map(|&v| v as f32).collect();
+    round_to(&h, dtype)
+}
+
 /// The norm's input scale varies per row, so a wrong row statistic shows.
 fn input(rng: &mut rand::rngs::StdRng, m: usize, k: usize) -> Vec<f32> {
     let mut x = random(rng, m * k, 1.0);
@@ -50,7 +57,7 @@ fn linear_normed_case<R: Runtime>(client: &ComputeClient<R>) {
             };
             let (bias_t, res_t) = (bias.then_some(&b), res.then_some(&r));
             linear_normed_into(client, &x, norm, &normed, &w, bias_t, res_t, &out).unwrap();
-            let h = rms_norm(&xh, &gh, EPS as f64);
+            let h = normed_input(&xh, &gh, dtype);
             let want = reference::linear(
                 &h,
                 &wh,
@@ -101,7 +108,7 @@ fn gated_normed_case<R: Runtime>(client: &ComputeClient<R>) {
             let w = GatedWeights::Concatenated(&gu);
             fused_gated_mlp_normed_into(client, &x, norm, &normed, w, Activation::Silu, &out)
                 .unwrap();
-            let h = rms_norm(&xh, &gh, EPS as f64);
+            let h = normed_input(&xh, &gh, dtype);
             let (gate, up) = guh.split_at(i * k);
             let want = reference::gated_mlp(&h, gate, up, false, (m, i, k));
             let what = format!("gated_normed {dtype} {m}x{i}x{k}");
