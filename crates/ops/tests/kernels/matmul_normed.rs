@@ -26,7 +26,10 @@ fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
 /// The normalized input as the kernels hold it: `rms_norm(x, g)` rounded to the activation dtype
 /// (as `ops::norm::rms_norm` rounds it, and the fused GEMV each element it reads).
 fn normed_input(xh: &[f64], gh: &[f64], dtype: DType) -> Vec<f64> {
-    let h: Vec<f32> = rms_norm(xh, gh, EPS as f64).iter().map(|&v| v as f32).collect();
+    let h: Vec<f32> = rms_norm(xh, gh, EPS as f64)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
     round_to(&h, dtype)
 }
 

@@ -3,5 +3,6 @@
 //! (`testkit`).
 
 mod gemm8;
+mod linear8_fused;
 mod rowquant;
 mod w4a16;
