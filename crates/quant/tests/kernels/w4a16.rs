@@ -316,7 +316,10 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
                 })
                 .collect();
             let got = out.to_f64_vec(client).unwrap();
-            assert_close(&format!("{what} gated"), &got, &want, tolerance(dtype));
+            // Gate and up are rounded to the dtype before the activation (two roundings the
+            // f64 reference does not make).
+            let tol = 2.0 * tolerance(dtype);
+            assert_close(&format!("{what} gated"), &got, &want, tol);
         }
     }
 }
