@@ -7,7 +7,7 @@
 //! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the
 //! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (a plane for a long
 //! K, 8 lanes for K = 1536), striding over K with 16-byte loads (32 weights each), a reduction at
-//! the end; 1536 columns are 1536 groups, and each lane keeps a batch of loads in flight. The
+//! the end; 1536 columns are 1536 groups, enough loads in flight to approach the bandwidth. The
 //! nibbles become floats without int-to-float conversions ([`crate::codec::nibble_f32`]). The
 //! kernel applies the dense kernels' epilogue (bias, residual, the gated MLP's `act(g) * u` over
 //! a `[2I, K/8]` gate-then-up weight), so a decode step needs no element-wise kernel after it.
@@ -44,10 +44,6 @@ pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
     (packed, scales)
 }
 
-/// Most weight vectors a lane keeps in flight (per weight row: the gated form reads two).
-const MAX_UNROLL: usize = 8;
-const MAX_UNROLL_GATED: usize = 4;
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct NkPlan {
     /// Rows of x, unrolled into per-row accumulators.
@@ -57,8 +53,6 @@ struct NkPlan {
     lanes: u32,
     /// Columns per cube (`CUBE_UNITS / lanes`).
     cols: u32,
-    /// Weight vectors each lane requests before using the previous batch.
-    unroll: u32,
     use_plane: bool,
     /// Every weight vector lies in one scale group (one scale load per vector, not per word).
     scale_per_vector: bool,
@@ -128,9 +122,7 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
 
 /// Unit (x = lane, y = column in the cube): `out[m, col] = Σ_k x[m, k] · q[col, k] · s(col, k)`
 /// followed by the epilogue. `NW` words per weight load (4 = 16 bytes where K/8 allows), `NX`
-/// elements per x load. Each lane keeps `unroll` weight loads (and their scales) in flight: the
-/// next batch is requested before the current one is used, since a decode-size int4 weight (1 to
-/// 14 MB) reaches the copy bandwidth only with many bytes in flight on every SM.
+/// elements per x load.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
@@ -158,12 +150,8 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let c = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
     let lanes = comptime![plan.lanes as usize];
-    let unroll = comptime![plan.unroll as usize];
     let gated = comptime![plan.epilogue.is_gated()];
     let nw = qweight[0].vector_size();
-    let lane = UNIT_POS_X as usize;
-    let stride = lanes * unroll;
-    let last = w_vectors - 1;
     let row_g = c;
     let row_u = c + up_offset;
 
@@ -174,97 +162,55 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
         acc[m] = 0f32;
         acc_up[m] = 0f32;
     }
-    // Current and next batch: weight vectors, and their scales where one scale covers a vector.
-    let mut wv = Array::<Vector<i32, NW>>::new(unroll);
-    let mut uv = Array::<Vector<i32, NW>>::new(unroll);
-    let mut ws = Array::<f32>::new(unroll);
-    let mut us = Array::<f32>::new(unroll);
-    #[unroll]
-    for u in 0..unroll {
-        let v = min(lane + u * lanes, last);
-        wv[u] = qweight[row_g * w_vectors + v];
-        if comptime![plan.scale_per_vector] {
-            ws[u] = scales[row_g * groups + v * nw / words_per_group];
-        }
-        if gated {
-            uv[u] = qweight[row_u * w_vectors + v];
-            if comptime![plan.scale_per_vector] {
-                us[u] = scales[row_u * groups + v * nw / words_per_group];
-            }
-        }
-    }
-    // The norm's statistics while the first weights are on their way.
+    // The norm's statistics first: every cube reduces x's squares itself (x is a few KB).
     let mut inv_rms = Array::<f32>::new(m_rows);
     if comptime![plan.norm.is_some()] {
         let nx = x[0].vector_size();
         inv_rms =
             row_inv_rms::<F, NX>(x, k / nx, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
     }
-    for vb in range_stepped(0, w_vectors, stride) {
-        let mut nwv = Array::<Vector<i32, NW>>::new(unroll);
-        let mut nuv = Array::<Vector<i32, NW>>::new(unroll);
-        let mut nws = Array::<f32>::new(unroll);
-        let mut nus = Array::<f32>::new(unroll);
-        #[unroll]
-        for u in 0..unroll {
-            let v = min(vb + stride + lane + u * lanes, last);
-            nwv[u] = qweight[row_g * w_vectors + v];
+    for v in range_stepped(UNIT_POS_X as usize, w_vectors, lanes) {
+        let wv = qweight[row_g * w_vectors + v];
+        let mut ws = 0f32;
+        if comptime![plan.scale_per_vector] {
+            ws = scales[row_g * groups + v * nw / words_per_group];
+        }
+        accumulate::<F, NW, NX>(
+            x,
+            wv,
+            scales,
+            ws,
+            row_g,
+            v,
+            k,
+            words_per_group,
+            groups,
+            norm_w,
+            &inv_rms,
+            &mut acc,
+            plan,
+        );
+        if gated {
+            let uv = qweight[row_u * w_vectors + v];
+            let mut us = 0f32;
             if comptime![plan.scale_per_vector] {
-                nws[u] = scales[row_g * groups + v * nw / words_per_group];
+                us = scales[row_u * groups + v * nw / words_per_group];
             }
-            if gated {
-                nuv[u] = qweight[row_u * w_vectors + v];
-                if comptime![plan.scale_per_vector] {
-                    nus[u] = scales[row_u * groups + v * nw / words_per_group];
-                }
-            }
-        }
-        #[unroll]
-        for u in 0..unroll {
-            let v = vb + lane + u * lanes;
-            if v < w_vectors {
-                accumulate::<F, NW, NX>(
-                    x,
-                    wv[u],
-                    scales,
-                    ws[u],
-                    row_g,
-                    v,
-                    k,
-                    words_per_group,
-                    groups,
-                    norm_w,
-                    &inv_rms,
-                    &mut acc,
-                    plan,
-                );
-                if gated {
-                    accumulate::<F, NW, NX>(
-                        x,
-                        uv[u],
-                        scales,
-                        us[u],
-                        row_u,
-                        v,
-                        k,
-                        words_per_group,
-                        groups,
-                        norm_w,
-                        &inv_rms,
-                        &mut acc_up,
-                        plan,
-                    );
-                }
-            }
-        }
-        #[unroll]
-        for u in 0..unroll {
-            wv[u] = nwv[u];
-            ws[u] = nws[u];
-            if gated {
-                uv[u] = nuv[u];
-                us[u] = nus[u];
-            }
+            accumulate::<F, NW, NX>(
+                x,
+                uv,
+                scales,
+                us,
+                row_u,
+                v,
+                k,
+                words_per_group,
+                groups,
+                norm_w,
+                &inv_rms,
+                &mut acc_up,
+                plan,
+            );
         }
     }
     #[unroll]
@@ -340,16 +286,10 @@ pub(crate) fn gemv_nk<R: Runtime>(
         && caps::has_plane_ops(client)
         && hw.plane_size_min == 32
         && hw.plane_size_max == 32;
-    let most = if epilogue.gate.is_some() {
-        MAX_UNROLL_GATED
-    } else {
-        MAX_UNROLL
-    };
     let plan = NkPlan {
         m: m as u32,
         lanes,
         cols: CUBE_UNITS / lanes,
-        unroll: w_vectors.div_ceil(lanes as usize).clamp(1, most) as u32,
         use_plane,
         scale_per_vector: words_per_group.is_multiple_of(nw),
         epilogue: EpilogueBlueprint {

@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use cubecl::prelude::*;
-use ops::matmul::{linear_normed_into, InputNorm};
+use ops::matmul::linear_into;
 use ops::qkv::HeadShape;
 use ops::rope::RopeCache;
 use ops::{DType, DeviceTensor};
@@ -258,28 +258,24 @@ impl<R: Runtime> Model<R> {
             }
             None => &s.act.hidden,
         };
-        self.logits_into(x, s.eps, head.normed, head.logits, s.scratch)
+        // The final norm stays a kernel of its own: fused into the LM head's GEMV, each of its
+        // ~19k cubes would reduce x's squares again before its first weight load.
+        ops::norm::rms_norm_into(c, x, &self.norm.tensor, s.eps, head.normed)?;
+        self.logits_into(head.normed, head.logits, s.scratch)
     }
 
-    /// The logits `rms_norm(x, norm) · lm_headᵀ` (`embed_tokens` when tied) into `out`: the
-    /// final norm runs inside the LM head's GEMV at decode sizes, else into `normed` first.
+    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
     fn logits_into(
         &self,
         x: &DeviceTensor<R>,
-        eps: f32,
-        normed: &DeviceTensor<R>,
         out: &DeviceTensor<R>,
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
-        let norm = InputNorm {
-            weight: &self.norm.tensor,
-            eps,
-        };
         match &self.lm_head {
-            Some(head) => head.forward_normed_into(&self.client, x, norm, normed, out, scratch),
+            Some(head) => head.forward_into(&self.client, x, None, out, scratch),
             None => {
                 let table = &self.embed_tokens.tensor;
-                linear_normed_into(&self.client, x, norm, normed, table, None, None, out)?;
+                linear_into(&self.client, x, table, None, None, out)?;
                 Ok(())
             }
         }

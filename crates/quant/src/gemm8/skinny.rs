@@ -17,7 +17,7 @@ use ops::reduce::cube_sum;
 /// Rows of A the skinny kernel takes: one m16 MMA tile.
 pub(crate) const SKINNY_MAX_M: usize = 16;
 /// 64-byte K chunks a skinny-kernel warp loads per step (4 measured slower on an H100: gate_up
-/// 11.7 -> 16.8 µs at M = 1, before the loads were software-pipelined).
+/// 11.7 -> 16.8 µs at M = 1).
 const CHUNKS_PER_STEP: usize = 2;
 /// Bytes of activation codes the fused skinny kernel stages in shared memory (rows x padded K):
 /// up to this, the linear layers quantize the activation inside the GEMM instead of a pre-pass.
@@ -105,19 +105,6 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let hi_ok = gid + 8 < m;
 
     let pitch_words = a_pv * 4;
-    let chunks = k.div_ceil(64);
-    let step = CHUNKS_PER_STEP * warps;
-    // The first step's weight words are requested before anything else (the fused
-    // quantization below reads x and synchronises the cube: its latency overlaps this fetch),
-    // and each step requests the next step's words before multiplying its own, so a warp always
-    // has a step of weight bytes in flight.
-    let mut bw = Array::<Vector<i32, Const<4>>>::new(CHUNKS_PER_STEP);
-    #[unroll]
-    for h in 0..CHUNKS_PER_STEP {
-        let byte = (warp + h * warps) * 64 + tig * 16;
-        bw[h] = load_vec(b, col, col_ok, byte, k, b_pv);
-    }
-
     let mut codes = Shared::<[i32]>::new_slice(comptime![if plan.fused {
         FUSED_MAX_CODE_BYTES / 4
     } else {
@@ -150,31 +137,28 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
 
     let mut acc = Array::<Vector<Acc, Const<4>>>::new(1usize);
     acc[0] = Vector::<Acc, Const<4>>::new(Acc::from_int(0));
-    for c in range_stepped(warp, chunks, step) {
-        let mut next = Array::<Vector<i32, Const<4>>>::new(CHUNKS_PER_STEP);
-        #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            // Past K (the last step) `load_vec` returns zeros without a load.
-            let byte = (c + step + h * warps) * 64 + tig * 16;
-            next[h] = load_vec(b, col, col_ok, byte, k, b_pv);
-        }
-        let mut words = Array::<Vector<i32, Const<4>>>::new(comptime![2 * CHUNKS_PER_STEP]);
+    let chunks = k.div_ceil(64);
+    // CHUNKS_PER_STEP chunks per step, all loaded before any is multiplied: more bytes in
+    // flight (a loop iteration's loads are otherwise one memory latency each).
+    for c in range_stepped(warp, chunks, CHUNKS_PER_STEP * warps) {
+        let mut words = Array::<Vector<i32, Const<4>>>::new(comptime![3 * CHUNKS_PER_STEP]);
         #[unroll]
         for h in 0..CHUNKS_PER_STEP {
             let byte = (c + h * warps) * 64 + tig * 16;
+            words[3 * h] = load_vec(b, col, col_ok, byte, k, b_pv);
             if comptime![plan.fused] {
-                words[2 * h] = load_staged(&codes, gid, lo_ok, byte, k, pitch_words);
-                words[2 * h + 1] = load_staged(&codes, gid + 8, hi_ok, byte, k, pitch_words);
+                words[3 * h + 1] = load_staged(&codes, gid, lo_ok, byte, k, pitch_words);
+                words[3 * h + 2] = load_staged(&codes, gid + 8, hi_ok, byte, k, pitch_words);
             } else {
-                words[2 * h] = load_vec(a, gid, lo_ok, byte, k, a_pv);
-                words[2 * h + 1] = load_vec(a, gid + 8, hi_ok, byte, k, a_pv);
+                words[3 * h + 1] = load_vec(a, gid, lo_ok, byte, k, a_pv);
+                words[3 * h + 2] = load_vec(a, gid + 8, hi_ok, byte, k, a_pv);
             }
         }
         #[unroll]
         for h in 0..CHUNKS_PER_STEP {
-            let w = bw[h];
-            let lo = words[2 * h];
-            let hi = words[2 * h + 1];
+            let bw = words[3 * h];
+            let lo = words[3 * h + 1];
+            let hi = words[3 * h + 2];
             #[unroll]
             for half in 0..2usize {
                 acc[0] = mma_m16n8k32::<Acc>(
@@ -182,16 +166,12 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
                     hi.extract(2 * half),
                     lo.extract(2 * half + 1),
                     hi.extract(2 * half + 1),
-                    w.extract(2 * half),
-                    w.extract(2 * half + 1),
+                    bw.extract(2 * half),
+                    bw.extract(2 * half + 1),
                     acc[0],
                     plan.epi.fp8,
                 );
             }
-        }
-        #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            bw[h] = next[h];
         }
     }
 
