@@ -8,7 +8,7 @@ use ops::{caps, DType};
 use testkit::on_each_runtime_one_cuda_at_a_time;
 
 use crate::common::FIXTURES;
-use crate::{fixture, load, logit_tolerance, reference, worst_row_error};
+use crate::{fixture, fixture_tolerance, load, reference, worst_row_error};
 
 fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
     let mut dtypes = vec![DType::F32, DType::F16];
@@ -37,7 +37,7 @@ fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
             let err = worst_row_error(&got, &r.logits, r.vocab);
             eprintln!("{what}: prefill logits relative error {err:.2e}");
             assert!(
-                err <= logit_tolerance(dtype),
+                err <= fixture_tolerance(dtype, &r),
                 "{what}: prefill logits relative error {err:.3e}"
             );
             // Greedy decoding, step by step through the decode path: ids and logits.
@@ -59,7 +59,7 @@ fn matches_transformers<R: Runtime>(client: &ComputeClient<R>) {
             }
             eprintln!("{what}: 32 greedy tokens match, decode logits relative error {worst:.2e}");
             assert!(
-                worst <= logit_tolerance(dtype),
+                worst <= fixture_tolerance(dtype, &r),
                 "{what}: decode logits relative error {worst:.3e}"
             );
         }
