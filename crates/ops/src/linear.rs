@@ -177,6 +177,31 @@ impl<R: Runtime> LinearWorkspace<R> {
     }
 }
 
+/// The input of [`Linear::forward_normed_into`]: `x`, the RMSNorm to apply to it, and where the
+/// normalized input goes when a kernel cannot fuse the norm (`normed`, x's shape and dtype).
+pub struct NormedInput<'a, R: Runtime> {
+    pub x: &'a DeviceTensor<R>,
+    pub norm: InputNorm<'a, R>,
+    pub normed: &'a DeviceTensor<R>,
+}
+
+impl<R: Runtime> Clone for NormedInput<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for NormedInput<'_, R> {}
+
+impl<'a, R: Runtime> NormedInput<'a, R> {
+    /// Runs the norm into `normed` (a separate launch) and returns it.
+    pub fn unfused(&self, client: &ComputeClient<R>) -> Result<&'a DeviceTensor<R>> {
+        let n = self.norm;
+        crate::norm::rms_norm_into(client, self.x, n.weight, n.eps, self.normed)?;
+        Ok(self.normed)
+    }
+}
+
 /// A linear layer in some weight format.
 pub trait Linear<R: Runtime>: Send + Sync {
     /// The logical weight's `[N, K]`: its rows (`2I` for the weight of a gated layer) and the
@@ -201,21 +226,19 @@ pub trait Linear<R: Runtime>: Send + Sync {
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()>;
-    /// [`Self::forward_into`] of `rms_norm(x, norm.weight, norm.eps)`: the pre-norm block's
-    /// RMSNorm and the projection that consumes it. A format whose kernel can fuse the norm does
-    /// (the dense decode GEMV); the others write the norm into `normed` (x's shape and dtype)
-    /// first, as this default does.
+    /// [`Self::forward_into`] of `rms_norm(input.x)`: the pre-norm block's RMSNorm and the
+    /// projection that consumes it. A format whose kernel can fuse the norm does (the dense and
+    /// int4 decode GEMVs, the fused 8-bit decode kernel); the others write the norm into
+    /// `input.normed` first, as this default does.
     fn forward_normed_into(
         &self,
         client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
-        norm: InputNorm<'_, R>,
-        normed: &DeviceTensor<R>,
+        input: NormedInput<'_, R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        crate::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        let normed = input.unfused(client)?;
         self.forward_into(client, normed, epilogue, out, workspace)
     }
     /// Device bytes of the weight and whatever the format keeps beside it (scales, indices).
@@ -388,14 +411,13 @@ impl<R: Runtime> Linear<R> for DenseLinear<R> {
     fn forward_normed_into(
         &self,
         client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
-        norm: InputNorm<'_, R>,
-        normed: &DeviceTensor<R>,
+        input: NormedInput<'_, R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
         _workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        self.run(client, x, Some((norm, normed)), epilogue, out)
+        let norm = Some((input.norm, input.normed));
+        self.run(client, input.x, norm, epilogue, out)
     }
 
     fn weight_bytes(&self) -> usize {

@@ -12,7 +12,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
-use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
+use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
@@ -249,19 +249,18 @@ impl<R: Runtime> Weight8<R> {
     fn run_normed(
         &self,
         client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
-        norm: InputNorm<'_, R>,
-        normed: &DeviceTensor<R>,
+        input: NormedInput<'_, R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
         let fp8 = self.format == QuantFormat::Fp8E4M3;
+        let x = input.x;
         let (rows, k, n) = (x.rows(), x.last_dim(), self.q.shape()[0]);
         if self.choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
-            return self.run(client, x, Some(norm), epilogue, out, workspace);
+            return self.run(client, x, Some(input.norm), epilogue, out, workspace);
         }
-        ops::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        let normed = input.unfused(client)?;
         self.run(client, normed, None, epilogue, out, workspace)
     }
 }
@@ -499,15 +498,13 @@ macro_rules! linear8_layer {
             fn forward_normed_into(
                 &self,
                 client: &ComputeClient<R>,
-                x: &DeviceTensor<R>,
-                norm: InputNorm<'_, R>,
-                normed: &DeviceTensor<R>,
+                input: NormedInput<'_, R>,
                 epilogue: Epilogue<'_, R>,
                 out: &DeviceTensor<R>,
                 workspace: Option<&LinearWorkspace<R>>,
             ) -> Result<()> {
                 self.inner
-                    .run_normed(client, x, norm, normed, epilogue, out, workspace)
+                    .run_normed(client, input, epilogue, out, workspace)
             }
 
             /// Device bytes of the codes (rows padded to 16 bytes) and scales.

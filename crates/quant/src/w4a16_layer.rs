@@ -4,7 +4,7 @@
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
-use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace};
+use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::InputNorm;
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
@@ -238,18 +238,16 @@ impl<R: Runtime> Linear<R> for W4A16Linear<R> {
     fn forward_normed_into(
         &self,
         client: &ComputeClient<R>,
-        x: &DeviceTensor<R>,
-        norm: InputNorm<'_, R>,
-        normed: &DeviceTensor<R>,
+        input: NormedInput<'_, R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        self.check_x(x)?;
-        if x.rows() <= GEMV_MAX_M {
-            return self.gemv_into(client, x, Some(norm), epilogue, out);
+        self.check_x(input.x)?;
+        if input.x.rows() <= GEMV_MAX_M {
+            return self.gemv_into(client, input.x, Some(input.norm), epilogue, out);
         }
-        ops::norm::rms_norm_into(client, x, norm.weight, norm.eps, normed)?;
+        let normed = input.unfused(client)?;
         self.forward_into(client, normed, epilogue, out, workspace)
     }
 

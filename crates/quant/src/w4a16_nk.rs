@@ -65,7 +65,7 @@ struct NkPlan {
 }
 
 /// Adds `x[m, 8 kw ..] · q · s` over the `NW` words of weight vector `v` of row `row` to
-/// `acc[m]`. `s_vec` is the vector's scale when every word of it shares one.
+/// `acc[acc_base + m]`. `s_vec` is the vector's scale when every word of it shares one.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn accumulate<F: Float, NW: Size, NX: Size>(
@@ -81,6 +81,7 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
     norm_w: &[Vector<F, NX>],
     inv_rms: &Array<f32>,
     acc: &mut Array<f32>,
+    #[comptime] acc_base: usize,
     #[comptime] plan: NkPlan,
 ) {
     let nw = wv.vector_size();
@@ -115,7 +116,7 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
                     d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
                 }
             }
-            acc[m] += d * s;
+            acc[acc_base + m] += d * s;
         }
     }
 }
@@ -152,15 +153,17 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let lanes = comptime![plan.lanes as usize];
     let gated = comptime![plan.epilogue.is_gated()];
     let nw = qweight[0].vector_size();
-    let row_g = c;
-    let row_u = c + up_offset;
-
-    let mut acc = Array::<f32>::new(m_rows);
-    let mut acc_up = Array::<f32>::new(m_rows);
+    // One weight row per column, two when gated (the gate row, then the up row `up_offset`
+    // below): accumulators `acc[half * M + m]`.
+    let halves = comptime![if plan.epilogue.is_gated() {
+        2usize
+    } else {
+        1usize
+    }];
+    let mut acc = Array::<f32>::new(comptime![2 * plan.m as usize]);
     #[unroll]
-    for m in 0..m_rows {
-        acc[m] = 0f32;
-        acc_up[m] = 0f32;
+    for i in 0..comptime![2 * plan.m as usize] {
+        acc[i] = 0f32;
     }
     // The norm's statistics first: every cube reduces x's squares itself (x is a few KB).
     let mut inv_rms = Array::<f32>::new(m_rows);
@@ -170,45 +173,28 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
             row_inv_rms::<F, NX>(x, k / nx, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
     }
     for v in range_stepped(UNIT_POS_X as usize, w_vectors, lanes) {
-        let wv = qweight[row_g * w_vectors + v];
-        let mut ws = 0f32;
-        if comptime![plan.scale_per_vector] {
-            ws = scales[row_g * groups + v * nw / words_per_group];
-        }
-        accumulate::<F, NW, NX>(
-            x,
-            wv,
-            scales,
-            ws,
-            row_g,
-            v,
-            k,
-            words_per_group,
-            groups,
-            norm_w,
-            &inv_rms,
-            &mut acc,
-            plan,
-        );
-        if gated {
-            let uv = qweight[row_u * w_vectors + v];
-            let mut us = 0f32;
+        #[unroll]
+        for half in 0..halves {
+            let row = c + half * up_offset;
+            let wv = qweight[row * w_vectors + v];
+            let mut s = 0f32;
             if comptime![plan.scale_per_vector] {
-                us = scales[row_u * groups + v * nw / words_per_group];
+                s = scales[row * groups + v * nw / words_per_group];
             }
             accumulate::<F, NW, NX>(
                 x,
-                uv,
+                wv,
                 scales,
-                us,
-                row_u,
+                s,
+                row,
                 v,
                 k,
                 words_per_group,
                 groups,
                 norm_w,
                 &inv_rms,
-                &mut acc_up,
+                &mut acc,
+                comptime![half * plan.m as usize],
                 plan,
             );
         }
@@ -218,7 +204,8 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
         let total = ops::reduce::row_sum(acc[m], plan.lanes, plan.cols, plan.use_plane);
         let mut total_up = 0f32;
         if gated {
-            total_up = ops::reduce::row_sum(acc_up[m], plan.lanes, plan.cols, plan.use_plane);
+            let up = acc[m_rows + m];
+            total_up = ops::reduce::row_sum(up, plan.lanes, plan.cols, plan.use_plane);
         }
         if active && UNIT_POS_X == 0 {
             write_epilogue::<F>(

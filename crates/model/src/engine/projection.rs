@@ -5,7 +5,7 @@
 //! separate launches from preallocated scratch.
 
 use cubecl::prelude::*;
-use ops::linear::{DenseLinear, Epilogue, Linear, LinearWorkspace};
+use ops::linear::{DenseLinear, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::{DType, DeviceTensor};
 
@@ -183,9 +183,13 @@ impl<R: Runtime> Projection<R> {
         scratch: Option<&ProjectionScratch<R>>,
     ) -> Result<()> {
         let ws = scratch.map(|s| &s.linear);
-        Ok(self
-            .layer
-            .forward_normed_into(client, x, norm, normed, self.epilogue(None), out, ws)?)
+        Ok(self.layer.forward_normed_into(
+            client,
+            NormedInput { x, norm, normed },
+            self.epilogue(None),
+            out,
+            ws,
+        )?)
     }
 
     /// The MLP's first half on a fused gate-up projection, on `rms_norm(x, norm)`:
@@ -203,8 +207,12 @@ impl<R: Runtime> Projection<R> {
     ) -> Result<()> {
         let epilogue = self.epilogue(None).gated(Activation::Silu);
         let ws = scratch.map(|s| &s.linear);
-        Ok(self
-            .layer
-            .forward_normed_into(client, x, norm, normed, epilogue, out, ws)?)
+        Ok(self.layer.forward_normed_into(
+            client,
+            NormedInput { x, norm, normed },
+            epilogue,
+            out,
+            ws,
+        )?)
     }
 }

@@ -5,7 +5,7 @@
 //! run and must give the same answers).
 
 use cubecl::prelude::*;
-use ops::linear::{Epilogue, Linear, LinearWorkspace};
+use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::reference::matmul::silu;
 use ops::reference::norm::rms_norm;
@@ -99,7 +99,12 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                     weight: &g,
                     eps: EPS,
                 };
-                l.forward_normed_into(client, &xt, norm, &normed, Epilogue::NONE, &out, Some(&ws))
+                let input = NormedInput {
+                    x: &xt,
+                    norm,
+                    normed: &normed,
+                };
+                l.forward_normed_into(client, input, Epilogue::NONE, &out, Some(&ws))
                     .unwrap();
                 // The normalized activation as the kernels hold it (rounded to the dtype), then
                 // the same quantized arithmetic on the host.
