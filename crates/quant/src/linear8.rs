@@ -331,7 +331,7 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
     }
     // Gated, the weight holds the gate rows then the up rows and the output is half as wide.
     let width = if gate.is_some() { n / 2 } else { n };
-    if gate.is_some() && (n % 2 != 0 || bias.is_some() || residual.is_some()) {
+    if gate.is_some() && (!n.is_multiple_of(2) || bias.is_some() || residual.is_some()) {
         return Err(OpsError::invalid(
             OP,
             "a gated product needs an even row count and takes no bias or residual",

@@ -134,7 +134,7 @@ impl<R: Runtime> W4A16Linear<R> {
         let (m, k) = (x.rows(), self.in_features);
         let n = epilogue.out_width(self.out_features);
         if epilogue.activation.is_some()
-            && (self.out_features % 2 != 0
+            && (!self.out_features.is_multiple_of(2)
                 || epilogue.bias.is_some()
                 || epilogue.residual.is_some())
         {
