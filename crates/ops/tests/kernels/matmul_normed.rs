@@ -7,7 +7,7 @@ use ops::matmul::{
     fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, linear_normed_into,
     linear_normed_into_with, plan, Activation, GatedWeights, InputNorm, Kernel, MatmulStrategy,
 };
-use ops::reference::{matmul as reference, norm::rms_norm};
+use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
 
@@ -23,14 +23,20 @@ fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
     s
 }
 
-/// The normalized input as the kernels hold it: `rms_norm(x, g)` rounded to the activation dtype
-/// (as `ops::norm::rms_norm` rounds it, and the fused GEMV each element it reads).
+/// The normalized input as the kernels hold it: `F(F(x · rstd) · g)`, the rounding of
+/// `ops::norm::rms_norm` (and of the fused GEMV on each element it reads), with rstd in f64.
 fn normed_input(xh: &[f64], gh: &[f64], dtype: DType) -> Vec<f64> {
-    let h: Vec<f32> = rms_norm(xh, gh, EPS as f64)
-        .iter()
-        .map(|&v| v as f32)
-        .collect();
-    round_to(&h, dtype)
+    let k = gh.len();
+    let mut out = Vec::with_capacity(xh.len());
+    for row in xh.chunks(k) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / k as f64;
+        let inv = 1.0 / (ms + EPS as f64).sqrt();
+        let scaled: Vec<f32> = row.iter().map(|v| (v * inv) as f32).collect();
+        let scaled = round_to(&scaled, dtype);
+        let weighted: Vec<f32> = scaled.iter().zip(gh).map(|(s, g)| (s * g) as f32).collect();
+        out.extend(round_to(&weighted, dtype));
+    }
+    out
 }
 
 /// The norm's input scale varies per row, so a wrong row statistic shows.
