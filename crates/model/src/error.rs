@@ -59,6 +59,10 @@ pub enum ModelError {
     /// The prompt (plus at least one new token) does not fit into the context.
     #[error("context overflow: {needed} tokens needed but the context holds {max_len} (raise --max-len or shorten the prompt)")]
     ContextOverflow { needed: usize, max_len: usize },
+    /// The model and its context do not fit in the device's memory (checked before anything is
+    /// allocated), or the device ran out of memory.
+    #[error("device memory: {0}")]
+    DeviceMemory(String),
     /// The compute dtype asked for cannot be used on this runtime.
     #[error("dtype {dtype} is not supported by the {runtime} runtime{hint}")]
     UnsupportedDType {
@@ -126,6 +130,7 @@ impl ModelError {
             Self::ChatTemplate(_) => "chat-template",
             Self::InvalidParameter { .. } => "parameter",
             Self::ContextOverflow { .. } => "context-overflow",
+            Self::DeviceMemory(_) => "device-memory",
             Self::UnsupportedDType { .. } => "dtype",
             Self::ModelNotFound { .. } => "model-not-found",
             Self::BadLogits { .. } => "logits",

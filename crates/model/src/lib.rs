@@ -37,6 +37,7 @@ pub use engine::buffers::{Activations, DecodeBuffers};
 pub use engine::compression::{Compression, Int4Group, QuantMode};
 pub use engine::kv_cache::KvCache;
 pub use engine::load::{choose_dtype, LoadOptions, LoadProgress, LoadReport, DEFAULT_MAX_LEN};
+pub use engine::memory::{DeviceMemory, MemoryPlan};
 pub use engine::model::{Logits, Model};
 pub use engine::plan::{plan_weights, WeightPlan};
 pub use engine::session::{Session, SessionOptions};

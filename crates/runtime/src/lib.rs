@@ -120,6 +120,37 @@ pub fn probe_wgpu() -> Result<Backend, RuntimeError> {
     Err(RuntimeError::NotCompiled("wgpu"))
 }
 
+/// Bytes free on the device of `client`, as its driver reports them (`None` where the runtime
+/// does not say: wgpu has no such query). CubeCL reports only its own limit on one allocation,
+/// so a caller that wants to check a whole model against the device asks here.
+pub fn free_memory<R: cubecl::Runtime>(_client: &cubecl::client::ComputeClient<R>) -> Option<u64> {
+    #[cfg(feature = "cuda")]
+    if std::any::TypeId::of::<R>() == std::any::TypeId::of::<Cuda>() {
+        return cuda_free_memory();
+    }
+    None
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_free_memory() -> Option<u64> {
+    use cudarc::driver::result;
+    result::init().ok()?;
+    // Device 0 is the one `CudaDevice::default()` names (the only one `with_runtime!` uses). The primary context is the one CubeCL
+    // uses (retaining it again only raises its reference count); it must be current on this
+    // thread for cuMemGetInfo.
+    let dev = result::device::get(0).ok()?;
+    // SAFETY: `dev` is a valid device; the context is released below, after the query.
+    unsafe {
+        let ctx = result::primary_ctx::retain(dev).ok()?;
+        let free = result::ctx::set_current(ctx)
+            .ok()
+            .and_then(|_| result::mem_get_info().ok())
+            .map(|(free, _total)| free as u64);
+        let _ = result::primary_ctx::release(dev);
+        free
+    }
+}
+
 /// Resolves a choice to a backend with a device.
 pub fn resolve(choice: RuntimeChoice) -> Result<Backend, RuntimeError> {
     match choice {

@@ -114,6 +114,21 @@ impl Compression {
         }
     }
 
+    /// Device bytes of a `numel`-element projection of a slot this compression applies to (the
+    /// packed weights; scales and indices add a few percent).
+    pub(crate) fn stored_bytes(&self, numel: u64, dtype: DType) -> u64 {
+        match *self {
+            Self::None => numel * dtype.size() as u64,
+            Self::Sparsify { sparsity } => {
+                (numel as f64 * dtype.size() as f64 * (1.0 - sparsity)).ceil() as u64
+            }
+            Self::Quant { mode, .. } => match mode {
+                QuantMode::W8A8 | QuantMode::Fp8 => numel,
+                QuantMode::W4A16 { .. } => numel.div_ceil(2),
+            },
+        }
+    }
+
     /// Builds the compressed layer of a host weight `[n, k]` (f32) and its optional bias.
     pub(crate) fn build<R: Runtime>(
         &self,

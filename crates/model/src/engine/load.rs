@@ -13,6 +13,7 @@ use ops::{caps, DType, DeviceTensor};
 
 use crate::config::{GenerationConfig, ModelConfig};
 use crate::engine::compression::{Compression, HostWeight, Slot};
+use crate::engine::memory::{DeviceMemory, MemoryPlan};
 use crate::engine::model::Model;
 use crate::engine::plan::{plan_weights, Target, WeightPlan};
 use crate::engine::projection::{Projection, Weight};
@@ -76,6 +77,34 @@ pub fn choose_dtype(
     })
 }
 
+/// Device bytes of the planned weights as they will be stored, in all and the largest tensor.
+fn planned_weight_bytes(plan: &WeightPlan, dtype: DType, compression: Compression) -> (u64, u64) {
+    let mut total = 0u64;
+    let mut largest = 0u64;
+    let mut add = |n: u64| {
+        total += n;
+        largest = largest.max(n);
+    };
+    for upload in &plan.uploads {
+        let numel = upload.shape().iter().product::<usize>() as u64;
+        let dense = numel * dtype.size() as u64;
+        let slot = match upload.target {
+            Target::Layer(_, role) => Slot::of(role),
+            Target::LmHead => Some(Slot::LmHead),
+            Target::Embedding | Target::FinalNorm => None,
+        };
+        match slot {
+            Some(s) if compression.applies_to(s) => add(compression.stored_bytes(numel, dtype)),
+            _ => add(dense),
+        }
+        // A tied head that is compressed gets its own copy of the table.
+        if upload.target == Target::Embedding && plan.tied && compression.applies_to(Slot::LmHead) {
+            add(compression.stored_bytes(numel, dtype));
+        }
+    }
+    (total, largest)
+}
+
 /// Options of [`Model::load`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LoadOptions {
@@ -85,6 +114,10 @@ pub struct LoadOptions {
     pub max_len: Option<usize>,
     /// How the projections are stored (dense unless asked otherwise).
     pub compression: Compression,
+    /// Bytes free on the device, for the check of the model and its context before anything is
+    /// allocated (CubeCL does not report it; the CLI asks the driver). `None`: only the
+    /// runtime's limit on one allocation is checked.
+    pub device_free_bytes: Option<u64>,
 }
 
 /// Reported after each tensor is uploaded.
@@ -241,6 +274,8 @@ impl<R: Runtime> Model<R> {
         progress: &mut dyn FnMut(&LoadProgress),
     ) -> Result<(Self, LoadReport)> {
         let start = Instant::now();
+        // Uploads are device work that must stay out of another session's graph capture.
+        let _device = crate::engine::device_lock::shared();
         if !dir.is_dir() {
             return Err(ModelError::io(dir, "no such model directory"));
         }
@@ -282,6 +317,15 @@ impl<R: Runtime> Model<R> {
         }
         let compression = options.compression;
         compression.check()?;
+        let (weights, largest_weight) = planned_weight_bytes(&plan, dtype, compression);
+        let device = DeviceMemory {
+            // On wgpu CubeCL's page size is the storage-buffer binding limit, a hard limit on
+            // one buffer; on CUDA it is only the size of its memory pools' pages.
+            max_allocation: (runtime != "cuda").then(|| client.properties().memory.max_page_size),
+            free: options.device_free_bytes,
+        };
+        MemoryPlan::new(&config, dtype, max_len, weights, largest_weight)
+            .check(&device, runtime)?;
         let rope = RopeCache::with_scaling(
             client,
             max_len,

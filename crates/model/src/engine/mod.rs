@@ -7,11 +7,13 @@
 //! plan.rs         plan_weights: every tensor checked on the host (presence, shape, dtype), grouped
 //!                 into device tensors by name, before anything is uploaded
 //! load.rs         Model::load: dtype policy (choose_dtype), uploads in plan order, LoadOptions
+//! memory.rs       MemoryPlan: device bytes from the config, checked before any allocation
 //! compression.rs  Compression / QuantMode / Int4Group: projections as Box<dyn ops::linear::Linear>
 //! projection.rs   Projection (dense or compressed, with its bias), Weight, ProjectionScratch
 //! kv_cache.rs     KvCache: per layer [max_len, Hkv, D]; one source of truth for its length
 //! buffers.rs      Activations, DecodeBuffers (everything the decode step writes), StepContext
 //! model.rs        Model: weights, prefill and the allocation-free decode step, one forward
+//! device_lock.rs  the process-wide lock that keeps other sessions' device work out of a capture
 //! session.rs      Session (model + cache + buffers): CausalLm, CUDA-graph capture and replay
 //! ```
 //!
@@ -22,8 +24,10 @@
 
 pub mod buffers;
 pub mod compression;
+pub(crate) mod device_lock;
 pub mod kv_cache;
 pub mod load;
+pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod projection;

@@ -6,6 +6,7 @@ use cubecl::prelude::*;
 use ops::{caps, DeviceTensor};
 
 use crate::engine::buffers::DecodeBuffers;
+use crate::engine::device_lock;
 use crate::engine::kv_cache::KvCache;
 use crate::engine::model::{Logits, Model};
 use crate::engine::projection::Projection;
@@ -67,6 +68,7 @@ impl<R: Runtime> Session<R> {
     }
 
     pub fn with_options(model: Model<R>, options: SessionOptions) -> Result<Self> {
+        let _device = device_lock::shared();
         let cache = model.new_cache()?;
         let step = model.new_decode_buffers()?;
         // Block-sparse projections run eagerly (see `Projection::graph_safe`).
@@ -151,6 +153,7 @@ impl<R: Runtime> Session<R> {
 
     /// Prefill returning every position's logits (for comparisons with a reference).
     pub fn prefill_all_logits(&mut self, tokens: &[u32]) -> Result<DeviceTensor<R>> {
+        let _device = device_lock::shared();
         let logits = self.model.prefill(tokens, &mut self.cache, Logits::All)?;
         self.current = Current::None;
         Ok(logits)
@@ -177,6 +180,7 @@ impl<R: Runtime> CausalLm for Session<R> {
     }
 
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
+        let _device = device_lock::shared();
         let logits = self.model.prefill(tokens, &mut self.cache, Logits::Last)?;
         self.current = Current::Prefill(logits);
         Ok(())
@@ -192,6 +196,9 @@ impl<R: Runtime> CausalLm for Session<R> {
                 ),
             ));
         }
+        // The step that captures keeps every other session's device work out of the window.
+        let capturing = matches!(self.graph, GraphState::Warming { steps } if steps > 0);
+        let _device = device_lock::for_step(capturing);
         self.cache.begin_append(self.model.client(), 1)?;
         self.step.write_token(self.model.client(), token)?;
         self.run_step()?;
@@ -201,6 +208,7 @@ impl<R: Runtime> CausalLm for Session<R> {
     }
 
     fn argmax(&mut self) -> Result<u32> {
+        let _device = device_lock::shared();
         let c = self.model.client();
         let ids = match &self.current {
             // The decode step already ran the device argmax: read back one u32.
@@ -224,6 +232,7 @@ impl<R: Runtime> CausalLm for Session<R> {
                 return Err(ModelError::param("logits", "no forward pass has run yet"))
             }
         };
+        let _device = device_lock::shared();
         *out = tensor.to_f32_vec(self.model.client())?;
         Ok(())
     }

@@ -142,6 +142,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 dtype: Some(DType::F32),
                 max_len: Some(128),
                 compression,
+                ..LoadOptions::default()
             };
             let (m, report) = load(client, &dir, &opts).unwrap();
             let sparse_bytes = report.weight_bytes;

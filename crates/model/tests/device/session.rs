@@ -209,3 +209,56 @@ fn graph_option<R: Runtime>(client: &ComputeClient<R>) {
 fn cuda_graphs_are_an_explicit_option() {
     on_each_runtime_one_cuda_at_a_time!(graph_option);
 }
+
+/// Greedy tokens of one session on the demo model, and whether it replayed a graph.
+fn greedy_run<R: Runtime>(client: &ComputeClient<R>, dir: &std::path::Path) -> (Vec<u32>, bool) {
+    let (m, _) = load(
+        client,
+        dir,
+        &LoadOptions {
+            max_len: Some(96),
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let mut session = Session::new(m).unwrap();
+    session.prefill(&[5, 80, 300, 17, 999, 42]).unwrap();
+    let mut tokens = Vec::new();
+    for _ in 0..40 {
+        let next = session.argmax().unwrap();
+        tokens.push(next);
+        session.decode(next).unwrap();
+    }
+    (tokens, session.uses_graph())
+}
+
+/// Sessions on several threads of one process, each capturing its decode step while the others
+/// load, prefill, read and replay: every one gives the tokens of a session run alone, and on
+/// CUDA every one replays its graph (a capture broken by another thread would fall back to
+/// eager steps).
+fn concurrent_sessions<R: Runtime>(client: &ComputeClient<R>) {
+    let demo = Demo::new();
+    let alone = greedy_run(client, &demo.0);
+    let cuda = caps::runtime_name(client) == "cuda";
+    assert_eq!(alone.1, cuda);
+    for round in 0..3 {
+        let runs: Vec<(Vec<u32>, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    let client = client.clone();
+                    let dir = demo.0.clone();
+                    s.spawn(move || greedy_run(&client, &dir))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, run) in runs.iter().enumerate() {
+            assert_eq!(run, &alone, "round {round}, thread {i}");
+        }
+    }
+}
+
+#[test]
+fn sessions_on_several_threads_of_one_process() {
+    on_each_runtime_one_cuda_at_a_time!(concurrent_sessions);
+}
