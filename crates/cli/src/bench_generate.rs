@@ -78,6 +78,7 @@ pub fn bench_generate<R: Runtime>(
         dtype,
         max_len: Some(max_len),
         compression,
+        device_free_bytes: runtime::free_memory(client),
     };
     let (m, report) = Model::<R>::load(client, dir, &options, &mut |_| {})?;
     eprintln!(

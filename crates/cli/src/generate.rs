@@ -185,6 +185,7 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         dtype,
         max_len: args.max_len,
         compression,
+        device_free_bytes: runtime::free_memory(client),
     };
     let loaded = Model::<R>::load(client, &dir, &options, &mut |p| {
         if !started {
@@ -200,6 +201,12 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         }
         bar.set_position(p.bytes_done);
         bar.set_message(format!("{}/{}", p.index, p.count));
+        if crate::interrupt::requested() {
+            // Nothing is written yet: stop between two uploads.
+            bar.finish_and_clear();
+            eprintln!("interrupted while loading");
+            std::process::exit(crate::interrupt::EXIT_STATUS.into());
+        }
     });
     bar.finish_and_clear();
     let (model, report) = loaded?;
@@ -249,6 +256,10 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
     let mut out = stdout.lock();
     let mut ends_with_newline = true;
     let result = generator.generate(&prompt, &options, |piece| {
+        if crate::interrupt::requested() {
+            // Ctrl-C: keep what was written, end the line, report the stats.
+            return ControlFlow::Break(());
+        }
         ends_with_newline = piece.ends_with('\n');
         if out
             .write_all(piece.as_bytes())

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 mod bench_generate;
 mod generate;
+mod interrupt;
 mod selfcheck;
 mod weight_args;
 
@@ -141,8 +142,18 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
 }
 
 fn main() -> ExitCode {
+    interrupt::install();
     let cli = Cli::parse();
-    match run(cli) {
+    let result = run(cli);
+    if interrupt::requested() {
+        // What was generated is already flushed; say why the run ended early.
+        match &result {
+            Err(e) => eprintln!("interrupted ({})", format!("{e:#}").replace('\n', " ")),
+            Ok(_) => eprintln!("interrupted"),
+        }
+        return ExitCode::from(interrupt::EXIT_STATUS);
+    }
+    match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {

@@ -178,6 +178,29 @@ fn bad_input_is_one_line_and_a_failure() {
         let line = error_line(&o);
         assert!(line.contains(needle), "{args:?}: {line}");
     }
+    // A context far beyond the device is refused before anything is allocated (the RoPE tables
+    // alone would take minutes to compute), naming the bytes needed and allowed.
+    let start = std::time::Instant::now();
+    let line = error_line(&cli(
+        &[
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--model",
+            d,
+            "--prompt",
+            "x",
+            "--max-len",
+            "100000000",
+        ],
+        &home,
+    ));
+    assert!(
+        line.contains("device memory") && line.contains("does not fit") && line.contains("bytes"),
+        "{line}"
+    );
+    assert!(line.contains("largest context that fits"), "{line}");
+    assert!(start.elapsed().as_secs() < 30, "took {:?}", start.elapsed());
     // A corrupt checkpoint.
     let bytes = std::fs::read(demo.join("model.safetensors")).unwrap();
     std::fs::write(demo.join("model.safetensors"), &bytes[..bytes.len() / 3]).unwrap();
@@ -386,5 +409,56 @@ fn unsupported_llama_configs_are_one_line_errors() {
         }
         assert!(line.contains("config.json"), "{tag}: {line}");
     }
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// Sends SIGINT to a running `generate` once it has written some text: the text so far is kept,
+/// the stats line says "cancelled", and the exit status is 130.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_during_generation_keeps_the_text_and_exits_130() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let home = temp("sigint");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cubellm"))
+        .args([
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--prompt",
+            "Once upon a time",
+            "--max-len",
+            "100000",
+            "--max-new-tokens",
+            "90000",
+        ])
+        .env("XDG_CACHE_HOME", home.join("cache"))
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 16];
+    let n = stdout.read(&mut first).unwrap();
+    assert!(n > 0, "no text before the end");
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "stderr: {stderr}");
+    assert!(stderr.contains("stop: cancelled"), "stderr: {stderr}");
+    assert!(
+        stderr.lines().last().unwrap().starts_with("interrupted"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // Far fewer tokens than asked for: the run stopped at the signal.
+    assert!(rest.len() < 90_000, "{} bytes after the signal", rest.len());
     std::fs::remove_dir_all(&home).unwrap();
 }
