@@ -27,7 +27,7 @@ use crate::error::{ModelError, Result};
 use crate::sampling::Rng;
 
 /// Bumped whenever the demo model's bytes change, so that stale cached copies are not reused.
-pub const DEMO_VERSION: &str = "demo-v1";
+pub const DEMO_VERSION: &str = "demo-v2";
 
 /// The training text, compiled in so that the demo model can be built without the sources.
 pub const CORPUS: [(&str, &str); 3] = [
