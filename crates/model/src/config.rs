@@ -224,20 +224,35 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Parameter count (embeddings counted once when tied).
+    /// Parameter count (embeddings counted once when tied). Saturates at `usize::MAX`, which a
+    /// parsed config never reaches: the parser refuses sizes whose count overflows.
     pub fn num_parameters(&self) -> usize {
-        let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (q, kv) = (self.q_dim(), self.kv_dim());
+        self.checked_num_parameters().unwrap_or(usize::MAX)
+    }
+
+    /// The parameter count, `None` when it (or a width it is made of) overflows `usize`.
+    fn checked_num_parameters(&self) -> Option<usize> {
+        let sum = |parts: &[usize]| parts.iter().try_fold(0usize, |a, &b| a.checked_add(b));
+        let (h, i, v, d) = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.vocab_size,
+            self.head_dim,
+        );
+        let q = self.num_attention_heads.checked_mul(d)?;
+        let kv = self.num_key_value_heads.checked_mul(d)?;
         let b = &self.block;
-        let attn = h * q
-            + 2 * h * kv
-            + q * h
-            + if b.qkv_bias { q + 2 * kv } else { 0 }
-            + if b.o_bias { h } else { 0 }
-            + if b.qk_norm { 2 * self.head_dim } else { 0 };
-        let layer = attn + 3 * h * i + 2 * h;
-        let head = if self.tie_word_embeddings { 0 } else { v * h };
-        v * h + self.num_hidden_layers * layer + h + head
+        let attn = sum(&[
+            h.checked_mul(q)?.checked_mul(2)?,
+            h.checked_mul(kv)?.checked_mul(2)?,
+            if b.qkv_bias { sum(&[q, kv, kv])? } else { 0 },
+            if b.o_bias { h } else { 0 },
+            if b.qk_norm { d.checked_mul(2)? } else { 0 },
+        ])?;
+        let layer = sum(&[attn, h.checked_mul(i)?.checked_mul(3)?, h.checked_mul(2)?])?;
+        let embed = v.checked_mul(h)?;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        sum(&[embed, self.num_hidden_layers.checked_mul(layer)?, h, head])
     }
 
     /// Errors if a context of `max_len` tokens is one this model cannot attend over correctly.
@@ -373,7 +388,7 @@ pub(crate) fn parse_common(
         None
     };
 
-    Ok(ModelConfig {
+    let config = ModelConfig {
         architecture: architecture.to_string(),
         model_type,
         hidden_size,
@@ -393,7 +408,19 @@ pub(crate) fn parse_common(
         eos_token_ids,
         sliding_window,
         block,
-    })
+    };
+    // Every width and tensor size below the count fits when the count does.
+    if config.checked_num_parameters().is_none() {
+        return Err(f.err(
+            "hidden_size",
+            format!(
+                "{hidden_size} with intermediate_size {intermediate_size}, num_hidden_layers \
+                 {num_hidden_layers}, vocab_size {vocab_size} and {num_attention_heads} heads of \
+                 head_dim {head_dim}: the parameter count overflows"
+            ),
+        ));
+    }
+    Ok(config)
 }
 
 /// `rope_theta` and the frequency scaling (see the module docs).

@@ -45,6 +45,13 @@ impl ChatMessage {
 /// `raise_exception(msg)` function), with Python string/dict methods (`.split`, `.strip`,
 /// `.startswith`, `.get`, `.items`, ...) from minijinja-contrib's pycompat layer, `break` /
 /// `continue`, and `tojson`.
+///
+/// A template comes with the model, so rendering is bounded: at most [`ChatTemplate::FUEL`]
+/// template instructions (minijinja's fuel; Qwen-style templates spend under 200 per message,
+/// so a 30 000-message conversation fits) and [`ChatTemplate::MAX_OUTPUT`] bytes of output,
+/// past which rendering is an error rather than a hang or an ever-growing prompt. Not bounded:
+/// one expression's own memory (`'x' * 99999999` is 100 MB; minijinja caps a repetition there)
+/// and strings a loop doubles through a `namespace`, which fuel alone cannot stop.
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
@@ -68,9 +75,35 @@ fn template_error(e: minijinja::Error) -> ModelError {
     ModelError::ChatTemplate(msg)
 }
 
+/// The rendered prompt, refusing to grow past a limit.
+struct LimitedOutput {
+    bytes: Vec<u8>,
+    limit: usize,
+}
+
+impl std::io::Write for LimitedOutput {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 impl ChatTemplate {
+    /// Template instructions one render may execute.
+    pub const FUEL: u64 = 5_000_000;
+    /// Bytes a rendered conversation may have.
+    pub const MAX_OUTPUT: usize = 64 << 20;
+
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
         let mut env = Environment::new();
+        env.set_fuel(Some(Self::FUEL));
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
             .lstrip_blocks(true)
@@ -100,14 +133,52 @@ impl ChatTemplate {
             .env
             .get_template("chat_template")
             .map_err(template_error)?;
-        template
-            .render(minijinja::context! {
+        let mut out = LimitedOutput {
+            bytes: Vec::new(),
+            limit: Self::MAX_OUTPUT,
+        };
+        let rendered = template.render_captured_to(
+            minijinja::context! {
                 messages => Value::from(minijinja::value::Serde(messages)),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
-            })
-            .map_err(template_error)
+            },
+            &mut out,
+        );
+        match rendered {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|e| ModelError::ChatTemplate(format!("output is not UTF-8: {e}"))),
+            Err(e) if e.kind() == ErrorKind::WriteFailure => {
+                Err(ModelError::ChatTemplate(format!(
+                    "the rendered conversation exceeds {} bytes",
+                    Self::MAX_OUTPUT
+                )))
+            }
+            Err(e) => Err(template_error(e)),
+        }
+    }
+}
+
+/// Runs a call into the tokenizers crate with its error, or its panic, as a tokenizer error:
+/// some malformed `tokenizer.json` files load and then panic when used (a `TemplateProcessing`
+/// post-processor naming a special token it does not define, for one).
+fn guarded<T>(what: &str, call: impl FnOnce() -> tokenizers::Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)) {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(ModelError::Tokenizer(
+            format!("{what}: {e}").replace('\n', " "),
+        )),
+        Err(panic) => {
+            let detail = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            Err(ModelError::Tokenizer(format!(
+                "{what}: the tokenizers library panicked ({detail}); tokenizer.json is malformed"
+            )))
+        }
     }
 }
 
@@ -157,8 +228,9 @@ impl Tokenizer {
                 path.display()
             )));
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
+        let inner = guarded(&path.display().to_string(), || {
+            tokenizers::Tokenizer::from_file(&path)
+        })?;
 
         let config_path = dir.join("tokenizer_config.json");
         let tok_config = if config_path.is_file() {
@@ -273,18 +345,13 @@ impl Tokenizer {
     /// prompts and `false` for rendered chat templates, which carry their own special tokens,
     /// as transformers does.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, add_special_tokens)
-            .map_err(|e| ModelError::Tokenizer(format!("encode: {e}")))?;
+        let enc = guarded("encode", || self.inner.encode(text, add_special_tokens))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Decodes ids to text; ids the vocabulary does not know are skipped.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| ModelError::Tokenizer(format!("decode: {e}")))
+        guarded("decode", || self.inner.decode(ids, skip_special_tokens))
     }
 
     /// Renders a conversation with the model's chat template.

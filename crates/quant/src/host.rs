@@ -22,22 +22,35 @@ pub struct ByteMatrix {
 }
 
 impl ByteMatrix {
+    /// A zero matrix. Panics, as `vec!` does, when `rows * pitch` bytes overflow `usize`.
     pub fn zeros(rows: usize, cols: usize) -> Self {
         let pitch = row_pitch(cols);
+        let len = rows
+            .checked_mul(pitch)
+            .expect("ByteMatrix::zeros: rows * pitch overflows usize");
         Self {
             rows,
             cols,
             pitch,
-            bytes: vec![0; rows * pitch],
+            bytes: vec![0; len],
         }
     }
 
     /// Packs a dense row-major `[rows, cols]` byte matrix into the padded layout.
     pub fn from_dense(rows: usize, cols: usize, dense: &[u8]) -> Result<Self> {
-        if dense.len() != rows * cols {
+        const OP: &str = "ByteMatrix::from_dense";
+        if rows.checked_mul(cols) != Some(dense.len()) {
             return Err(OpsError::shape(
-                "ByteMatrix::from_dense",
+                OP,
                 format!("{} bytes for [{rows}, {cols}]", dense.len()),
+            ));
+        }
+        // With no columns, rows*cols says nothing about rows; the padded rows must still fit.
+        let padded = cols.div_ceil(16).max(1).checked_mul(16);
+        if padded.and_then(|pitch| rows.checked_mul(pitch)).is_none() {
+            return Err(OpsError::shape(
+                OP,
+                format!("[{rows}, {cols}] padded to 16-byte rows overflows usize"),
             ));
         }
         let mut m = Self::zeros(rows, cols);
@@ -95,7 +108,7 @@ impl QuantizedWeight8 {
 }
 
 fn check_weight(op: &'static str, w: &[f32], n: usize, k: usize) -> Result<()> {
-    if n == 0 || k == 0 || w.len() != n * k {
+    if n == 0 || k == 0 || n.checked_mul(k) != Some(w.len()) {
         return Err(OpsError::shape(
             op,
             format!("{} values for a [{n}, {k}] weight", w.len()),
@@ -251,7 +264,7 @@ pub fn quantize_weight_int4(
 pub fn pack_int4(q: &[i8], k: usize, n: usize) -> Result<Vec<i32>> {
     const OP: &str = "pack_int4";
     check_int4_shape(OP, k, n, None)?;
-    if q.len() != k * n {
+    if k.checked_mul(n) != Some(q.len()) {
         return Err(OpsError::shape(
             OP,
             format!("{} codes for [{k}, {n}]", q.len()),
@@ -281,13 +294,13 @@ pub fn pack_int4(q: &[i8], k: usize, n: usize) -> Result<Vec<i32>> {
 pub fn unpack_int4(packed: &[i32], k: usize, n: usize) -> Result<Vec<i8>> {
     const OP: &str = "unpack_int4";
     check_int4_shape(OP, k, n, None)?;
-    if packed.len() != k / 8 * n {
+    if (k / 8).checked_mul(n) != Some(packed.len()) {
         return Err(OpsError::shape(
             OP,
             format!(
-                "{} words for K={k}, N={n} (needs {})",
+                "{} words for K={k}, N={n} (needs {} x {n})",
                 packed.len(),
-                k / 8 * n
+                k / 8
             ),
         ));
     }

@@ -56,7 +56,7 @@ impl<R: Runtime> W4A16Linear<R> {
         const OP: &str = "W4A16Linear::from_dense";
         caps::check_float_dtype(client, OP, act_dtype)?;
         let [out_features, in_features] = shape;
-        if weight.len() != out_features * in_features {
+        if out_features.checked_mul(in_features) != Some(weight.len()) {
             return Err(OpsError::shape(
                 OP,
                 format!("{} values for a weight of shape {shape:?}", weight.len()),

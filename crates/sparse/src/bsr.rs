@@ -112,8 +112,18 @@ pub struct WorkItems {
     pub n_slots: usize,
 }
 
-/// Builds the work list of a BSR pattern (see the module docs for the policy).
+/// Builds the work list of a BSR pattern (see the module docs for the policy). `crow` is a
+/// valid `crow_indices` ([`validate_bsr`]); one that does not start at 0 or decreases somewhere
+/// has no meaningful work list and gets an empty one.
 pub fn build_work_items(crow: &[i32]) -> WorkItems {
+    let valid = crow.first().is_none_or(|&c| c == 0) && crow.windows(2).all(|w| w[0] <= w[1]);
+    if !valid {
+        return WorkItems {
+            items: Vec::new(),
+            splits: Vec::new(),
+            n_slots: 0,
+        };
+    }
     let rows = crow.len().saturating_sub(1);
     let nnz = *crow.last().unwrap_or(&0) as usize;
     let mean = nnz.div_ceil(rows.max(1));
@@ -157,6 +167,10 @@ fn check_shape(shape: [usize; 2], block: usize) -> Result<(), SparseError> {
         || !shape[1].is_multiple_of(block)
     {
         return Err(SparseError::ShapeNotMultiple { shape, block });
+    }
+    // Every count derived from the shape (dense elements, values of all blocks) then fits.
+    if shape[0].checked_mul(shape[1]).is_none() {
+        return Err(SparseError::ShapeTooLarge { shape });
     }
     Ok(())
 }
@@ -204,10 +218,10 @@ pub fn validate_bsr(
     check_shape(shape, block)?;
     let rows = shape[0] / block;
     let block_cols = shape[1] / block;
-    if crow.len() != rows + 1 {
+    if crow.len().checked_sub(1) != Some(rows) {
         return Err(SparseError::CrowLength {
             len: crow.len(),
-            expected: rows + 1,
+            expected: rows.saturating_add(1),
         });
     }
     if crow[0] != 0 {

@@ -15,6 +15,9 @@ pub enum SparseError {
     /// A dimension of the dense shape is not a multiple of the block size (or is zero).
     #[error("shape {shape:?} is not made of whole {block}x{block} blocks")]
     ShapeNotMultiple { shape: [usize; 2], block: usize },
+    /// A shape with more elements than `usize` counts.
+    #[error("shape {shape:?} has more elements than fit in memory")]
+    ShapeTooLarge { shape: [usize; 2] },
     /// A dense host matrix whose length does not match its shape.
     #[error("{len} dense values for shape {shape:?}")]
     DenseLength { len: usize, shape: [usize; 2] },
@@ -58,9 +61,9 @@ impl From<SparseError> for OpsError {
     fn from(e: SparseError) -> Self {
         match e {
             SparseError::Ops(inner) => inner,
-            SparseError::ShapeNotMultiple { .. } | SparseError::DenseLength { .. } => {
-                OpsError::shape("sparse::Bsr", e.to_string())
-            }
+            SparseError::ShapeNotMultiple { .. }
+            | SparseError::ShapeTooLarge { .. }
+            | SparseError::DenseLength { .. } => OpsError::shape("sparse::Bsr", e.to_string()),
             other => OpsError::invalid("sparse::Bsr", other.to_string()),
         }
     }

@@ -82,51 +82,53 @@ pub fn plan_weights(config: &ModelConfig, store: &WeightStore) -> Result<WeightP
         target,
         parts: vec![TensorSpec { name, shape }],
     };
-    let mut uploads = vec![single(
+    let tied = config.tie_word_embeddings;
+    if !tied && prefix.is_empty() && !store.contains("lm_head.weight") {
+        return Err(ModelError::config(
+            crate::config::config_path(store.dir()),
+            "tie_word_embeddings",
+            format!(
+                "false, but this headless {} checkpoint has no lm_head.weight to produce logits",
+                config.architecture
+            ),
+        ));
+    }
+    // Each upload is checked as it is planned, so that a num_hidden_layers beyond the checkpoint
+    // fails at its first missing layer instead of planning (and allocating) every layer first.
+    let mut uploads = Vec::new();
+    let mut bytes = 0u64;
+    let mut checkpoint_dtype = None;
+    let mut add = |upload: PlannedUpload| -> Result<()> {
+        for spec in &upload.parts {
+            let t = store.expect(&spec.name, &spec.shape)?;
+            checkpoint_dtype.get_or_insert(t.dtype);
+            bytes += t.data.len() as u64;
+        }
+        uploads.push(upload);
+        Ok(())
+    };
+    add(single(
         Target::Embedding,
         format!("{prefix}embed_tokens.weight"),
         vec![v, h],
-    )];
+    ))?;
     for i in 0..config.num_hidden_layers {
-        uploads.extend(
-            config
-                .block
-                .uploads(config, prefix, i)
-                .into_iter()
-                .map(|u| PlannedUpload {
-                    target: Target::Layer(i, u.role),
-                    parts: u.parts,
-                }),
-        );
+        for u in config.block.uploads(config, prefix, i) {
+            add(PlannedUpload {
+                target: Target::Layer(i, u.role),
+                parts: u.parts,
+            })?;
+        }
     }
-    uploads.push(single(
+    add(single(
         Target::FinalNorm,
         format!("{prefix}norm.weight"),
         vec![h],
-    ));
-    let tied = config.tie_word_embeddings;
+    ))?;
     if !tied {
-        if prefix.is_empty() && !store.contains("lm_head.weight") {
-            return Err(ModelError::config(
-                crate::config::config_path(store.dir()),
-                "tie_word_embeddings",
-                format!(
-                    "false, but this headless {} checkpoint has no lm_head.weight to produce logits",
-                    config.architecture
-                ),
-            ));
-        }
-        uploads.push(single(Target::LmHead, "lm_head.weight".into(), vec![v, h]));
+        add(single(Target::LmHead, "lm_head.weight".into(), vec![v, h]))?;
     }
-    let mut bytes = 0u64;
-    let mut checkpoint_dtype = DType::F32;
-    for (i, spec) in uploads.iter().flat_map(|u| &u.parts).enumerate() {
-        let t = store.expect(&spec.name, &spec.shape)?;
-        if i == 0 {
-            checkpoint_dtype = t.dtype;
-        }
-        bytes += t.data.len() as u64;
-    }
+    let checkpoint_dtype = checkpoint_dtype.unwrap_or(DType::F32);
     let planned: std::collections::HashSet<&str> = uploads
         .iter()
         .flat_map(|u| u.parts.iter().map(|p| p.name.as_str()))
