@@ -1,5 +1,5 @@
 //! LLM inference on CubeCL for the Qwen2, Qwen3 and Llama families: `config.json`, safetensors
-//! weights (single or sharded, memory-mapped), the tokenizer and chat template, a preallocated
+//! weights (single or sharded, read tensor by tensor), the tokenizer and chat template, a preallocated
 //! KV cache, sampling, and a generation loop that streams text.
 //!
 //! The architectures are kept apart from the engine that runs them: [`models`] says what a
@@ -11,7 +11,7 @@
 //! config.rs     ModelConfig / GenerationConfig from the HF JSON files (errors name the field)
 //! models/       Architecture registry; qwen2.rs, qwen3.rs, llama.rs; decoder.rs (the shared block)
 //! engine/       plan, load, compression, projections, KV cache, buffers, Model, Session
-//! weights.rs    WeightStore: mmap'ed safetensors by HF name, dtype conversion, upload
+//! weights.rs    WeightStore: safetensors by HF name (positioned reads), dtype conversion, upload
 //! tokenizer.rs  Tokenizer (tokenizers crate), ChatTemplate (minijinja), StreamDecoder
 //! sampling.rs   SamplingParams, Sampler (greedy / temperature / top-k / top-p / penalty, seeded)
 //! generate.rs   CausalLm trait, Generator, GenerateOptions, GenerationStats

@@ -1,10 +1,13 @@
 //! Safetensors checkpoints: one `model.safetensors` or shards listed in
-//! `model.safetensors.index.json`, memory-mapped, looked up by their Hugging Face names.
+//! `model.safetensors.index.json`, looked up by their Hugging Face names.
 //!
-//! Only the headers are parsed when a checkpoint is opened; tensor bytes are read from the
-//! mapping when a tensor is converted or uploaded, so the page cache, not our heap, holds the
-//! file. A truncated or corrupt file is an error naming the file (the header's offsets are
-//! checked against the file size before any tensor is touched), never a panic.
+//! Only the headers are parsed when a checkpoint is opened (through a memory map that is dropped
+//! right after); a tensor's bytes are read with a positioned read when it is converted or
+//! uploaded, one tensor at a time. Reading rather than mapping is what makes a file that is cut
+//! or rewritten while the model loads an error: a mapped page past a new end of file is a
+//! SIGBUS that kills the process, a short read is a `Result`. A truncated or corrupt file is an
+//! error naming the file (the header's offsets are checked against the file size before any
+//! tensor is touched), never a panic.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -23,12 +26,12 @@ use crate::error::{read_json, ModelError, Result};
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// One memory-mapped safetensors file and its parsed header.
+/// One safetensors file, open, and its parsed header.
 struct SafetensorsFile {
     path: PathBuf,
-    mmap: Mmap,
+    file: File,
     /// Offset of the data section (8 + header length).
-    data_start: usize,
+    data_start: u64,
     metadata: Metadata,
 }
 
@@ -64,36 +67,61 @@ impl SafetensorsFile {
                 detail: format!("{len} bytes is shorter than the 8-byte header length (empty or truncated file)"),
             });
         }
-        // SAFETY: the mapping is read-only; as with every mmap-based loader, the file must not be
-        // truncated by another process while the model loads.
+        // The header check needs the whole file's length as a buffer (the data section must end
+        // at the end of the file); mapping it touches only the header's pages. SAFETY: the
+        // mapping is read-only and dropped before this function returns.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
         let (header_len, metadata) =
             SafeTensors::read_metadata(&mmap).map_err(|e| ModelError::Safetensors {
                 path: path.to_path_buf(),
                 detail: describe(&e),
             })?;
+        drop(mmap);
         Ok(Self {
             path: path.to_path_buf(),
-            mmap,
-            data_start: 8 + header_len,
+            file,
+            data_start: 8 + header_len as u64,
             metadata,
         })
     }
 }
 
-/// A tensor of the checkpoint: its name, source dtype, shape, and bytes (little-endian).
+/// A tensor of the checkpoint: its name, source dtype, shape, and where its bytes are
+/// (little-endian; [`TensorRef::read`] reads them).
 #[derive(Debug, Clone, Copy)]
 pub struct TensorRef<'a> {
     pub name: &'a str,
     pub dtype: DType,
     pub shape: &'a [usize],
-    pub data: &'a [u8],
     pub file: &'a Path,
+    source: &'a File,
+    /// Absolute offset and length of the bytes in the file.
+    offset: u64,
+    len: usize,
 }
 
 impl TensorRef<'_> {
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
+    }
+
+    /// Bytes of the tensor in the file.
+    pub fn byte_len(&self) -> usize {
+        self.len
+    }
+
+    /// Reads the tensor's bytes (a file cut or changed since it was opened is an error).
+    pub fn read(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.len];
+        read_exact_at(self.source, &mut buf, self.offset).map_err(|e| ModelError::Safetensors {
+            path: self.file.to_path_buf(),
+            detail: format!(
+                "reading tensor '{}' ({} bytes at offset {}): {e} (was the file changed while \
+                 loading?)",
+                self.name, self.len, self.offset
+            ),
+        })?;
+        Ok(buf)
     }
 
     /// Checks the shape against what the config implies.
@@ -108,9 +136,13 @@ impl TensorRef<'_> {
         Ok(())
     }
 
-    /// The bytes converted to `to` on the host (borrowed when no conversion is needed).
-    pub fn bytes_as(&self, to: DType) -> Result<Cow<'_, [u8]>> {
-        convert(self.name, self.data, self.dtype, to)
+    /// The bytes read and converted to `to` on the host.
+    pub fn bytes_as(&self, to: DType) -> Result<Vec<u8>> {
+        let data = self.read()?;
+        if self.dtype == to {
+            return Ok(data);
+        }
+        Ok(convert(self.name, &data, self.dtype, to)?.into_owned())
     }
 
     /// The values as f32 (tests and host-side checks).
@@ -213,6 +245,22 @@ pub fn convert<'a>(name: &str, data: &'a [u8], from: DType, to: DType) -> Result
         }
     }
     Ok(Cow::Owned(out))
+}
+
+/// `buf.len()` bytes of `file` from `offset`, without moving a shared cursor where the platform
+/// allows it.
+fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+    }
+    #[cfg(not(unix))]
+    {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = file;
+        f.seek(SeekFrom::Start(offset))?;
+        f.read_exact(buf)
+    }
 }
 
 /// The tensors of a checkpoint directory, by name.
@@ -370,13 +418,14 @@ impl WeightStore {
             })?;
         let (s, e) = info.data_offsets;
         // read_metadata checked that the offsets are contiguous and end at the file's end.
-        let data = &file.mmap[file.data_start + s..file.data_start + e];
         Ok(TensorRef {
             name: key,
             dtype: source_dtype(name, info.dtype)?,
             shape: &info.shape,
-            data,
             file: &file.path,
+            source: &file.file,
+            offset: file.data_start + s as u64,
+            len: e - s,
         })
     }
 
@@ -402,7 +451,7 @@ impl WeightStore {
                 found: t.dtype.name().to_uppercase(),
             });
         }
-        Ok(t.data
+        Ok(t.read()?
             .chunks_exact(4)
             .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())

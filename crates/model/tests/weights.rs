@@ -370,3 +370,44 @@ fn dtype_conversion_on_the_host() {
     let inf = half::bf16::INFINITY.to_bits().to_le_bytes();
     assert!(convert("t", &inf, DType::BF16, DType::F16).is_ok());
 }
+
+/// A checkpoint cut (or rewritten shorter) after it was opened, as another process replacing it
+/// in place would: reading a tensor past the new end is an error naming the file and the tensor,
+/// not a SIGBUS (the loader reads tensors, it does not map them).
+#[test]
+fn a_file_cut_after_opening_is_an_error_not_a_crash() {
+    let dir = TempDir::new("cut-after-open");
+    let tensors = tiny_tensors();
+    let bytes = safetensors_of(&tensors, Dtype::F32);
+    let path = dir.join("model.safetensors");
+    std::fs::write(&path, &bytes).unwrap();
+    let store = WeightStore::open(dir.path()).unwrap();
+    let names: Vec<String> = store.names().iter().map(|n| n.to_string()).collect();
+    let whole: Vec<Vec<u8>> = names
+        .iter()
+        .map(|n| store.get(n).unwrap().read().unwrap())
+        .collect();
+    // Cut to the header only, in place (same inode, as `truncate` or an in-place rewrite does).
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(64.min(bytes.len() as u64)).unwrap();
+    drop(file);
+    for name in &names {
+        let err = store.get(name).unwrap().read().unwrap_err();
+        assert_eq!(err.kind(), "safetensors", "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("model.safetensors") && msg.contains(name),
+            "{msg}"
+        );
+        assert!(store.get(name).unwrap().to_f32().is_err());
+    }
+    // Restored, the same handles read the same bytes again.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
+        .unwrap();
+    for (name, want) in names.iter().zip(&whole) {
+        assert_eq!(&store.get(name).unwrap().read().unwrap(), want, "{name}");
+    }
+}

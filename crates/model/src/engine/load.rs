@@ -185,7 +185,7 @@ impl<R: Runtime> Reader<'_, R> {
         for spec in &upload.parts {
             let t = self.store.get(&spec.name)?;
             bytes.extend_from_slice(&t.bytes_as(to)?);
-            self.done += t.data.len() as u64;
+            self.done += t.byte_len() as u64;
             parts.push(spec.name.clone());
         }
         let shape = upload.shape();

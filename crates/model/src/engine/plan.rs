@@ -102,7 +102,7 @@ pub fn plan_weights(config: &ModelConfig, store: &WeightStore) -> Result<WeightP
         for spec in &upload.parts {
             let t = store.expect(&spec.name, &spec.shape)?;
             checkpoint_dtype.get_or_insert(t.dtype);
-            bytes += t.data.len() as u64;
+            bytes += t.byte_len() as u64;
         }
         uploads.push(upload);
         Ok(())

@@ -290,18 +290,19 @@ fn check_store(store: &WeightStore, bytes: &[u8]) -> Result<(), String> {
             offsets[0].as_u64().ok_or("no start offset")? as usize,
             offsets[1].as_u64().ok_or("no end offset")? as usize,
         );
-        if data_start + e > bytes.len() || bytes[data_start + s..data_start + e] != *t.data {
+        let data = t.read().map_err(|e| format!("'{name}': unreadable: {e}"))?;
+        if data_start + e > bytes.len() || bytes[data_start + s..data_start + e] != *data {
             return Err(format!(
                 "'{name}': data is not the file's bytes {s}..{e} of the data section"
             ));
         }
         let numel = t.shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        if numel.and_then(|n| n.checked_mul(t.dtype.size())) != Some(t.data.len()) {
+        if numel.and_then(|n| n.checked_mul(t.dtype.size())) != Some(data.len()) {
             return Err(format!(
                 "'{name}': shape {:?} of {} does not match {} bytes",
                 t.shape,
                 t.dtype,
-                t.data.len()
+                data.len()
             ));
         }
         let numel = t.numel();
