@@ -112,16 +112,26 @@ impl TensorRef<'_> {
 
     /// Reads the tensor's bytes (a file cut or changed since it was opened is an error).
     pub fn read(&self) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; self.len];
-        read_exact_at(self.source, &mut buf, self.offset).map_err(|e| ModelError::Safetensors {
-            path: self.file.to_path_buf(),
-            detail: format!(
-                "reading tensor '{}' ({} bytes at offset {}): {e} (was the file changed while \
-                 loading?)",
-                self.name, self.len, self.offset
-            ),
-        })?;
+        let mut buf = Vec::with_capacity(self.len);
+        self.read_append(&mut buf)?;
         Ok(buf)
+    }
+
+    /// Appends the tensor's bytes to `buf`.
+    pub fn read_append(&self, buf: &mut Vec<u8>) -> Result<()> {
+        let start = buf.len();
+        buf.resize(start + self.len, 0);
+        read_exact_at(self.source, &mut buf[start..], self.offset).map_err(|e| {
+            buf.truncate(start);
+            ModelError::Safetensors {
+                path: self.file.to_path_buf(),
+                detail: format!(
+                    "reading tensor '{}' ({} bytes at offset {}): {e} (was the file changed while \
+                 loading?)",
+                    self.name, self.len, self.offset
+                ),
+            }
+        })
     }
 
     /// Checks the shape against what the config implies.

@@ -180,11 +180,18 @@ impl<R: Runtime> Reader<'_, R> {
     fn read(&mut self, i: usize, host: bool) -> Result<Upload<R>> {
         let upload = &self.plan.uploads[i];
         let to = if host { DType::F32 } else { self.dtype };
-        let mut bytes = Vec::new();
+        let numel: usize = upload.shape().iter().product();
+        let mut bytes = Vec::with_capacity(numel * to.size());
         let mut parts = Vec::new();
         for spec in &upload.parts {
             let t = self.store.get(&spec.name)?;
-            bytes.extend_from_slice(&t.bytes_as(to)?);
+            // Without a conversion the file's bytes go straight into the upload buffer (one
+            // copy, as when the file was mapped).
+            if t.dtype == to {
+                t.read_append(&mut bytes)?;
+            } else {
+                bytes.extend_from_slice(&t.bytes_as(to)?);
+            }
             self.done += t.byte_len() as u64;
             parts.push(spec.name.clone());
         }
