@@ -15,6 +15,11 @@
 //! `S` that a failure names. The inputs are derived from the seed with `rand`'s `StdRng`, so a
 //! run is reproducible.
 
+// The fuzz allocator of `testkit::fuzz`: refuses single allocations above `ALLOC_CAP` in case
+// threads (a `#[global_allocator]` has to be declared in each test binary).
+#[global_allocator]
+static ALLOC: testkit::fuzz::CappedAlloc = testkit::fuzz::CappedAlloc;
+
 #[path = "fuzz/config.rs"]
 mod config;
 #[path = "fuzz/harness.rs"]

@@ -13,111 +13,20 @@
 //! `CUBELLM_FUZZ_ITERS=N` runs N per target, `CUBELLM_FUZZ_SEED=S` replays the case of seed `S`
 //! that a failure names.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::panic::{self, AssertUnwindSafe};
-use std::time::Duration;
-
 use quant::host::{
     check_int4_shape, pack_int4, quantize_weight_8bit, quantize_weight_int4, unpack_int4,
     ByteMatrix,
 };
 use quant::QuantFormat;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::Rng;
+use testkit::fuzz::{run, run_case};
 
 // --- harness ------------------------------------------------------------------------------------
 
-const ALLOC_CAP: usize = 256 << 20;
-const CASE_TIMEOUT: Duration = Duration::from_secs(30);
-
-thread_local! {
-    static CAP: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-/// The system allocator, refusing (so aborting on) single allocations above a case's cap.
-struct CappedAlloc;
-
-unsafe impl GlobalAlloc for CappedAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > CAP.try_with(Cell::get).unwrap_or(usize::MAX) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > CAP.try_with(Cell::get).unwrap_or(usize::MAX) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > CAP.try_with(Cell::get).unwrap_or(usize::MAX) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
+// The fuzz allocator of `testkit::fuzz`: refuses single allocations above `ALLOC_CAP` in case
+// threads (a `#[global_allocator]` has to be declared in each test binary).
 #[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc;
-
-fn iters(default: usize) -> usize {
-    std::env::var("CUBELLM_FUZZ_ITERS")
-        .ok()
-        .map(|v| v.trim().parse().expect("CUBELLM_FUZZ_ITERS is a number"))
-        .unwrap_or(default)
-}
-
-/// Runs `make(rng)` for each seed of `target`; the returned description names the input and the
-/// closure checks it on its own thread, under `catch_unwind`, with a time limit.
-fn run<F>(target: &str, base: u64, default_cases: usize, mut make: F)
-where
-    F: FnMut(&mut StdRng) -> (String, Box<dyn FnOnce() -> Result<(), String> + Send>),
-{
-    let seeds: Vec<u64> = match std::env::var("CUBELLM_FUZZ_SEED") {
-        Ok(s) => vec![s.trim().parse().expect("CUBELLM_FUZZ_SEED is a number")],
-        Err(_) => (0..iters(default_cases) as u64)
-            .map(|i| base * 1_000_003 + i)
-            .collect(),
-    };
-    for seed in seeds {
-        let (input, body) = make(&mut StdRng::seed_from_u64(seed));
-        run_case(target, seed, input, body);
-    }
-}
-
-fn run_case(
-    target: &str,
-    seed: u64,
-    input: String,
-    body: Box<dyn FnOnce() -> Result<(), String> + Send>,
-) {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        CAP.with(|c| c.set(ALLOC_CAP));
-        let r = panic::catch_unwind(AssertUnwindSafe(body));
-        CAP.with(|c| c.set(usize::MAX));
-        let _ = tx.send(r);
-    });
-    let input: String = input.chars().take(1500).collect();
-    let why = match rx.recv_timeout(CASE_TIMEOUT) {
-        Ok(Ok(Ok(()))) => return,
-        Ok(Ok(Err(violation))) => violation,
-        Ok(Err(p)) => format!(
-            "panicked: {}",
-            p.downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| p.downcast_ref::<String>().cloned())
-                .unwrap_or_default()
-        ),
-        Err(_) => format!("no result after {CASE_TIMEOUT:?} (hang?)"),
-    };
-    panic!("FUZZ FAILURE: {target} seed {seed}: {why}\n  replay: CUBELLM_FUZZ_SEED={seed}\n  input: {input}");
-}
+static ALLOC: testkit::fuzz::CappedAlloc = testkit::fuzz::CappedAlloc;
 
 // --- inputs -------------------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ use rand::{Rng, SeedableRng};
 pub use runtime::{self, Backend};
 use std::sync::OnceLock;
 
+pub mod fuzz;
+
 /// The runtimes the tests run on (probed once).
 pub fn backends() -> &'static [Backend] {
     static BACKENDS: OnceLock<Vec<Backend>> = OnceLock::new();

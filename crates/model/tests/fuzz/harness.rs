@@ -1,100 +1,9 @@
-//! The fuzz harness: seeded cases, each run on its own thread under `catch_unwind` with a time
-//! limit, and an allocator that refuses (and reports) any single allocation above a cap.
+//! The model-specific part of the fuzz harness: `Fuzz` (seeded random choices, without a `rand`
+//! dependency of the model crate), `Case`, and helpers to build and mutate model files. The shared
+//! core (allocation cap, time limit, `CUBELLM_FUZZ_ITERS` / `CUBELLM_FUZZ_SEED`, running a case on
+//! its own thread under `catch_unwind`) is `testkit::fuzz`.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::io::Write as _;
-use std::panic::{self, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
-use std::time::Duration;
-
-/// One case may not take longer than this (debug build, loaded CI machine): past it, it hangs.
-const CASE_TIMEOUT: Duration = Duration::from_secs(30);
-/// No single allocation of a case may exceed this: the inputs are a few KiB, so anything near it
-/// is a length taken from the file without a check.
-pub const ALLOC_CAP: usize = 256 << 20;
-
-thread_local! {
-    /// The allocation cap of this thread (only case threads have one).
-    static CAP: Cell<usize> = const { Cell::new(usize::MAX) };
-    static CASE: Cell<(&'static str, u64)> = const { Cell::new(("", 0)) };
-}
-
-/// The system allocator, refusing single allocations above the case thread's cap. A refused
-/// allocation aborts the test binary (`handle_alloc_error`) after naming the target and seed.
-pub struct CappedAlloc;
-
-unsafe impl GlobalAlloc for CappedAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if over_cap(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if over_cap(layout.size()) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if over_cap(new_size) {
-            return std::ptr::null_mut();
-        }
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: CappedAlloc = CappedAlloc;
-
-/// Whether `size` exceeds this thread's cap; if so, says so on stderr without allocating.
-fn over_cap(size: usize) -> bool {
-    let cap = CAP.try_with(Cell::get).unwrap_or(usize::MAX);
-    if size <= cap {
-        return false;
-    }
-    let (target, seed) = CASE.try_with(Cell::get).unwrap_or(("?", 0));
-    let mut buf = StackBuf([0; 256], 0);
-    let _ = std::fmt::Write::write_fmt(
-        &mut buf,
-        format_args!(
-            "\nFUZZ FAILURE: {target} seed {seed}: allocation of {size} bytes (cap {cap}); \
-             replay with CUBELLM_FUZZ_SEED={seed}\n"
-        ),
-    );
-    let _ = std::io::stderr().write_all(&buf.0[..buf.1]);
-    true
-}
-
-struct StackBuf([u8; 256], usize);
-
-impl std::fmt::Write for StackBuf {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let n = s.len().min(self.0.len() - self.1);
-        self.0[self.1..self.1 + n].copy_from_slice(&s.as_bytes()[..n]);
-        self.1 += n;
-        Ok(())
-    }
-}
-
-/// Cases per target: `CUBELLM_FUZZ_ITERS` when set, else `default`.
-pub fn iters(default: usize) -> usize {
-    match std::env::var("CUBELLM_FUZZ_ITERS") {
-        Ok(v) => v
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("CUBELLM_FUZZ_ITERS={v:?} is not a number")),
-        Err(_) => default,
-    }
-}
 
 /// A deterministic source of random choices: `rand`'s `StdRng::seed_from_u64(seed)`, reached
 /// through `testkit::rng` and `testkit::random` (the model crate has no `rand` dependency of its
@@ -157,24 +66,15 @@ impl Fuzz {
     }
 }
 
-/// Runs `cases` cases of `target`: `make` builds a case from its seed (input description and the
-/// code to run), which then runs on its own thread; a panic, a returned property violation or
-/// a case that does not finish within [`CASE_TIMEOUT`] fails the test with the seed and input.
-/// `CUBELLM_FUZZ_SEED=S` runs only the case of seed `S`.
+/// Runs the cases of `target` (`testkit::fuzz::seeds`): `make` builds a case from its seed
+/// (input description and the code to run), which then runs as `testkit::fuzz::run_case` runs it:
+/// a panic, a returned property violation or a case that does not finish within the time limit
+/// fails the test with the seed and input. `CUBELLM_FUZZ_SEED=S` runs only the case of seed `S`.
 pub fn run<F>(target: &'static str, base_seed: u64, default_cases: usize, mut make: F)
 where
     F: FnMut(&mut Fuzz, u64) -> Case,
 {
-    let only: Option<u64> = std::env::var("CUBELLM_FUZZ_SEED")
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    let seeds: Vec<u64> = match only {
-        Some(s) => vec![s],
-        None => (0..iters(default_cases) as u64)
-            .map(|i| base_seed.wrapping_mul(1_000_003).wrapping_add(i))
-            .collect(),
-    };
-    for seed in seeds {
+    for seed in testkit::fuzz::seeds(base_seed, default_cases) {
         let mut fz = Fuzz::new(seed);
         let case = make(&mut fz, seed);
         run_case(target, seed, case);
@@ -184,7 +84,7 @@ where
 /// One case: what it feeds the function under test (for the failure report) and the check.
 pub struct Case {
     pub input: String,
-    pub body: Box<dyn FnOnce() -> Result<(), String> + Send>,
+    pub body: testkit::fuzz::Body,
 }
 
 impl Case {
@@ -196,56 +96,10 @@ impl Case {
     }
 }
 
-/// Runs one case on a fresh thread (8 MiB of stack, as a main thread has) under `catch_unwind`.
+/// Runs one case on its own thread under `catch_unwind`, with the allocation cap and the time
+/// limit (`testkit::fuzz::run_case`).
 pub fn run_case(target: &'static str, seed: u64, case: Case) {
-    let (tx, rx) = mpsc::channel();
-    let body = case.body;
-    let handle = std::thread::Builder::new()
-        .name(format!("{target}-{seed}"))
-        .stack_size(8 << 20)
-        .spawn(move || {
-            CASE.with(|c| c.set((target, seed)));
-            CAP.with(|c| c.set(ALLOC_CAP));
-            let result = panic::catch_unwind(AssertUnwindSafe(body));
-            CAP.with(|c| c.set(usize::MAX));
-            let _ = tx.send(result);
-        })
-        .expect("spawn a case thread");
-    let input = truncate(&case.input, 2000);
-    match rx.recv_timeout(CASE_TIMEOUT) {
-        Ok(Ok(Ok(()))) => handle.join().expect("the case thread ended"),
-        Ok(Ok(Err(violation))) => panic!(
-            "FUZZ FAILURE: {target} seed {seed}: {violation}\n  replay: CUBELLM_FUZZ_SEED={seed}\n  input: {input}"
-        ),
-        Ok(Err(payload)) => panic!(
-            "FUZZ FAILURE: {target} seed {seed}: panicked: {}\n  replay: CUBELLM_FUZZ_SEED={seed}\n  input: {input}",
-            panic_message(&payload)
-        ),
-        Err(_) => panic!(
-            "FUZZ FAILURE: {target} seed {seed}: no result after {CASE_TIMEOUT:?} (hang or runaway)\n  replay: CUBELLM_FUZZ_SEED={seed}\n  input: {input}"
-        ),
-    }
-}
-
-fn panic_message(payload: &Box<dyn std::any::Any + Send>) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        s.to_string()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "(non-string panic payload)".into()
-    }
-}
-
-/// The first `max` characters, with a note of how much was cut.
-pub fn truncate(s: &str, max: usize) -> String {
-    let n = s.chars().count();
-    if n <= max {
-        s.to_string()
-    } else {
-        let head: String = s.chars().take(max).collect();
-        format!("{head}... ({n} characters)")
-    }
+    testkit::fuzz::run_case(target, seed, case.input, case.body);
 }
 
 /// Bytes as text when they are mostly printable (non-printable bytes escaped), else as hex.

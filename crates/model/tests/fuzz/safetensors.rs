@@ -586,7 +586,7 @@ fn convert_of_random_bytes_and_dtypes_is_ok_with_the_right_length_or_a_typed_err
 }
 
 /// Fixed inputs: header lengths and shapes that must be refused before anything is allocated
-/// from them (the fuzz allocator caps single allocations, see `harness::ALLOC_CAP`).
+/// from them (the fuzz allocator caps single allocations, see `testkit::fuzz::ALLOC_CAP`).
 #[test]
 fn huge_header_lengths_and_overflowing_shapes_are_errors_before_allocation() {
     let dir = std::sync::Arc::new(TempDir::new("st-fixed"));
