@@ -462,3 +462,30 @@ fn ctrl_c_during_generation_keeps_the_text_and_exits_130() {
     assert!(rest.len() < 90_000, "{} bytes after the signal", rest.len());
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// `--runtime cuda` on a machine without an NVIDIA driver is one line naming what is missing;
+/// on a machine with one it runs.
+#[test]
+fn cuda_without_a_driver_is_one_line() {
+    let home = temp("no-cuda");
+    let o = cli(
+        &[
+            "--runtime",
+            "cuda",
+            "generate",
+            "--prompt",
+            "x",
+            "--max-new-tokens",
+            "1",
+        ],
+        &home,
+    );
+    if !o.status.success() {
+        let line = error_line(&o);
+        assert!(
+            line.contains("the cuda runtime has no usable device"),
+            "{line}"
+        );
+    }
+    std::fs::remove_dir_all(&home).unwrap();
+}
