@@ -453,6 +453,11 @@ fn ctrl_c_during_generation_keeps_the_text_and_exits_130() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(130), "stderr: {stderr}");
     assert!(stderr.contains("stop: cancelled"), "stderr: {stderr}");
+    // A context beyond the trained one is a note, and the run goes on.
+    assert!(
+        stderr.contains("note: context 100000 exceeds max_position_embeddings 512"),
+        "stderr: {stderr}"
+    );
     assert!(
         stderr.lines().last().unwrap().starts_with("interrupted"),
         "{stderr}"
