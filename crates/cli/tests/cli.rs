@@ -11,18 +11,22 @@ fn temp(name: &str) -> PathBuf {
     dir
 }
 
-fn cli(args: &[&str], home: &std::path::Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_cubellm"))
-        .args(args)
+/// The binary with `args`, its caches under `home`, offline.
+fn command(args: &[&str], home: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_cubellm"));
+    c.args(args)
         .env("XDG_CACHE_HOME", home.join("cache"))
         .env("HF_HOME", home.join("hf"))
         .env("HF_HUB_OFFLINE", "1")
         .env(
             "XDG_RUNTIME_DIR",
             std::env::var("XDG_RUNTIME_DIR").unwrap_or("/tmp".into()),
-        )
-        .output()
-        .unwrap()
+        );
+    c
+}
+
+fn cli(args: &[&str], home: &std::path::Path) -> Output {
+    command(args, home).output().unwrap()
 }
 
 /// The last line of stderr, which must be the only `error:` line.
@@ -420,8 +424,8 @@ fn ctrl_c_during_generation_keeps_the_text_and_exits_130() {
     use std::io::Read;
     use std::process::Stdio;
     let home = temp("sigint");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cubellm"))
-        .args([
+    let mut child = command(
+        &[
             "--runtime",
             "wgpu",
             "generate",
@@ -431,13 +435,13 @@ fn ctrl_c_during_generation_keeps_the_text_and_exits_130() {
             "100000",
             "--max-new-tokens",
             "90000",
-        ])
-        .env("XDG_CACHE_HOME", home.join("cache"))
-        .env("HF_HUB_OFFLINE", "1")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        ],
+        &home,
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let mut first = [0u8; 16];
     let n = stdout.read(&mut first).unwrap();
