@@ -14,7 +14,7 @@ shift 3
 modes=${*:-none}
 here=$(cd "$(dirname "$0")" && pwd)
 lib=${TRACE_LIB:-$here/libkernel_trace.so}
-cu13=$(python3 -c 'import nvidia.cu13, os; print(os.path.dirname(nvidia.cu13.__file__))' 2>/dev/null)
+cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])' 2>/dev/null)
 [ -n "$cu13" ] && export LD_LIBRARY_PATH="$cu13/lib:${LD_LIBRARY_PATH:-}"
 mkdir -p "$out"
 args=(--runtime cuda bench-generate --model "$model" --prompt-len "${PROMPT_LEN:-512}"

@@ -82,6 +82,14 @@ pub fn plane_size_min<R: Runtime>(client: &ComputeClient<R>) -> u32 {
     client.properties().hardware.plane_size_min.max(1)
 }
 
+/// Whether kernels may signal `griddepcontrol.launch_dependents` (CUDA on sm_90 and newer, where
+/// the runtime launches kernels with programmatic dependent launch). The signal lets the next
+/// kernel on the stream be scheduled while this one finishes; that kernel still waits for this
+/// one's completion and memory before its first access, so results do not depend on it.
+pub fn has_launch_dependents<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    runtime_name(client).contains("cuda") && client.properties().features.cube_cluster
+}
+
 /// Number of streaming multiprocessors (or a guess of 32 when the runtime does not say).
 pub fn num_sms<R: Runtime>(client: &ComputeClient<R>) -> u32 {
     client

@@ -70,6 +70,58 @@ pub fn row_sum(
     out
 }
 
+/// [`row_sum`] where each row spans `splits` groups of `lanes` units (a GEMV's K split over
+/// several planes per column): the units along x of a `(lanes * splits, rows)` cube. With
+/// `use_plane` each group must be one plane. Valid in the unit with x = 0; every unit must call it.
+#[cube]
+pub fn row_sum_split(
+    value: f32,
+    #[comptime] lanes: u32,
+    #[comptime] splits: u32,
+    #[comptime] rows: u32,
+    #[comptime] use_plane: bool,
+) -> f32 {
+    let mut out = 0f32;
+    if comptime![splits == 1] {
+        out = row_sum(value, lanes, rows, use_plane);
+    } else if comptime![use_plane] {
+        let partial = plane_sum(value);
+        let mut shared = Shared::<[f32]>::new_slice(comptime![(splits * rows) as usize]);
+        let base = (UNIT_POS_Y * splits) as usize;
+        if UNIT_POS_X % lanes == 0 {
+            shared[base + (UNIT_POS_X / lanes) as usize] = partial;
+        }
+        sync_cube();
+        if UNIT_POS_X == 0 {
+            #[unroll]
+            for i in 0..splits {
+                out += shared[base + i as usize];
+            }
+        }
+        sync_cube();
+    } else {
+        // A tree: unit 0 summing `lanes * splits` values in an unrolled loop makes a shader that
+        // lavapipe takes minutes to compile once a kernel has 16 rows of x.
+        let units = comptime![lanes * splits];
+        let mut shared = Shared::<[f32]>::new_slice(comptime![(units * rows) as usize]);
+        let base = (UNIT_POS_Y * units) as usize;
+        let x = UNIT_POS_X as usize;
+        shared[base + x] = value;
+        sync_cube();
+        #[unroll]
+        for step in 0..comptime![units.trailing_zeros()] {
+            let stride = comptime![(units >> (step + 1)) as usize];
+            if x < stride {
+                let other = shared[base + x + stride];
+                shared[base + x] += other;
+            }
+            sync_cube();
+        }
+        out = shared[base];
+    }
+    out
+}
+
 /// The sum of `value` over all units of the cube, returned to every unit.
 #[cube]
 pub fn cube_sum(value: f32, #[comptime] plan: ReducePlan) -> f32 {

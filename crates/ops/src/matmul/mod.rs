@@ -104,6 +104,9 @@ pub enum MatmulStrategy {
     Auto,
     /// The GEMV at any M up to [`GEMV_MAX_M`] (`InvalidArgument` above).
     Gemv,
+    /// The GEMV with K split over this many plane-sized groups of units per output column (1, 2,
+    /// 4 or 8; `InvalidArgument` otherwise) instead of the count it picks from the shape.
+    GemvSplit(u32),
     /// The portable shared-memory tiled GEMM, at any M.
     Tiled,
     /// The tensor-core GEMM with this tile, at any M: `UnsupportedFeature` where the runtime has
@@ -576,13 +579,19 @@ fn kernel_for<R: Runtime>(
 ) -> Result<Kernel> {
     Ok(match strategy {
         MatmulStrategy::Auto => plan(client, p.m, p.x.dtype()),
-        MatmulStrategy::Gemv if p.m > GEMV_MAX_M => {
+        MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) if p.m > GEMV_MAX_M => {
             return Err(OpsError::invalid(
                 op,
                 format!("the GEMV takes at most {GEMV_MAX_M} rows, not {}", p.m),
             ))
         }
-        MatmulStrategy::Gemv => Kernel::Gemv,
+        MatmulStrategy::GemvSplit(s) if !matches!(s, 1 | 2 | 4 | 8) => {
+            return Err(OpsError::invalid(
+                op,
+                format!("the GEMV splits K over 1, 2, 4 or 8 groups, not {s}"),
+            ))
+        }
+        MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) => Kernel::Gemv,
         MatmulStrategy::Tiled => Kernel::Tiled,
         MatmulStrategy::TensorCore(_) if !cmma::supported(client, p.x.dtype()) => {
             return Err(OpsError::UnsupportedFeature {
@@ -605,7 +614,13 @@ fn launch<R: Runtime>(
     strategy: MatmulStrategy,
 ) -> Result<()> {
     match kernel_for(client, op, p, strategy)? {
-        Kernel::Gemv => gemv::launch(client, p),
+        Kernel::Gemv => {
+            let splits = match strategy {
+                MatmulStrategy::GemvSplit(s) => Some(s),
+                _ => None,
+            };
+            gemv::launch(client, p, splits)
+        }
         Kernel::Tiled => tiled::launch(client, p),
         Kernel::TensorCore => {
             let tile = match strategy {

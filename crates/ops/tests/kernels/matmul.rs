@@ -482,6 +482,11 @@ fn forced_portable_case<R: Runtime>(client: &ComputeClient<R>) {
         for (strategy, (m, n, k)) in [
             (MatmulStrategy::Tiled, (3, 70, 33)),
             (MatmulStrategy::Gemv, (3, 37, 72)),
+            // K split over several planes per column: K not a multiple of the split's reach,
+            // N off the columns per cube, M = 1 and 16.
+            (MatmulStrategy::GemvSplit(2), (1, 37, 72)),
+            (MatmulStrategy::GemvSplit(8), (16, 5, 1000)),
+            (MatmulStrategy::GemvSplit(4), (3, 11, 4106)),
         ] {
             let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
             let (w, wh) = upload(
@@ -564,6 +569,20 @@ fn forced_portable_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_err(
         "forced GEMV above 16 rows",
         linear_into_with(client, &x, &w, None, None, &out, MatmulStrategy::Gemv),
+        "argument",
+    );
+    let (x1, out1) = (f(&[1, 8]), f(&[1, 5]));
+    assert_err(
+        "a K split of 3 groups",
+        linear_into_with(
+            client,
+            &x1,
+            &w,
+            None,
+            None,
+            &out1,
+            MatmulStrategy::GemvSplit(3),
+        ),
         "argument",
     );
     linear_into_with(client, &x, &w, None, None, &out, MatmulStrategy::Tiled).unwrap();

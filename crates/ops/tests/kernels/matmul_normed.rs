@@ -165,10 +165,13 @@ fn fused_matches_unfused_case<R: Runtime>(client: &ComputeClient<R>) {
             out.to_f64_vec(client).unwrap()
         };
         for gated in [false, true] {
-            let fused = run(MatmulStrategy::Gemv, gated);
             let unfused = run(MatmulStrategy::Tiled, gated);
-            let what = format!("{dtype} gated={gated}: fused GEMV vs norm + tiled GEMM");
-            assert_close(&what, &fused, &unfused, tolerance(dtype));
+            for strategy in [MatmulStrategy::Gemv, MatmulStrategy::GemvSplit(4)] {
+                let fused = run(strategy, gated);
+                let what =
+                    format!("{dtype} gated={gated} {strategy:?}: fused GEMV vs norm + tiled GEMM");
+                assert_close(&what, &fused, &unfused, tolerance(dtype));
+            }
         }
     }
 }
