@@ -24,18 +24,19 @@
 //! 31 µs; the plain loop, which the compiler pipelines itself, stays.)
 //!
 //! The input norm (the pre-norm block's RMSNorm folded into the projection that consumes it):
-//! every cube reduces the squares of x's rows itself (x is a few KB, read from L2), then scales x
-//! on the fly exactly as [`crate::norm::rms_norm`] does (`F(F(x · rstd) · g)`), so the fused and
-//! the unfused sequence give the same bits up to the order of the sum of squares. That saves the
-//! norm's launch (about 1.8 µs per norm on an H200) at the price of each cube reading x once more
-//! from L2 before its first weight load.
+//! `y = rstd · Σ_k x_k g_k w_k` with `rstd = 1 / sqrt(mean(x²) + eps)`. Each column's units sum
+//! x's squares over K in the same loop as the dot products (they read every x vector anyway), so
+//! no cube waits on a norm reduction before its first weight load, and `rstd` scales the reduced
+//! dot product in the epilogue. The normalised x is never rounded to the dtype, unlike
+//! [`crate::norm::rms_norm`] (`F(F(x · rstd) · g)`): the fused result is the unfused one up to
+//! that rounding. That saves the norm's launch (about 1.8 µs per norm on an H200).
 
 use cubecl::prelude::*;
 
 use super::Problem;
 use crate::caps;
 use crate::gemm::{write_epilogue, EpilogueBlueprint};
-use crate::norm::{row_inv_rms, scale_by_weight};
+use crate::norm::sum_squares;
 use crate::reduce::ReducePlan;
 
 /// Comptime shape of a GEMV launch.
@@ -50,13 +51,28 @@ pub struct GemvBlueprint {
     /// Output columns per cube.
     pub cols_per_cube: u32,
     pub use_plane: bool,
-    /// `Some`: x goes through an RMSNorm first, its statistics reduced over the whole cube.
+    /// `Some`: x goes through an RMSNorm first (its statistics summed by each column's units
+    /// alongside the dot products; the plan is kept for the blueprint's identity).
     pub norm: Option<ReducePlan>,
     /// Gated (`epilogue.gate`): two weight rows per column and `act(g) * u` in the epilogue.
     pub epilogue: EpilogueBlueprint,
     /// Signal `griddepcontrol.launch_dependents` once the weights are read (see
     /// [`caps::has_launch_dependents`]), so the next kernel's launch overlaps the reductions.
     pub trigger: bool,
+}
+
+/// `x` dot `(g * w)` for one vector, in f32 (the input norm's weight `g` applied on the fly).
+#[cube]
+fn dot3<F: Float, N: Size>(a: Vector<F, N>, g: Vector<F, N>, b: Vector<F, N>) -> f32 {
+    let p = Vector::<f32, N>::cast_from(a)
+        * Vector::<f32, N>::cast_from(g)
+        * Vector::<f32, N>::cast_from(b);
+    let mut s = 0f32;
+    #[unroll]
+    for i in 0..p.vector_size() {
+        s += p.extract(i);
+    }
+    s
 }
 
 /// `x` dot `w` for one vector, in f32.
@@ -97,25 +113,17 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     let lanes = comptime![(plan.lanes * plan.splits) as usize];
     let gated = comptime![plan.epilogue.is_gated()];
 
-    // The norm's statistics first: every cube reduces x's squares itself (x is a few KB).
-    let mut inv_rms = Array::<f32>::new(m_rows);
-    if comptime![plan.norm.is_some()] {
-        inv_rms = row_inv_rms::<F, N>(
-            x,
-            k_vectors,
-            inv_k,
-            eps,
-            m_rows,
-            comptime![plan.norm.unwrap()],
-        );
-    }
-
+    let normed = comptime![plan.norm.is_some()];
     let mut acc = Array::<f32>::new(m_rows);
     let mut acc_up = Array::<f32>::new(m_rows);
+    // With the input norm: each column's units also sum x's squares over all of K (they read
+    // every x vector anyway), so no cube waits on a norm reduction before its first weight load.
+    let mut squares = Array::<f32>::new(m_rows);
     #[unroll]
     for m in 0..m_rows {
         acc[m] = 0f32;
         acc_up[m] = 0f32;
+        squares[m] = 0f32;
     }
     let w_base = row * k_vectors;
     let up_base = (up_row_offset + row) * k_vectors;
@@ -125,15 +133,24 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
         if gated {
             uv = w_up[up_base + kv];
         }
+        let mut gv = wv;
+        if normed {
+            gv = norm_weight[kv];
+        }
         #[unroll]
         for m in 0..m_rows {
-            let mut xv = x[m * k_vectors + kv];
-            if comptime![plan.norm.is_some()] {
-                xv = scale_by_weight(xv, norm_weight[kv], inv_rms[m]);
-            }
-            acc[m] += dot(xv, wv);
-            if gated {
-                acc_up[m] += dot(xv, uv);
+            let xv = x[m * k_vectors + kv];
+            if normed {
+                squares[m] += sum_squares(xv);
+                acc[m] += dot3(xv, gv, wv);
+                if gated {
+                    acc_up[m] += dot3(xv, gv, uv);
+                }
+            } else {
+                acc[m] += dot(xv, wv);
+                if gated {
+                    acc_up[m] += dot(xv, uv);
+                }
             }
         }
     }
@@ -142,7 +159,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     }
     #[unroll]
     for m in 0..m_rows {
-        let total = crate::reduce::row_sum_split(
+        let mut total = crate::reduce::row_sum_split(
             acc[m],
             plan.lanes,
             plan.splits,
@@ -158,6 +175,18 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
                 plan.cols_per_cube,
                 plan.use_plane,
             );
+        }
+        if normed {
+            let sq = crate::reduce::row_sum_split(
+                squares[m],
+                plan.lanes,
+                plan.splits,
+                plan.cols_per_cube,
+                plan.use_plane,
+            );
+            let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
+            total *= inv_rms;
+            total_up *= inv_rms;
         }
         if active && UNIT_POS_X == 0 {
             write_epilogue::<F>(
