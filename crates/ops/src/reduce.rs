@@ -88,7 +88,7 @@ pub fn row_sum_split(
         let partial = plane_sum(value);
         let mut shared = Shared::<[f32]>::new_slice(comptime![(splits * rows) as usize]);
         let base = (UNIT_POS_Y * splits) as usize;
-        if UNIT_POS_X % lanes == 0 {
+        if UNIT_POS_PLANE == 0 {
             shared[base + (UNIT_POS_X / lanes) as usize] = partial;
         }
         sync_cube();
