@@ -6,6 +6,7 @@ use cubecl::prelude::*;
 use ops::matmul::{
     fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, linear_normed_into,
     linear_normed_into_with, plan, Activation, GatedWeights, InputNorm, Kernel, MatmulStrategy,
+    GEMV_MAX_M,
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
@@ -23,14 +24,19 @@ fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
     s
 }
 
-/// The normalized input as the kernels hold it: `F(F(x · rstd) · g)`, the rounding of
-/// `ops::norm::rms_norm` (and of the fused GEMV on each element it reads), with rstd in f64.
-fn normed_input(xh: &[f64], gh: &[f64], dtype: DType) -> Vec<f64> {
+/// The normalized input as the kernels of `m` rows hold it, with rstd in f64: above the GEMV's
+/// rows `F(F(x · rstd) · g)`, the rounding of `ops::norm::rms_norm` into the caller's buffer;
+/// at GEMV sizes `x · rstd · g` unrounded (the GEMV applies the norm inside its f32 sums).
+fn normed_input(xh: &[f64], gh: &[f64], dtype: DType, m: usize) -> Vec<f64> {
     let k = gh.len();
     let mut out = Vec::with_capacity(xh.len());
     for row in xh.chunks(k) {
         let ms = row.iter().map(|v| v * v).sum::<f64>() / k as f64;
         let inv = 1.0 / (ms + EPS as f64).sqrt();
+        if m <= GEMV_MAX_M {
+            out.extend(row.iter().zip(gh).map(|(v, g)| v * inv * g));
+            continue;
+        }
         let scaled: Vec<f32> = row.iter().map(|v| (v * inv) as f32).collect();
         let scaled = round_to(&scaled, dtype);
         let weighted: Vec<f32> = scaled.iter().zip(gh).map(|(s, g)| (s * g) as f32).collect();
@@ -66,7 +72,7 @@ fn linear_normed_case<R: Runtime>(client: &ComputeClient<R>) {
             };
             let (bias_t, res_t) = (bias.then_some(&b), res.then_some(&r));
             linear_normed_into(client, &x, norm, &normed, &w, bias_t, res_t, &out).unwrap();
-            let h = normed_input(&xh, &gh, dtype);
+            let h = normed_input(&xh, &gh, dtype, m);
             let want = reference::linear(
                 &h,
                 &wh,
@@ -117,7 +123,7 @@ fn gated_normed_case<R: Runtime>(client: &ComputeClient<R>) {
             let w = GatedWeights::Concatenated(&gu);
             fused_gated_mlp_normed_into(client, &x, norm, &normed, w, Activation::Silu, &out)
                 .unwrap();
-            let h = normed_input(&xh, &gh, dtype);
+            let h = normed_input(&xh, &gh, dtype, m);
             let (gate, up) = guh.split_at(i * k);
             let want = reference::gated_mlp(&h, gate, up, false, (m, i, k));
             let what = format!("gated_normed {dtype} {m}x{i}x{k}");
