@@ -37,7 +37,6 @@ use super::Problem;
 use crate::caps;
 use crate::gemm::{write_epilogue, EpilogueBlueprint};
 use crate::norm::sum_squares;
-use crate::reduce::ReducePlan;
 
 /// Comptime shape of a GEMV launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,9 +50,9 @@ pub struct GemvBlueprint {
     /// Output columns per cube.
     pub cols_per_cube: u32,
     pub use_plane: bool,
-    /// `Some`: x goes through an RMSNorm first (its statistics summed by each column's units
-    /// alongside the dot products; the plan is kept for the blueprint's identity).
-    pub norm: Option<ReducePlan>,
+    /// x goes through an RMSNorm first (its statistics summed by each column's units alongside
+    /// the dot products).
+    pub norm: bool,
     /// Gated (`epilogue.gate`): two weight rows per column and `act(g) * u` in the epilogue.
     pub epilogue: EpilogueBlueprint,
     /// Signal `griddepcontrol.launch_dependents` once the weights are read (see
@@ -113,7 +112,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     let lanes = comptime![(plan.lanes * plan.splits) as usize];
     let gated = comptime![plan.epilogue.is_gated()];
 
-    let normed = comptime![plan.norm.is_some()];
+    let normed = comptime![plan.norm];
     let mut acc = Array::<f32>::new(m_rows);
     let mut acc_up = Array::<f32>::new(m_rows);
     // With the input norm: each column's units also sum x's squares over all of K (they read
@@ -230,9 +229,7 @@ pub(super) fn launch<R: Runtime>(
         splits,
         cols_per_cube,
         use_plane,
-        norm: p
-            .norm
-            .map(|_| ReducePlan::new(client, lanes * splits * cols_per_cube)),
+        norm: p.norm.is_some(),
         epilogue: p.epilogue(),
         trigger,
     };
