@@ -20,6 +20,7 @@
 #[global_allocator]
 static ALLOC: testkit::fuzz::CappedAlloc = testkit::fuzz::CappedAlloc;
 
+mod common;
 #[path = "fuzz/config.rs"]
 mod config;
 #[path = "fuzz/harness.rs"]

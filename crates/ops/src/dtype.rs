@@ -18,6 +18,18 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in declaration order.
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::I8,
+        DType::U8,
+        DType::I32,
+        DType::U32,
+    ];
+
     pub const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 
     pub fn size(self) -> usize {
@@ -61,17 +73,9 @@ impl DType {
 
     /// Parses the names `name` prints (`"bf16"`, ...), case-insensitively.
     pub fn parse(s: &str) -> Option<DType> {
-        let all = [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F8E4M3,
-            DType::I8,
-            DType::U8,
-            DType::I32,
-            DType::U32,
-        ];
-        all.into_iter().find(|d| d.name().eq_ignore_ascii_case(s))
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(s))
     }
 }
 

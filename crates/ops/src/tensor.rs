@@ -61,21 +61,12 @@ impl<R: Runtime> DeviceTensor<R> {
 
     /// Wraps a cubecl-std tensor handle (e.g. one produced by cubek or Burn).
     pub fn from_tensor_handle(inner: TensorHandle<R>) -> Result<Self> {
-        let dtype = [
-            DType::F32,
-            DType::F16,
-            DType::BF16,
-            DType::F8E4M3,
-            DType::I8,
-            DType::U8,
-            DType::I32,
-            DType::U32,
-        ]
-        .into_iter()
-        .find(|d| d.elem_type() == inner.dtype)
-        .ok_or_else(|| {
-            OpsError::invalid("DeviceTensor", format!("no DType for {}", inner.dtype))
-        })?;
+        let dtype = DType::ALL
+            .into_iter()
+            .find(|d| d.elem_type() == inner.dtype)
+            .ok_or_else(|| {
+                OpsError::invalid("DeviceTensor", format!("no DType for {}", inner.dtype))
+            })?;
         Ok(Self { inner, dtype })
     }
 

@@ -2,32 +2,15 @@
 //! `GenerationConfig::{from_value, from_dir}`, then what a load derives from an Ok result
 //! (parameter count, head widths, context check, the weight plan, sampling parameters).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use model::{plan_weights, GenerationConfig, ModelConfig, Sampler, SamplingParams, WeightStore};
 use serde_json::{json, Value};
 
+use crate::common::{fixtures_dir, FIXTURES};
+
 use super::harness::{self, mutate_bytes, mutate_json, random_json, Case, Fuzz, TempDir};
-
-/// The committed transformers fixtures (every family, tied and untied, rope-scaled).
-const FIXTURES: [&str; 9] = [
-    "qwen2-gqa-untied",
-    "qwen25-tied-theta1e6",
-    "qwen2-1layer",
-    "qwen2-4layer",
-    "qwen2-odd-vocab",
-    "qwen3-gqa-tied",
-    "qwen3-mha-untied",
-    "llama3-rope-scaled",
-    "llama-bias-untied",
-];
-
-fn fixture_dir(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
 
 /// The fields the parser reads, and a few it does not.
 const KEYS: [&str; 30] = [
@@ -204,7 +187,7 @@ fn mutated_configs_parse_or_fail_typed_and_ok_configs_are_usable() {
     let bases: Vec<(Value, Arc<WeightStore>)> = FIXTURES
         .iter()
         .map(|name| {
-            let dir = fixture_dir(name);
+            let dir = fixtures_dir().join(name);
             let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
             (
                 serde_json::from_str(&text).unwrap(),
@@ -354,7 +337,7 @@ fn mutated_generation_configs_parse_or_fail_typed_and_sample_or_fail_typed() {
 #[test]
 fn configs_whose_sizes_overflow_are_errors() {
     let base: Value = serde_json::from_str(
-        &std::fs::read_to_string(fixture_dir("qwen2-4layer").join("config.json")).unwrap(),
+        &std::fs::read_to_string(fixtures_dir().join("qwen2-4layer").join("config.json")).unwrap(),
     )
     .unwrap();
     let huge = json!(1u64 << 62);
@@ -394,7 +377,7 @@ fn configs_whose_sizes_overflow_are_errors() {
 /// every layer first (it used to build 2^40 layers' tensor lists before checking any).
 #[test]
 fn a_huge_layer_count_fails_the_weight_plan_quickly() {
-    let dir = fixture_dir("qwen2-1layer");
+    let dir = fixtures_dir().join("qwen2-1layer");
     let mut value: Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     value["num_hidden_layers"] = json!(1u64 << 40);

@@ -551,20 +551,10 @@ fn mutated_sharded_indexes_open_or_fail_typed_and_never_leave_the_directory() {
 
 #[test]
 fn convert_of_random_bytes_and_dtypes_is_ok_with_the_right_length_or_a_typed_error() {
-    const ALL: [DType; 8] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::F8E4M3,
-        DType::I8,
-        DType::U8,
-        DType::I32,
-        DType::U32,
-    ];
     harness::run("convert", 3, 2000, |fz, _| {
         let n = fz.below(40);
         let data = fz.bytes(n);
-        let (from, to) = (*fz.pick(&ALL), *fz.pick(&ALL));
+        let (from, to) = (*fz.pick(&DType::ALL), *fz.pick(&DType::ALL));
         let input = format!("{from} -> {to}: {}", show_bytes(&data));
         Case::new(input, move || match convert("t", &data, from, to) {
             Ok(out) if from == to && *out == *data => Ok(()),
