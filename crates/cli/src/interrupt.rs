@@ -40,3 +40,9 @@ pub fn install() {
 pub fn requested() -> bool {
     REQUESTED.load(Ordering::SeqCst)
 }
+
+/// Forgets a stop that was handled without ending the program (`chat` stops one answer), so
+/// that the next signal is again a request and not the second, immediate exit.
+pub fn clear() {
+    REQUESTED.store(false, Ordering::SeqCst);
+}

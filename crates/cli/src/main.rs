@@ -5,32 +5,45 @@
 //! cubellm --runtime cuda bench [--family norm]    # device timings as JSON lines
 //! cubellm bench --family matmul --gemm-tile 128,128,2,4,3   # a tensor-core tile sweep point
 //! cubellm generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
+//! cubellm chat [--model ...] [--system "..."]        # interactive, streamed
+//! cubellm serve [--model ...] [--port 8080]           # OpenAI-compatible HTTP server
 //! cubellm make-demo-model --out DIR                # the built-in demo model, as files
 //! ```
 
 use std::process::ExitCode;
 
 mod bench_generate;
+mod chat;
 mod generate;
 mod interrupt;
+mod load;
 mod selfcheck;
+mod serve;
 mod weight_args;
 
 use clap::{Parser, Subcommand};
 use cubecl::prelude::*;
 use ops::matmul::CmmaTile;
+use runtime::kernel_cache::KernelCache;
 use runtime::RuntimeChoice;
 
 #[derive(Parser, Debug)]
 #[command(
     name = "cubellm",
     version,
-    about = "Portable LLM-inference kernels (CubeCL): generate, check, bench"
+    about = "Portable LLM-inference kernels (CubeCL): generate, chat, serve, check, bench"
 )]
 struct Cli {
     /// Runtime: cuda, wgpu, or auto (CUDA if a device is present, else wgpu).
     #[arg(long, global = true, default_value = "auto")]
     runtime: RuntimeChoice,
+    /// Directory of the persistent kernel cache (compiled kernels kept between runs; CUDA only).
+    /// Default: $XDG_CACHE_HOME/cubellm/kernels, else ~/.cache/cubellm/kernels.
+    #[arg(long, global = true, value_name = "DIR")]
+    kernel_cache: Option<std::path::PathBuf>,
+    /// Compile every kernel afresh instead of using the persistent kernel cache.
+    #[arg(long, global = true, conflicts_with = "kernel_cache")]
+    no_kernel_cache: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -55,6 +68,10 @@ enum Command {
     },
     /// Generate text with a Qwen2, Qwen3 or Llama model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
+    /// Chat with the model interactively (history, chat template, streamed answers).
+    Chat(chat::ChatArgs),
+    /// Serve the model over HTTP with the OpenAI API (chat and text completions, streaming).
+    Serve(serve::ServeArgs),
     /// Measure prefill and decode speed of a model (and greedy agreement with a reference).
     BenchGenerate(bench_generate::BenchGenerateArgs),
     /// Write the built-in demo model (tiny Qwen2, random weights, trained tokenizer) to a directory.
@@ -125,6 +142,15 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
         generate::make_demo_model(args)?;
         return Ok(true);
     }
+    let cache = if cli.no_kernel_cache {
+        KernelCache::Off
+    } else {
+        cli.kernel_cache
+            .clone()
+            .map(KernelCache::Dir)
+            .unwrap_or_else(KernelCache::default_location)
+    };
+    runtime::kernel_cache::configure(&cache);
     let backend = runtime::resolve(cli.runtime)?;
     eprintln!("runtime: {backend}");
     runtime::with_runtime!(backend, |client: R| match &cli.command {
@@ -135,6 +161,8 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             gemm_tile,
         } => bench::<R>(&client, family.as_deref(), filter, *gemm_tile).map(|_| true),
         Command::Generate(args) => generate::generate::<R>(&client, args).map(|_| true),
+        Command::Chat(args) => chat::chat::<R>(&client, args).map(|_| true),
+        Command::Serve(args) => serve::serve::<R>(&client, args).map(|_| true),
         Command::BenchGenerate(args) =>
             bench_generate::bench_generate::<R>(&client, args).map(|_| true),
         Command::MakeDemoModel(_) => unreachable!("handled before the runtime is created"),

@@ -498,3 +498,116 @@ fn cuda_without_a_driver_is_one_line() {
     }
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// `chat` reads messages and commands from stdin: its first answer is `generate`'s answer to the
+/// same system and user message with the same seed, `/reset` starts over (so the same question
+/// gets the same answer again), and unknown commands or end of input are not errors.
+#[test]
+fn chat_answers_like_generate_and_reset_starts_over() {
+    use std::io::Write;
+    let home = temp("chat");
+    let common = [
+        "--max-new-tokens",
+        "8",
+        "--seed",
+        "5",
+        "--temperature",
+        "0.8",
+    ];
+    let mut generate_args = vec![
+        "--runtime",
+        "wgpu",
+        "generate",
+        "--system",
+        "be brief",
+        "--prompt",
+        "hello",
+    ];
+    generate_args.extend(common);
+    let g = cli(&generate_args, &home);
+    assert!(g.status.success(), "{}", String::from_utf8_lossy(&g.stderr));
+    let answer = String::from_utf8(g.stdout).unwrap();
+    assert!(answer.ends_with('\n') && answer.len() > 1, "{answer:?}");
+
+    let mut chat_args = vec!["--runtime", "wgpu", "chat", "--system", "be brief"];
+    chat_args.extend(common);
+    let mut child = command(&chat_args, &home)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello\n/frobnicate\n/reset\nhello\n")
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stderr.contains("unknown command /frobnicate"), "{stderr}");
+    assert!(stderr.contains("conversation cleared"), "{stderr}");
+    assert_eq!(String::from_utf8(o.stdout).unwrap(), answer.repeat(2));
+    std::fs::remove_dir_all(&home).unwrap();
+}
+
+/// `serve` prints where it listens, answers there, and drains and exits 0 on SIGTERM; a port in
+/// use is a one-line error before the model is loaded.
+#[test]
+fn serve_answers_and_stops_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    use std::process::Stdio;
+    let home = temp("serve");
+    let mut child = command(&["--runtime", "wgpu", "serve", "--port", "0"], &home)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let addr = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "no address in: {seen}"
+        );
+        seen.push_str(&line);
+        if let Some(rest) = line.split("http://").nth(1) {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    assert!(seen.contains("serving cubellm-demo"), "{seen}");
+
+    // A plain HTTP/1.1 exchange over a socket.
+    let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+    let body = r#"{"prompt": "Hi", "max_tokens": 3, "ignore_eos": true}"#;
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(response.contains("\"completion_tokens\":3"), "{response}");
+
+    // The same port again: taken.
+    let port = addr.rsplit(':').next().unwrap();
+    let o = cli(&["--runtime", "wgpu", "serve", "--port", port], &home);
+    let line = error_line(&o);
+    assert!(line.contains("cannot listen on"), "{line}");
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let mut rest = String::new();
+    stderr.read_to_string(&mut rest).unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}: {rest}");
+    assert!(rest.contains("stopped"), "{rest}");
+    std::fs::remove_dir_all(&home).unwrap();
+}

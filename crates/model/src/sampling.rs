@@ -14,6 +14,7 @@
 //! taken from `rand` so that the stream for a seed is fixed by this crate and cannot change with
 //! a dependency update.
 
+use crate::config::GenerationConfig;
 use crate::error::{ModelError, Result};
 
 /// Sampling parameters; see the module docs for their meaning.
@@ -78,6 +79,49 @@ impl SamplingParams {
     /// that it can be made on the device without reading the logits back.
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature == 0.0 && self.repetition_penalty == 1.0
+    }
+}
+
+/// Sampling values a caller asked for; `None` leaves the choice to [`resolve`].
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SamplingOverrides {
+    pub temperature: Option<f32>,
+    pub top_k: Option<usize>,
+    pub top_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+}
+
+/// The parameters of one generation: what the caller asked for, else the model's
+/// `generation_config.json` where it asks for sampling (`do_sample: true`), else greedy. Asking
+/// for top-k or top-p without a temperature samples at the config's temperature (else 1). The
+/// result is not validated ([`SamplingParams::validate`]).
+pub fn resolve(asked: &SamplingOverrides, gc: &GenerationConfig, seed: u64) -> SamplingParams {
+    let from_config = gc.do_sample == Some(true);
+    let wants_sampling = from_config || asked.top_k.is_some() || asked.top_p.is_some();
+    let temperature = asked.temperature.unwrap_or(if wants_sampling {
+        gc.temperature.map(|t| t as f32).unwrap_or(1.0)
+    } else {
+        0.0
+    });
+    SamplingParams {
+        temperature,
+        top_k: asked
+            .top_k
+            .or(if from_config { gc.top_k } else { None })
+            .unwrap_or(0),
+        top_p: asked
+            .top_p
+            .or(if from_config {
+                gc.top_p.map(|p| p as f32)
+            } else {
+                None
+            })
+            .unwrap_or(1.0),
+        repetition_penalty: asked
+            .repetition_penalty
+            .or(gc.repetition_penalty.map(|p| p as f32))
+            .unwrap_or(1.0),
+        seed,
     }
 }
 

@@ -52,6 +52,7 @@ impl ChatMessage {
 /// past which rendering is an error rather than a hang or an ever-growing prompt. Not bounded:
 /// one expression's own memory (`'x' * 99999999` is 100 MB; minijinja caps a repetition there)
 /// and strings a loop doubles through a `namespace`, which fuel alone cannot stop.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
@@ -192,6 +193,7 @@ fn token_string(v: Option<&Json>) -> Option<String> {
 }
 
 /// The tokenizer of a model, with its chat template and special ids.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     template: Option<ChatTemplate>,

@@ -4,6 +4,8 @@
 //! availability of each runtime is probed first (libcuda + a device for CUDA, an adapter for
 //! wgpu) and a missing one is a [`RuntimeError`], never a panic.
 
+pub mod kernel_cache;
+
 use std::fmt;
 use std::str::FromStr;
 

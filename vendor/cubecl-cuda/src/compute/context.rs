@@ -77,9 +77,15 @@ impl CudaContext {
         context: *mut CUctx_st,
         arch: CudaArchitecture,
     ) -> Self {
-        let ptx_cache = compilation_store("cuda", format!("ptx_sm{}", arch.version));
-        let second_line_ptx_cache =
-            compilation_store("cuda-second-line", format!("ptx_sm{}", arch.version));
+        // cubellm patch: a kernel compiled with the PDL prologue is a different binary from the
+        // same kernel without it, so the persistent stores are kept apart by PDL mode.
+        let fingerprint = format!(
+            "ptx_sm{}{}",
+            arch.version,
+            if crate::pdl::enabled(arch.version) { "_pdl" } else { "" }
+        );
+        let ptx_cache = compilation_store("cuda", &fingerprint);
+        let second_line_ptx_cache = compilation_store("cuda-second-line", &fingerprint);
 
         Self {
             context,
