@@ -117,7 +117,9 @@ pub fn parse(engine: &Engine, endpoint: Endpoint, body: &[u8]) -> Result<Request
     };
     let params = sampling::resolve(&asked, engine.generation_config(), seed);
     params.validate().map_err(|e| match e {
-        ModelError::InvalidParameter { name, detail } => ApiError::param(name, detail),
+        ModelError::InvalidParameter { name, detail } => {
+            ApiError::param(name, format!("Invalid {name}: {detail}"))
+        }
         other => ApiError::invalid(other.to_string()),
     })?;
 
