@@ -14,7 +14,7 @@ C=.devs/cubellm
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt
 timeout 120 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
 timeout 200 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big >> $R/setup.log 2>&1
-git rev-parse --short HEAD > $R/commit.txt 2>/dev/null || true
+cp .devs/commit.txt $R/commit.txt
 
 # Time to first token: a fresh user (no kernel cache, no driver cache), then warm, then warm
 # with only the driver's own PTX cache (our cache off).
@@ -44,6 +44,12 @@ echo "server-test rc=$?" >> $R/server-test.log
 PROMPT="Write a short story about a lighthouse keeper who finds a message in a bottle, and what she decides to do about it."
 timeout 100 $C --runtime cuda generate --model /tmp/big --raw --prompt "$PROMPT" --max-new-tokens 128 \
   --temperature 0 > /dev/null 2> $R/generate-128.err
+
+# Sampled decode (host sampler: the logits are read back every token) against greedy.
+for mode in "--temperature 0" "--temperature 0.6 --top-p 0.95"; do
+  timeout 100 $C --runtime cuda generate --model /tmp/big --raw --prompt "$PROMPT" --max-new-tokens 256 \
+    $mode > /dev/null 2>> $R/sampled-vs-greedy.err
+done
 
 # Load test.
 $C --runtime cuda serve --model /tmp/big --port 8080 --queue-size 128 > $R/serve.log 2>&1 &
