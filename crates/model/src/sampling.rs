@@ -202,11 +202,24 @@ pub fn apply_repetition_penalty(logits: &mut [f32], context: &[u32], penalty: f3
     }
 }
 
-/// Ordering of candidate ids: value descending, then id ascending (how ties are broken).
-fn by_value_desc(values: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
-    values[b as usize]
-        .total_cmp(&values[a as usize])
-        .then(a.cmp(&b))
+/// A sort key whose ascending order is the candidates' order: value descending (as
+/// `f32::total_cmp` orders values), then id ascending (how ties are broken). Sorting plain
+/// integers instead of ids compared through the logits is several times faster on a 150k
+/// vocabulary (no indirect loads in the comparisons).
+fn desc_key(value: f32, id: u32) -> u64 {
+    let b = value.to_bits();
+    // total_cmp's order as an unsigned integer: negative values have every bit flipped, the
+    // others only the sign bit.
+    let ascending = if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    };
+    (u64::from(!ascending) << 32) | u64::from(id)
+}
+
+fn key_id(key: u64) -> u32 {
+    key as u32
 }
 
 /// The ids that survive top-k and top-p on (temperature-scaled) logits.
@@ -218,46 +231,49 @@ fn by_value_desc(values: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
 /// the 64 (then 256, 1024, ...) largest until the prefix reaches `top_p`, so a 150k vocabulary
 /// costs a few linear passes per token instead of a full sort.
 pub fn candidates(logits: &[f32], top_k: usize, top_p: f32) -> Vec<u32> {
-    let cmp = |a: &u32, b: &u32| by_value_desc(logits, *a, *b);
-    let mut ids: Vec<u32> = (0..logits.len() as u32)
-        .filter(|&i| logits[i as usize] > f32::NEG_INFINITY)
+    let finite = |i: usize| logits[i] > f32::NEG_INFINITY;
+    if top_k == 0 && top_p >= 1.0 {
+        return (0..logits.len())
+            .filter(|&i| finite(i))
+            .map(|i| i as u32)
+            .collect();
+    }
+    let mut keys: Vec<u64> = (0..logits.len())
+        .filter(|&i| finite(i))
+        .map(|i| desc_key(logits[i], i as u32))
         .collect();
-    if top_k > 0 && top_k < ids.len() {
-        ids.select_nth_unstable_by(top_k - 1, cmp);
-        ids.truncate(top_k);
-        ids.sort_unstable_by(cmp);
-    } else if top_k > 0 {
-        ids.sort_unstable_by(cmp);
+    if top_k > 0 && top_k < keys.len() {
+        keys.select_nth_unstable(top_k - 1);
+        keys.truncate(top_k);
     }
-    if top_p >= 1.0 || ids.is_empty() {
-        return ids;
+    if top_p >= 1.0 || keys.is_empty() {
+        keys.sort_unstable();
+        return keys.into_iter().map(key_id).collect();
     }
-    let max = ids
+    let value = |k: u64| logits[key_id(k) as usize] as f64;
+    let max = keys
         .iter()
-        .map(|&i| logits[i as usize] as f64)
+        .map(|&k| value(k))
         .fold(f64::NEG_INFINITY, f64::max);
-    let z: f64 = ids
-        .iter()
-        .map(|&i| (logits[i as usize] as f64 - max).exp())
-        .sum();
-    let mut k = ids.len().min(64);
+    let z: f64 = keys.iter().map(|&k| (value(k) - max).exp()).sum();
+    let mut k = keys.len().min(64);
     loop {
-        if k < ids.len() {
-            ids.select_nth_unstable_by(k - 1, cmp);
+        if k < keys.len() {
+            keys.select_nth_unstable(k - 1);
         }
-        ids[..k].sort_unstable_by(cmp);
+        keys[..k].sort_unstable();
         let mut cum = 0.0;
         for j in 0..k {
-            cum += (logits[ids[j] as usize] as f64 - max).exp() / z;
+            cum += (value(keys[j]) - max).exp() / z;
             if cum >= top_p as f64 {
-                ids.truncate(j + 1);
-                return ids;
+                keys.truncate(j + 1);
+                return keys.into_iter().map(key_id).collect();
             }
         }
-        if k == ids.len() {
-            return ids;
+        if k == keys.len() {
+            return keys.into_iter().map(key_id).collect();
         }
-        k = (k * 4).min(ids.len());
+        k = (k * 4).min(keys.len());
     }
 }
 
