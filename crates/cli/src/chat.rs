@@ -95,6 +95,9 @@ pub fn chat<R: Runtime>(client: &ComputeClient<R>, args: &ChatArgs) -> anyhow::R
     let session = load::load_session(client, &args.model, &files)?;
     eprintln!("sampling: {}", load::describe_sampling(&params));
     let mut generator = Generator::new(session, files.tokenizer);
+    // Each turn's prompt starts with the previous turn's prompt and answer: prefill only the
+    // new message.
+    generator.set_prefix_reuse(true);
     let options = GenerateOptions {
         max_new_tokens: args.max_new_tokens,
         sampling: params,
@@ -139,6 +142,8 @@ pub fn chat<R: Runtime>(client: &ComputeClient<R>, args: &ChatArgs) -> anyhow::R
             Input::Unknown(name) => eprintln!("unknown command /{name}; {HELP}"),
             Input::Reset => {
                 conversation.turns.clear();
+                // A new conversation starts from an empty cache, as `generate` does.
+                generator.forget_prefix();
                 eprintln!("(conversation cleared)");
             }
             Input::System(system) => {

@@ -24,6 +24,13 @@ pub trait CausalLm {
     }
     /// Empties the cache.
     fn reset(&mut self) -> Result<()>;
+    /// Keeps the first `len` positions of the cache and forgets the rest, so that a prompt that
+    /// starts with the tokens already there is prefilled only from `len` on. Returns false when
+    /// the model cannot (the caller then resets); the default.
+    fn truncate(&mut self, len: usize) -> Result<bool> {
+        let _ = len;
+        Ok(false)
+    }
     /// Runs `tokens` through the model in one pass after what the cache holds; the logits of
     /// the last position become current.
     fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
@@ -96,6 +103,9 @@ pub enum StopReason {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose keys and values were kept from the previous generation
+    /// ([`Generator::set_prefix_reuse`]) instead of being computed again.
+    pub cached_prompt_tokens: usize,
     /// Tokens chosen (an eos that ended generation included).
     pub generated_tokens: usize,
     /// The prompt's forward pass up to the first token's logits.
@@ -108,8 +118,10 @@ pub struct GenerationStats {
 }
 
 impl GenerationStats {
+    /// Prompt tokens computed (the cached ones excluded) per second of prefill.
     pub fn prefill_tokens_per_sec(&self) -> f64 {
-        self.prompt_tokens as f64 / self.prefill_time.as_secs_f64().max(1e-12)
+        (self.prompt_tokens - self.cached_prompt_tokens) as f64
+            / self.prefill_time.as_secs_f64().max(1e-12)
     }
 
     /// Decode steps per second (the first token comes from prefill and is not counted).
@@ -124,8 +136,13 @@ impl GenerationStats {
     /// One line for humans (the CLI prints it to stderr).
     pub fn summary(&self) -> String {
         format!(
-            "prompt {} tokens, prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens), time to first token {:.1} ms, stop: {}",
+            "prompt {} tokens{}, prefill {:.1} tok/s, decode {:.1} tok/s ({} tokens), time to first token {:.1} ms, stop: {}",
             self.prompt_tokens,
+            if self.cached_prompt_tokens > 0 {
+                format!(" ({} cached)", self.cached_prompt_tokens)
+            } else {
+                String::new()
+            },
             self.prefill_tokens_per_sec(),
             self.decode_tokens_per_sec(),
             self.generated_tokens,
@@ -213,18 +230,51 @@ impl<'a> StopFilter<'a> {
 pub struct Generator<M: CausalLm> {
     model: M,
     tokenizer: Tokenizer,
+    prefix_reuse: bool,
+    /// The tokens whose keys and values the model's cache holds, in order, when this generator
+    /// put them there (emptied when that is not known).
+    cached: Vec<u32>,
+}
+
+/// Length of the common prefix of two token sequences.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl<M: CausalLm> Generator<M> {
     pub fn new(model: M, tokenizer: Tokenizer) -> Self {
-        Self { model, tokenizer }
+        Self {
+            model,
+            tokenizer,
+            prefix_reuse: false,
+            cached: Vec::new(),
+        }
+    }
+
+    /// Keeps the KV cache between generations: a prompt that starts with the tokens of the
+    /// previous one (and of its answer, as a chat's next turn does) is prefilled only from
+    /// where they differ. Off by default (every generation starts from an empty cache, which is
+    /// what a benchmark of prefill wants); the output is the same either way, up to the
+    /// rounding of a prefill split in two.
+    pub fn set_prefix_reuse(&mut self, on: bool) {
+        self.prefix_reuse = on;
+        if !on {
+            self.cached.clear();
+        }
+    }
+
+    /// Forgets the cached prefix: the next generation starts from an empty cache.
+    pub fn forget_prefix(&mut self) {
+        self.cached.clear();
     }
 
     pub fn model(&self) -> &M {
         &self.model
     }
 
+    /// The model, for calls outside the generator (which then no longer trusts its cache).
     pub fn model_mut(&mut self) -> &mut M {
+        self.cached.clear();
         &mut self.model
     }
 
@@ -286,6 +336,7 @@ impl<M: CausalLm> Generator<M> {
 
         let mut stats = GenerationStats {
             prompt_tokens: prompt_tokens.len(),
+            cached_prompt_tokens: 0,
             generated_tokens: 0,
             prefill_time: Duration::ZERO,
             time_to_first_token: Duration::ZERO,
@@ -314,9 +365,22 @@ impl<M: CausalLm> Generator<M> {
             }
         };
 
-        self.model.reset()?;
+        // Reuse the cached prefix, leaving at least one prompt token to compute (its logits
+        // choose the first token).
+        let cached = std::mem::take(&mut self.cached);
+        let keep = if self.prefix_reuse && self.model.len() == cached.len() {
+            common_prefix(&cached, &prompt_tokens).min(prompt_tokens.len() - 1)
+        } else {
+            0
+        };
+        let kept = keep > 0 && self.model.truncate(keep)?;
+        if !kept {
+            self.model.reset()?;
+        }
+        stats.cached_prompt_tokens = if kept { keep } else { 0 };
         let start = Instant::now();
-        self.model.prefill(&prompt_tokens)?;
+        self.model
+            .prefill(&prompt_tokens[stats.cached_prompt_tokens..])?;
         // Launches are asynchronous: the prefill is done when its first token is read back, so
         // both figures are taken there.
         let mut token = choose(&mut self.model, &context)?;
@@ -375,6 +439,15 @@ impl<M: CausalLm> Generator<M> {
             }
         }
         stats.stop_reason = final_reason;
+        if self.prefix_reuse {
+            // Every token chosen went through the model except the last one.
+            let decoded = output.tokens.len().saturating_sub(1);
+            let mut held = prompt_tokens;
+            held.extend_from_slice(&output.tokens[..decoded]);
+            if held.len() == self.model.len() {
+                self.cached = held;
+            }
+        }
         output.text = text;
         output.stats = stats;
         Ok(output)

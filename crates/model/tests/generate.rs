@@ -23,6 +23,8 @@ struct Scripted {
     logits_calls: usize,
     /// Pseudo-random logits (for sampling tests) instead of the script.
     noisy: bool,
+    /// Whether `truncate` keeps a prefix (as a session does) or refuses (the trait's default).
+    truncates: bool,
 }
 
 impl Scripted {
@@ -38,6 +40,7 @@ impl Scripted {
             argmax_calls: 0,
             logits_calls: 0,
             noisy: false,
+            truncates: false,
         }
     }
     fn step(&self) -> usize {
@@ -58,6 +61,12 @@ impl CausalLm for Scripted {
     fn reset(&mut self) -> model::Result<()> {
         self.len = 0;
         Ok(())
+    }
+    fn truncate(&mut self, len: usize) -> model::Result<bool> {
+        if self.truncates {
+            self.len = self.len.min(len);
+        }
+        Ok(self.truncates)
     }
     fn prefill(&mut self, tokens: &[u32]) -> model::Result<()> {
         assert!(
@@ -398,4 +407,73 @@ fn sampling_through_the_generator_is_deterministic_for_a_seed() {
     assert_eq!(a, run(5));
     assert_eq!(a.1, a.2);
     assert_ne!(a.0, run(6).0);
+}
+
+/// With prefix reuse on, a prompt that starts with the previous prompt and its answer is
+/// prefilled only from where it differs (at least its last token, whose logits choose the
+/// first new token); off (the default), after `forget_prefix`, or with a model that cannot
+/// truncate its cache, every prompt is prefilled whole.
+#[test]
+fn prefix_reuse_prefills_only_what_changed() {
+    let s = setup();
+    let toks = |v: &[u32]| Prompt::Tokens(v.to_vec());
+    let mut model = Scripted::new(1024, 64, vec![50, 51, 52]);
+    model.truncates = true;
+    let mut g = Generator::new(model, clone_tokenizer(&s.tokenizer));
+
+    // Off by default.
+    gen(&mut g, &toks(&[1, 2, 3, 4]), &opts(3)).0.unwrap();
+    let out = gen(&mut g, &toks(&[1, 2, 3, 4]), &opts(3)).0.unwrap();
+    assert_eq!(out.stats.cached_prompt_tokens, 0);
+    assert_eq!(g.model().prefills, vec![vec![1, 2, 3, 4], vec![1, 2, 3, 4]]);
+
+    g.set_prefix_reuse(true);
+    g.model_mut().prefills.clear();
+    // The first generation with reuse on has nothing it knows to be cached.
+    gen(&mut g, &toks(&[1, 2, 3, 4]), &opts(3)).0.unwrap();
+    // The cache now holds the prompt and the two answer tokens that were fed back (50, 51).
+    let out = gen(&mut g, &toks(&[1, 2, 3, 4, 50, 51, 7, 9]), &opts(3))
+        .0
+        .unwrap();
+    assert_eq!(out.stats.cached_prompt_tokens, 6);
+    assert_eq!(out.stats.prompt_tokens, 8);
+    assert!(out.stats.summary().contains("prompt 8 tokens (6 cached)"));
+    // The same prompt again: everything but its last token is reused.
+    let again = gen(&mut g, &toks(&[1, 2, 3, 4, 50, 51, 7, 9]), &opts(3))
+        .0
+        .unwrap();
+    assert_eq!(again.stats.cached_prompt_tokens, 7);
+    assert_eq!(again.tokens, out.tokens);
+    // A prompt that differs from the first token on shares nothing.
+    let other = gen(&mut g, &toks(&[8, 2, 3]), &opts(3)).0.unwrap();
+    assert_eq!(other.stats.cached_prompt_tokens, 0);
+    // Forgotten: whole again.
+    g.forget_prefix();
+    gen(&mut g, &toks(&[8, 2, 3]), &opts(3)).0.unwrap();
+    assert_eq!(
+        g.model().prefills,
+        vec![
+            vec![1, 2, 3, 4],
+            vec![7, 9],
+            vec![9],
+            vec![8, 2, 3],
+            vec![8, 2, 3],
+        ]
+    );
+
+    // A model that cannot truncate is reset and prefilled whole.
+    let mut g = Generator::new(
+        Scripted::new(1024, 64, vec![50, 51, 52]),
+        clone_tokenizer(&s.tokenizer),
+    );
+    g.set_prefix_reuse(true);
+    gen(&mut g, &toks(&[1, 2, 3, 4]), &opts(3)).0.unwrap();
+    let out = gen(&mut g, &toks(&[1, 2, 3, 4, 50, 51, 7]), &opts(3))
+        .0
+        .unwrap();
+    assert_eq!(out.stats.cached_prompt_tokens, 0);
+    assert_eq!(
+        g.model().prefills,
+        vec![vec![1, 2, 3, 4], vec![1, 2, 3, 4, 50, 51, 7]]
+    );
 }

@@ -89,6 +89,9 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(model.max_len()));
+                // No prefix reuse: a request's answer must not depend on the request before it
+                // (a prefill split in two rounds differently), so that a seed gives the same
+                // text whatever else the server is doing.
                 let mut generator = Generator::new(model, worker_tokenizer);
                 while let Ok(job) = job_rx.recv() {
                     worker_metrics.waiting.fetch_sub(1, Ordering::Relaxed);

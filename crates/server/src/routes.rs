@@ -122,6 +122,7 @@ fn usage(stats: &GenerationStats) -> Value {
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": { "cached_tokens": stats.cached_prompt_tokens },
     })
 }
 

@@ -203,6 +203,13 @@ impl<R: Runtime> KvCache<R> {
         Ok(())
     }
 
+    /// Keeps only the first `len` positions (their keys and values are untouched; later appends
+    /// overwrite the rest). A `len` above the current length changes nothing.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+        self.pending = None;
+    }
+
     /// Forgets every position (the buffers are kept).
     pub fn reset(&mut self) {
         self.len = 0;

@@ -179,6 +179,12 @@ impl<R: Runtime> CausalLm for Session<R> {
         Ok(())
     }
 
+    fn truncate(&mut self, len: usize) -> Result<bool> {
+        self.current = Current::None;
+        self.cache.truncate(len);
+        Ok(true)
+    }
+
     fn prefill(&mut self, tokens: &[u32]) -> Result<()> {
         let _device = device_lock::shared();
         let logits = self.model.prefill(tokens, &mut self.cache, Logits::Last)?;

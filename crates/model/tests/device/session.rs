@@ -262,3 +262,59 @@ fn concurrent_sessions<R: Runtime>(client: &ComputeClient<R>) {
 fn sessions_on_several_threads_of_one_process() {
     on_each_runtime_one_cuda_at_a_time!(concurrent_sessions);
 }
+
+/// Keeping a prefix of the cache: prefilling a prompt in two parts, and prefilling it after a
+/// longer sequence was truncated back to its first part, give the logits of one whole prefill
+/// (within the dtype's rounding; a truncation that kept the stale tail would shift every
+/// position after it).
+fn prefix_kept<R: Runtime>(client: &ComputeClient<R>) {
+    let demo = Demo::new();
+    let dtype = if caps::supports_dtype(client, DType::F16) {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    for dtype in [DType::F32, dtype] {
+        let options = LoadOptions {
+            dtype: Some(dtype),
+            max_len: Some(64),
+            ..LoadOptions::default()
+        };
+        let (m, _) = load(client, &demo.0, &options).unwrap();
+        let vocab = m.config().vocab_size;
+        let mut s = Session::with_options(m, SessionOptions { cuda_graphs: false }).unwrap();
+        let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 300) as u32 + 5).collect();
+        let logits = |s: &mut Session<R>| {
+            let mut out = Vec::new();
+            s.logits(&mut out).unwrap();
+            out
+        };
+        s.prefill(&prompt).unwrap();
+        let whole = logits(&mut s);
+
+        s.reset().unwrap();
+        s.prefill(&prompt[..17]).unwrap();
+        s.prefill(&prompt[17..]).unwrap();
+        let split = logits(&mut s);
+
+        s.reset().unwrap();
+        s.prefill(&prompt[..17]).unwrap();
+        s.decode(7).unwrap();
+        s.decode(8).unwrap();
+        assert!(s.truncate(17).unwrap());
+        assert_eq!(s.len(), 17);
+        s.prefill(&prompt[17..]).unwrap();
+        let truncated = logits(&mut s);
+
+        let tol = if dtype == DType::F32 { 1e-4 } else { 5e-3 };
+        for (what, got) in [("split", &split), ("truncated", &truncated)] {
+            let err = worst_row_error(got, &whole, vocab);
+            assert!(err < tol, "{dtype} {what}: relative error {err:.2e}");
+        }
+    }
+}
+
+#[test]
+fn a_kept_prefix_gives_the_logits_of_a_whole_prefill() {
+    on_each_runtime_one_cuda_at_a_time!(prefix_kept);
+}
