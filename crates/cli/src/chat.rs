@@ -6,7 +6,6 @@
 //! the history) and the conversation goes on.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::ops::ControlFlow;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::Duration;
 
@@ -186,29 +185,8 @@ fn answer<R: Runtime>(
     conversation: &Conversation,
     options: &GenerateOptions,
 ) -> anyhow::Result<String> {
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let prompt = Prompt::Chat(conversation.messages());
-    let mut ends_with_newline = true;
-    let result = generator.generate(&prompt, options, |piece| {
-        if interrupt::requested() {
-            return ControlFlow::Break(());
-        }
-        ends_with_newline = piece.ends_with('\n');
-        if out
-            .write_all(piece.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    });
-    if !ends_with_newline {
-        let _ = writeln!(out);
-    }
-    let _ = out.flush();
-    let output = result?;
+    let output =
+        load::generate_to_stdout(generator, &Prompt::Chat(conversation.messages()), options)?;
     if output.stats.stop_reason == StopReason::Cancelled {
         // Ctrl-C stopped this answer only.
         interrupt::clear();

@@ -1,7 +1,5 @@
 //! `cubellm generate` and `cubellm make-demo-model`.
 
-use std::io::Write;
-use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::bail;
@@ -92,29 +90,7 @@ pub fn generate<R: Runtime>(client: &ComputeClient<R>, args: &GenerateArgs) -> a
         stop_strings: args.stop.clone(),
         eos_token_ids: None,
     };
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut ends_with_newline = true;
-    let result = generator.generate(&prompt, &options, |piece| {
-        if crate::interrupt::requested() {
-            // Ctrl-C: keep what was written, end the line, report the stats.
-            return ControlFlow::Break(());
-        }
-        ends_with_newline = piece.ends_with('\n');
-        if out
-            .write_all(piece.as_bytes())
-            .and_then(|_| out.flush())
-            .is_err()
-        {
-            // stdout closed (e.g. piped into `head`): stop generating.
-            return ControlFlow::Break(());
-        }
-        ControlFlow::Continue(())
-    });
-    if !ends_with_newline {
-        let _ = writeln!(out);
-    }
-    let output = result?;
+    let output = load::generate_to_stdout(&mut generator, &prompt, &options)?;
     eprintln!("{}", output.stats.summary());
     Ok(())
 }

@@ -1,6 +1,8 @@
-//! The model and sampling flags shared by `generate`, `chat` and `serve`, and loading a model
-//! with a progress bar.
+//! The model and sampling flags shared by `generate`, `chat` and `serve`, loading a model with
+//! a progress bar, and streaming a generation to stdout.
 
+use std::io::Write;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -8,8 +10,8 @@ use clap::Args;
 use cubecl::prelude::*;
 use indicatif::{ProgressBar, ProgressStyle};
 use model::{
-    demo, hub, GenerationConfig, LoadOptions, Model, ModelConfig, SamplingParams, Session,
-    SessionOptions, Tokenizer,
+    demo, hub, CausalLm, GenerateOptions, GenerateOutput, GenerationConfig, Generator, LoadOptions,
+    Model, ModelConfig, Prompt, SamplingParams, Session, SessionOptions, Tokenizer,
 };
 use ops::DType;
 
@@ -193,4 +195,36 @@ pub fn load_session<R: Runtime>(
             cuda_graphs: !args.no_cuda_graph,
         },
     )?)
+}
+
+/// Generates, writing each piece of text to stdout as soon as it is complete, and ends the text
+/// with a newline. Ctrl-C stops the generation at the next token (the stats then say
+/// `cancelled`), and so does a closed stdout (e.g. piped into `head`).
+pub fn generate_to_stdout<M: CausalLm>(
+    generator: &mut Generator<M>,
+    prompt: &Prompt,
+    options: &GenerateOptions,
+) -> model::Result<GenerateOutput> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut ends_with_newline = true;
+    let result = generator.generate(prompt, options, |piece| {
+        if crate::interrupt::requested() {
+            return ControlFlow::Break(());
+        }
+        ends_with_newline = piece.ends_with('\n');
+        if out
+            .write_all(piece.as_bytes())
+            .and_then(|_| out.flush())
+            .is_err()
+        {
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    });
+    if !ends_with_newline {
+        let _ = writeln!(out);
+    }
+    let _ = out.flush();
+    result
 }
