@@ -413,8 +413,8 @@ fn bad_requests_are_clear_errors_and_the_server_keeps_serving() {
     assert!(metric(s, "cubellm_requests_total{outcome=\"rejected\"}") >= 14.0);
 }
 
-/// A client that disconnects mid-stream cancels its generation (the engine moves on long before
-/// the 400 tokens it asked for), and the server keeps serving; and a request beyond the queue is
+/// A client that disconnects (waiting for a whole answer, or mid-stream) cancels its generation
+/// (the engine moves on long before the 400 tokens it asked for), and the server keeps serving; and a request beyond the queue is
 /// refused with 503 while the others complete. Its own server, with a queue of one.
 #[test]
 fn disconnects_cancel_and_a_full_queue_refuses() {
@@ -423,7 +423,18 @@ fn disconnects_cancel_and_a_full_queue_refuses() {
     let long = json!({"prompt": "Tell a long story", "max_tokens": 400, "ignore_eos": true,
                       "temperature": 0, "stream": true});
 
-    // Leave after two chunks.
+    let cancelled_reaches = |n: f64| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while metric(&s, "cubellm_requests_total{outcome=\"cancelled\"}") < n {
+            assert!(
+                Instant::now() < deadline,
+                "the disconnect never cancelled the generation"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+
+    // A stream left after two chunks.
     let response = agent().post(&url).send_string(&long.to_string()).unwrap();
     let mut lines = BufReader::new(response.into_reader()).lines();
     let mut seen = 0;
@@ -433,14 +444,7 @@ fn disconnects_cancel_and_a_full_queue_refuses() {
         }
     }
     drop(lines);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while metric(&s, "cubellm_requests_total{outcome=\"cancelled\"}") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the disconnect never cancelled the generation"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    cancelled_reaches(1.0);
     assert_eq!(
         metric(&s, "cubellm_requests_total{outcome=\"completed\"}"),
         0.0
@@ -450,6 +454,28 @@ fn disconnects_cancel_and_a_full_queue_refuses() {
         generated < 400.0,
         "{generated} tokens generated for a client that left"
     );
+
+    // A whole (not streamed) answer whose client stops waiting: timed against the same request
+    // answered in full, so that there is something left to cancel (a fast device answers 400
+    // tokens of the demo model before a client's patience runs out).
+    let mut whole = long.clone();
+    whole["stream"] = json!(false);
+    let started = Instant::now();
+    let (status, v) = post(&url, &whole);
+    assert_eq!(status, 200, "{v}");
+    let patience = Duration::from_millis(500);
+    if started.elapsed() > 4 * patience {
+        let impatient = ureq::AgentBuilder::new().timeout(patience).build();
+        assert!(impatient
+            .post(&url)
+            .send_string(&whole.to_string())
+            .is_err());
+        cancelled_reaches(2.0);
+        assert_eq!(
+            metric(&s, "cubellm_requests_total{outcome=\"completed\"}"),
+            1.0
+        );
+    }
 
     // One request running (reading its stream slowly), one waiting: the third is refused.
     let running = agent().post(&url).send_string(&long.to_string()).unwrap();
