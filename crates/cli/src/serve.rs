@@ -32,22 +32,19 @@ pub struct ServeArgs {
 }
 
 /// The name a model is served under: the Hugging Face repo id it was named by, else its
-/// directory's name.
+/// directory's name; without `--model`, the default repo's id or `cubellm-demo` (the two models
+/// `generate` falls back to).
 fn default_model_name(args: &ModelArgs, files: &ModelFiles) -> String {
-    if let Some(spec) = &args.model {
-        if !std::path::Path::new(spec).exists() {
-            return spec.clone();
-        }
-    } else if files.dir.starts_with(std::env::temp_dir())
-        || files.dir.ends_with(model::demo::DEMO_VERSION)
-    {
-        return "cubellm-demo".into();
+    match &args.model {
+        None if files.dir.ends_with(model::demo::DEMO_VERSION) => "cubellm-demo".into(),
+        None => model::hub::DEFAULT_REPO.into(),
+        Some(spec) if !std::path::Path::new(spec).exists() => spec.clone(),
+        Some(_) => files
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "model".into()),
     }
-    files
-        .dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
 }
 
 pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow::Result<()> {
