@@ -170,15 +170,15 @@ pub struct GenerateOutput {
 }
 
 /// Holds back streamed text that might be the beginning of a stop string.
-struct StopFilter<'a> {
-    stops: &'a [String],
+struct StopFilter {
+    stops: Vec<String>,
     /// All text so far (emitted and pending).
     text: String,
     emitted: usize,
 }
 
-impl<'a> StopFilter<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopFilter {
+    fn new(stops: Vec<String>) -> Self {
         Self {
             stops,
             text: String::new(),
@@ -210,7 +210,7 @@ impl<'a> StopFilter<'a> {
         } else {
             // Longest suffix of the pending text that is a proper prefix of a stop string.
             let mut hold = 0;
-            for s in self.stops {
+            for s in &self.stops {
                 for (i, _) in s.char_indices().skip(1) {
                     if i > hold && pending.ends_with(&s[..i]) {
                         hold = i;
@@ -307,7 +307,6 @@ impl<M: CausalLm> Generator<M> {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> ControlFlow<()>,
     ) -> Result<GenerateOutput> {
-        let mut sampler = Sampler::new(options.sampling)?;
         let prompt_tokens = self.prompt_tokens(prompt)?;
         if prompt_tokens.is_empty() {
             return Err(ModelError::param(
@@ -329,39 +328,20 @@ impl<M: CausalLm> Generator<M> {
                 max_len,
             });
         }
-        let eos: Vec<u32> = options
-            .eos_token_ids
-            .clone()
-            .unwrap_or_else(|| self.tokenizer.eos_token_ids().to_vec());
-
-        let mut stats = GenerationStats {
-            prompt_tokens: prompt_tokens.len(),
-            cached_prompt_tokens: 0,
-            generated_tokens: 0,
-            prefill_time: Duration::ZERO,
-            time_to_first_token: Duration::ZERO,
-            decode_time: Duration::ZERO,
-            stop_reason: StopReason::MaxNewTokens,
-        };
-        let mut output = GenerateOutput {
-            text: String::new(),
-            tokens: Vec::new(),
-            prompt_tokens: prompt_tokens.clone(),
-            stats: stats.clone(),
-        };
+        let mut seq = Sequence::with_context(&self.tokenizer, prompt_tokens, options, max_len)?;
         if options.max_new_tokens == 0 {
-            return Ok(output);
+            return seq.finish(StopReason::MaxNewTokens, &mut on_text);
         }
+        let prompt_tokens = seq.prompt_tokens().to_vec();
 
-        let mut context = prompt_tokens.clone();
         let mut logits = Vec::with_capacity(vocab);
-        let greedy_on_device = options.sampling.is_plain_greedy();
-        let mut choose = |model: &mut M, context: &[u32]| -> Result<u32> {
+        let greedy_on_device = seq.greedy_on_device();
+        let choose = |model: &mut M, seq: &mut Sequence<'_>, logits: &mut Vec<f32>| {
             if greedy_on_device {
                 model.argmax()
             } else {
-                model.logits(&mut logits)?;
-                sampler.sample(&mut logits, context)
+                model.logits(logits)?;
+                seq.sample(logits)
             }
         };
 
@@ -377,79 +357,209 @@ impl<M: CausalLm> Generator<M> {
         if !kept {
             self.model.reset()?;
         }
-        stats.cached_prompt_tokens = if kept { keep } else { 0 };
-        let start = Instant::now();
+        seq.stats.cached_prompt_tokens = if kept { keep } else { 0 };
         self.model
-            .prefill(&prompt_tokens[stats.cached_prompt_tokens..])?;
+            .prefill(&prompt_tokens[seq.stats.cached_prompt_tokens..])?;
         // Launches are asynchronous: the prefill is done when its first token is read back, so
         // both figures are taken there.
-        let mut token = choose(&mut self.model, &context)?;
-        stats.time_to_first_token = start.elapsed();
-        stats.prefill_time = stats.time_to_first_token;
-        let first_at = Instant::now();
+        let mut token = choose(&mut self.model, &mut seq, &mut logits)?;
+        seq.first_token_chosen();
 
-        let mut detok = self.tokenizer.stream();
-        let mut stop = StopFilter::new(&options.stop_strings);
-        let mut text = String::new();
         let reason = loop {
-            stats.generated_tokens += 1;
-            output.tokens.push(token);
-            context.push(token);
-            if eos.contains(&token) {
-                break StopReason::Eos(token);
-            }
-            if let Some(piece) = detok.push(token)? {
-                let (out, found) = stop.push(&piece, false);
-                if !out.is_empty() {
-                    text.push_str(&out);
-                    if on_text(&out).is_break() {
-                        break StopReason::Cancelled;
-                    }
-                }
-                if let Some(s) = found {
-                    break StopReason::StopString(s);
-                }
-            }
-            if stats.generated_tokens >= options.max_new_tokens {
-                break StopReason::MaxNewTokens;
-            }
-            if self.model.len() >= max_len {
-                break StopReason::ContextFull;
+            if let Some(reason) = seq.push(token, self.model.len(), &mut on_text)? {
+                break reason;
             }
             self.model.decode(token)?;
-            token = choose(&mut self.model, &context)?;
+            token = choose(&mut self.model, &mut seq, &mut logits)?;
         };
-        stats.decode_time = first_at.elapsed();
+        let output = seq.finish(reason, &mut on_text)?;
+        if self.prefix_reuse {
+            // Every token chosen went through the model except the last one.
+            let decoded = output.tokens.len().saturating_sub(1);
+            let mut held = output.prompt_tokens.clone();
+            held.extend_from_slice(&output.tokens[..decoded]);
+            if held.len() == self.model.len() {
+                self.cached = held;
+            }
+        }
+        Ok(output)
+    }
+}
 
-        // Flush what the detokenizer and the stop filter still hold (not after a stop string:
-        // everything past it is dropped; not after a cancel: the caller wants no more).
-        let mut final_reason = reason;
-        if !matches!(
-            final_reason,
-            StopReason::StopString(_) | StopReason::Cancelled
-        ) {
-            let tail = detok.finish()?.unwrap_or_default();
-            let (out, found) = stop.push(&tail, true);
+/// One generation in progress, from its prompt to its last token: the sampler and its context,
+/// the stop conditions, the streaming detokenizer and stop-string filter, and the statistics.
+/// [`Generator::generate`] drives one over a [`CausalLm`]; a batching scheduler drives several,
+/// one per sequence of a batched decode step, and each sequence's text and statistics come out
+/// the same as from a generation of its own.
+pub struct Sequence<'t> {
+    sampler: Sampler,
+    greedy: bool,
+    /// Prompt and chosen tokens (the repetition penalty's context).
+    context: Vec<u32>,
+    prompt_len: usize,
+    eos: Vec<u32>,
+    max_new_tokens: usize,
+    max_len: usize,
+    detok: crate::tokenizer::StreamDecoder<'t>,
+    stop: StopFilter,
+    text: String,
+    tokens: Vec<u32>,
+    /// Counts and timings (public for the prefix reuse's `cached_prompt_tokens`).
+    pub stats: GenerationStats,
+    started: Instant,
+    first_at: Option<Instant>,
+}
+
+impl<'t> Sequence<'t> {
+    /// A generation of `prompt_tokens` (checked by the caller against the vocabulary and the
+    /// context) with `options`; its prefill starts now (the time to first token counts from
+    /// here).
+    pub fn new(
+        tokenizer: &'t Tokenizer,
+        prompt_tokens: Vec<u32>,
+        options: &GenerateOptions,
+    ) -> Result<Self> {
+        Self::with_context(tokenizer, prompt_tokens, options, usize::MAX)
+    }
+
+    /// [`Self::new`] for a model whose context holds `max_len` positions: [`Self::push`] ends
+    /// the generation with [`StopReason::ContextFull`] there.
+    pub fn with_context(
+        tokenizer: &'t Tokenizer,
+        prompt_tokens: Vec<u32>,
+        options: &GenerateOptions,
+        max_len: usize,
+    ) -> Result<Self> {
+        let sampler = Sampler::new(options.sampling)?;
+        let eos = options
+            .eos_token_ids
+            .clone()
+            .unwrap_or_else(|| tokenizer.eos_token_ids().to_vec());
+        Ok(Self {
+            sampler,
+            greedy: options.sampling.is_plain_greedy(),
+            prompt_len: prompt_tokens.len(),
+            context: prompt_tokens,
+            eos,
+            max_new_tokens: options.max_new_tokens,
+            max_len,
+            detok: tokenizer.stream(),
+            stop: StopFilter::new(options.stop_strings.clone()),
+            text: String::new(),
+            tokens: Vec::new(),
+            stats: GenerationStats {
+                prompt_tokens: 0,
+                cached_prompt_tokens: 0,
+                generated_tokens: 0,
+                prefill_time: Duration::ZERO,
+                time_to_first_token: Duration::ZERO,
+                decode_time: Duration::ZERO,
+                stop_reason: StopReason::MaxNewTokens,
+            },
+            started: Instant::now(),
+            first_at: None,
+        })
+    }
+
+    pub fn prompt_tokens(&self) -> &[u32] {
+        &self.context[..self.prompt_len]
+    }
+
+    /// Whether the next token is the plain argmax of the logits (which a model can compute on
+    /// the device and read back as one id).
+    pub fn greedy_on_device(&self) -> bool {
+        self.greedy
+    }
+
+    /// Chooses the next token from `logits` (f32, the vocabulary wide; modified in place) with
+    /// the sampling options and the context so far.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32> {
+        self.sampler.sample(logits, &self.context)
+    }
+
+    /// Records that the first token was chosen (the prefill's logits were read back): the time
+    /// to first token.
+    pub fn first_token_chosen(&mut self) {
+        self.stats.time_to_first_token = self.started.elapsed();
+        self.stats.prefill_time = self.stats.time_to_first_token;
+        self.first_at = Some(Instant::now());
+    }
+
+    /// Takes the token just chosen, with the model holding `model_len` positions: streams its
+    /// text through `on_text`, and returns why generation ends if it does (the token is then
+    /// not to be decoded), `None` when the model should decode it next.
+    pub fn push(
+        &mut self,
+        token: u32,
+        model_len: usize,
+        on_text: &mut impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<Option<StopReason>> {
+        if self.first_at.is_none() {
+            self.first_token_chosen();
+        }
+        self.stats.generated_tokens += 1;
+        self.tokens.push(token);
+        self.context.push(token);
+        if self.eos.contains(&token) {
+            return Ok(Some(StopReason::Eos(token)));
+        }
+        if let Some(piece) = self.detok.push(token)? {
+            let (out, found) = self.stop.push(&piece, false);
             if !out.is_empty() {
-                text.push_str(&out);
+                self.text.push_str(&out);
+                if on_text(&out).is_break() {
+                    return Ok(Some(StopReason::Cancelled));
+                }
+            }
+            if let Some(s) = found {
+                return Ok(Some(StopReason::StopString(s)));
+            }
+        }
+        if self.stats.generated_tokens >= self.max_new_tokens {
+            return Ok(Some(StopReason::MaxNewTokens));
+        }
+        if model_len >= self.max_len {
+            return Ok(Some(StopReason::ContextFull));
+        }
+        Ok(None)
+    }
+
+    /// Ends the generation for `reason`: flushes what the detokenizer and the stop filter still
+    /// hold (not after a stop string: everything past it is dropped; not after a cancel: the
+    /// caller wants no more) and returns the output.
+    pub fn finish(
+        mut self,
+        reason: StopReason,
+        on_text: &mut impl FnMut(&str) -> ControlFlow<()>,
+    ) -> Result<GenerateOutput> {
+        if let Some(first_at) = self.first_at {
+            self.stats.decode_time = first_at.elapsed();
+        }
+        let mut final_reason = reason;
+        if !self.tokens.is_empty()
+            && !matches!(
+                final_reason,
+                StopReason::StopString(_) | StopReason::Cancelled
+            )
+        {
+            let tail = self.detok.finish()?.unwrap_or_default();
+            let (out, found) = self.stop.push(&tail, true);
+            if !out.is_empty() {
+                self.text.push_str(&out);
                 let _ = on_text(&out);
             }
             if let Some(s) = found {
                 final_reason = StopReason::StopString(s);
             }
         }
-        stats.stop_reason = final_reason;
-        if self.prefix_reuse {
-            // Every token chosen went through the model except the last one.
-            let decoded = output.tokens.len().saturating_sub(1);
-            let mut held = prompt_tokens;
-            held.extend_from_slice(&output.tokens[..decoded]);
-            if held.len() == self.model.len() {
-                self.cached = held;
-            }
-        }
-        output.text = text;
-        output.stats = stats;
-        Ok(output)
+        self.stats.prompt_tokens = self.prompt_len;
+        self.stats.stop_reason = final_reason;
+        let prompt_tokens = self.context[..self.prompt_len].to_vec();
+        Ok(GenerateOutput {
+            text: self.text,
+            tokens: self.tokens,
+            prompt_tokens,
+            stats: self.stats,
+        })
     }
 }

@@ -43,7 +43,8 @@ pub use engine::plan::{plan_weights, WeightPlan};
 pub use engine::session::{Session, SessionOptions};
 pub use error::{ModelError, Result};
 pub use generate::{
-    CausalLm, GenerateOptions, GenerateOutput, GenerationStats, Generator, Prompt, StopReason,
+    CausalLm, GenerateOptions, GenerateOutput, GenerationStats, Generator, Prompt, Sequence,
+    StopReason,
 };
 pub use models::Architecture;
 pub use sampling::{Sampler, SamplingParams};

@@ -36,6 +36,8 @@ fn qkv_rope_cache_kernel<F: Float>(
     head_dim: usize,
     max_len: usize,
     table_rows: usize,
+    ragged: u32,
+    slots: usize,
     #[comptime] norm: bool,
     #[comptime] plan: ReducePlan,
     #[define(F)] _dtype: ElemType,
@@ -93,7 +95,14 @@ fn qkv_rope_cache_kernel<F: Float>(
         }
         ComptimeOption::None => {}
     }
-    let pos = start[0] as usize + t;
+    // One sequence: token t at `start[0] + t` of the cache. A ragged batch: token t is its
+    // sequence's newest, at position `start[2t]` of cache slot `start[2t + 1]`.
+    let mut pos = start[0] as usize + t;
+    let mut first_row = 0usize;
+    if ragged != 0 {
+        pos = start[2 * t] as usize;
+        first_row = min(start[2 * t + 1] as usize, slots - 1) * max_len;
+    }
     if h < q_heads + kv_heads {
         // Positions past the table reuse its last row; the host checks what it can know.
         let p = min(pos, table_rows - 1);
@@ -106,12 +115,12 @@ fn qkv_rope_cache_kernel<F: Float>(
             q_out[dst + i] = ra;
             q_out[dst + i + half] = rb;
         } else if pos < max_len {
-            let dst = (pos * kv_heads + (h - q_heads)) * head_dim;
+            let dst = ((first_row + pos) * kv_heads + (h - q_heads)) * head_dim;
             k_cache[dst + i] = ra;
             k_cache[dst + i + half] = rb;
         }
     } else if pos < max_len {
-        let dst = (pos * kv_heads + (h - q_heads - kv_heads)) * head_dim;
+        let dst = ((first_row + pos) * kv_heads + (h - q_heads - kv_heads)) * head_dim;
         v_cache[dst + i] = a;
         v_cache[dst + i + half] = b;
     }
@@ -166,7 +175,106 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     norm: Option<QkNorm<'_, R>>,
 ) -> Result<()> {
     const OP: &str = "qkv_rope_cache";
-    caps::check_float_dtype(client, OP, qkv.dtype())?;
+    if start.dtype() != DType::U32 || start.numel() != 1 {
+        return Err(OpsError::invalid(
+            OP,
+            "start must be a u32 tensor of one element",
+        ));
+    }
+    let caches = Caches {
+        k: k_cache,
+        v: v_cache,
+        slots: None,
+    };
+    launch(client, OP, qkv, heads, cos, sin, start, q_out, caches, norm)
+}
+
+/// [`qkv_rope_cache_into`] for a ragged batch (continuous batching's decode step): row `b` of
+/// `qkv[B, (Hq + 2 Hkv) * D]` is the newest token of a sequence at position `seqs[b, 0]` of
+/// cache slot `seqs[b, 1]`. Its q (normalised when `norm` is given, rotated at that position)
+/// goes to row `b` of `q_out[B, Hq, D]`, its k and v to that position of that slot of `k_cache`
+/// / `v_cache` (`[slots, max_len, Hkv, D]`).
+///
+/// `seqs` is a contiguous u32 `[B, 2]` device table of `(position, slot)`, read when the kernel
+/// runs; positions past `max_len` are not written and slots past the last are clamped to it.
+/// Each row is computed exactly as [`qkv_rope_cache_into`] computes that token alone.
+#[allow(clippy::too_many_arguments)]
+pub fn qkv_rope_cache_ragged_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    qkv: &DeviceTensor<R>,
+    heads: HeadShape,
+    cos: &DeviceTensor<R>,
+    sin: &DeviceTensor<R>,
+    seqs: &DeviceTensor<R>,
+    q_out: &DeviceTensor<R>,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+    norm: Option<QkNorm<'_, R>>,
+) -> Result<()> {
+    const OP: &str = "qkv_rope_cache_ragged";
+    let rows = qkv.shape().first().copied().unwrap_or(0);
+    if seqs.dtype() != DType::U32 || seqs.shape() != [rows, 2] || !seqs.is_contiguous() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "seqs must be a contiguous u32 [{rows}, 2] table of (position, slot), got {} {:?}",
+                seqs.dtype(),
+                seqs.shape()
+            ),
+        ));
+    }
+    if k_cache.rank() != 4 || k_cache.shape()[0] == 0 {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "the cache must be [slots, max_len, Hkv, D], got {:?}",
+                k_cache.shape()
+            ),
+        ));
+    }
+    let slots = k_cache.shape()[0];
+    let flat = |t: &DeviceTensor<R>| -> Result<DeviceTensor<R>> {
+        let s = t.shape();
+        if s.len() != 4 || s[0] != slots {
+            return Err(OpsError::shape(
+                OP,
+                format!("v cache {s:?} does not match k {:?}", k_cache.shape()),
+            ));
+        }
+        t.reshape(&[s[0] * s[1], s[2], s[3]])
+    };
+    let (k, v) = (flat(k_cache)?, flat(v_cache)?);
+    let caches = Caches {
+        k: &k,
+        v: &v,
+        slots: Some(slots),
+    };
+    launch(client, OP, qkv, heads, cos, sin, seqs, q_out, caches, norm)
+}
+
+/// The caches a launch appends to: one sequence's `[max_len, Hkv, D]`, or `slots` sequences'
+/// (`[slots * max_len, Hkv, D]` seen flat).
+struct Caches<'a, R: Runtime> {
+    k: &'a DeviceTensor<R>,
+    v: &'a DeviceTensor<R>,
+    slots: Option<usize>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    qkv: &DeviceTensor<R>,
+    heads: HeadShape,
+    cos: &DeviceTensor<R>,
+    sin: &DeviceTensor<R>,
+    start: &DeviceTensor<R>,
+    q_out: &DeviceTensor<R>,
+    caches: Caches<'_, R>,
+    norm: Option<QkNorm<'_, R>>,
+) -> Result<()> {
+    let (k_cache, v_cache) = (caches.k, caches.v);
+    caps::check_float_dtype(client, op, qkv.dtype())?;
     let HeadShape {
         q_heads,
         kv_heads,
@@ -174,21 +282,21 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     } = heads;
     if head_dim == 0 || !head_dim.is_multiple_of(2) || q_heads == 0 || kv_heads == 0 {
         return Err(OpsError::invalid(
-            OP,
+            op,
             format!("heads {q_heads}/{kv_heads} of dim {head_dim}: need non-zero heads and an even head_dim"),
         ));
     }
     let width = (q_heads + 2 * kv_heads) * head_dim;
     if qkv.rank() != 2 || qkv.shape()[1] != width || qkv.shape()[0] == 0 {
         return Err(OpsError::shape(
-            OP,
+            op,
             format!("qkv {:?}, expected [T, {width}]", qkv.shape()),
         ));
     }
     let tokens = qkv.shape()[0];
     if q_out.shape() != [tokens, q_heads, head_dim] {
         return Err(OpsError::shape(
-            OP,
+            op,
             format!(
                 "q_out {:?}, expected [{tokens}, {q_heads}, {head_dim}]",
                 q_out.shape()
@@ -199,7 +307,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
     for cache in [k_cache, v_cache] {
         if cache.shape() != [max_len, kv_heads, head_dim] {
             return Err(OpsError::shape(
-                OP,
+                op,
                 format!(
                     "cache {:?}, expected [max_len, {kv_heads}, {head_dim}]",
                     cache.shape()
@@ -208,7 +316,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
         }
     }
     for t in [q_out, k_cache, v_cache] {
-        check_same_dtype(OP, qkv, t)?;
+        check_same_dtype(op, qkv, t)?;
     }
     let half = head_dim / 2;
     for table in [cos, sin] {
@@ -218,7 +326,7 @@ pub fn qkv_rope_cache_into<R: Runtime>(
             || table.shape()[0] == 0
         {
             return Err(OpsError::shape(
-                OP,
+                op,
                 format!(
                     "cos/sin tables must be f32 [rows, {half}], got {:?} {}",
                     table.shape(),
@@ -228,22 +336,16 @@ pub fn qkv_rope_cache_into<R: Runtime>(
         }
     }
     if cos.shape() != sin.shape() {
-        return Err(OpsError::shape(OP, "cos and sin tables differ in shape"));
-    }
-    if start.dtype() != DType::U32 || start.numel() != 1 {
-        return Err(OpsError::invalid(
-            OP,
-            "start must be a u32 tensor of one element",
-        ));
+        return Err(OpsError::shape(op, "cos and sin tables differ in shape"));
     }
     if [qkv, q_out, k_cache, v_cache, cos, sin]
         .iter()
         .any(|t| !t.is_contiguous())
     {
-        return Err(OpsError::shape(OP, "every operand must be contiguous"));
+        return Err(OpsError::shape(op, "every operand must be contiguous"));
     }
     if let Some(n) = &norm {
-        check_norm(OP, qkv, n, head_dim)?;
+        check_norm(op, qkv, n, head_dim)?;
     }
     let cube_dim = (half as u32).next_power_of_two().max(1);
     let plan = ReducePlan::new(client, cube_dim);
@@ -281,8 +383,10 @@ pub fn qkv_rope_cache_into<R: Runtime>(
             q_heads,
             kv_heads,
             head_dim,
-            max_len,
+            max_len / caches.slots.unwrap_or(1),
             cos.shape()[0],
+            caches.slots.is_some() as u32,
+            caches.slots.unwrap_or(1),
             norm.is_some(),
             plan,
             qkv.dtype().elem_type(),

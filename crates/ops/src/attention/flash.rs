@@ -11,7 +11,7 @@ use super::flash_step::{
     copy_rows_async, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
     next_kv_tile, quad_sum, zeroed_output, StepShape,
 };
-use super::geometry::{kv_len, visible_keys, Geometry};
+use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry};
 use super::plan::Problem;
 use super::FlashTiling;
 use crate::DeviceTensor;
@@ -94,6 +94,8 @@ pub(crate) fn flash_kernel<F: Float>(
         splits: 1u32,
         row_blocks,
         scale,
+        ragged: 0u32,
+        slots: 1u32,
     };
     let d = comptime![blueprint.d];
     let bk = comptime![blueprint.bk];
@@ -116,7 +118,7 @@ pub(crate) fn flash_kernel<F: Float>(
     let h = CUBE_POS_Y;
     let b = CUBE_POS_Z;
     let hk = h / geo.group;
-    let len = kv_len(len_buf, &geo, blueprint.device_len);
+    let len = kv_len(len_buf, &geo, b, blueprint.device_len);
 
     let row0 = qb * bq as u32;
     let last_row = min(row0 + bq as u32, geo.lq) - 1;
@@ -135,7 +137,7 @@ pub(crate) fn flash_kernel<F: Float>(
     let q_stride = (geo.hq as usize) * d;
     let q_base = (b * geo.lq) as usize * q_stride + h as usize * d;
     let kv_stride = (geo.hkv as usize) * d;
-    let kv_base = (b * geo.kv_rows) as usize * kv_stride + hk as usize * d;
+    let kv_base = kv_first_row(len_buf, &geo, b) as usize * kv_stride + hk as usize * d;
     let last_key = k_end.saturating_sub(1) as usize;
 
     copy_rows_async::<F>(

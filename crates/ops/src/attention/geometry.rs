@@ -28,6 +28,11 @@ pub(crate) struct Geometry {
     /// Cubes along the row axis per (sequence, KV head).
     pub row_blocks: u32,
     pub scale: f32,
+    /// 1 for a ragged batch: the device buffer holds a `(position, slot)` pair per sequence
+    /// (see [`kv_len`], [`kv_first_row`]); 0 for one length shared by every sequence.
+    pub ragged: u32,
+    /// Sequences the K/V buffers hold (`slots * kv_rows` rows): bounds a ragged batch's slots.
+    pub slots: u32,
 }
 
 /// The buffers of a split kernel: the operands, the device length (a placeholder when it is on
@@ -45,15 +50,31 @@ pub(crate) struct SplitBuffers<E: CubePrimitive, P: CubePrimitive> {
     pub part_stats: Box<[f32]>,
 }
 
-/// The KV length this launch works with: from the device buffer (clamped to the buffer's rows,
-/// so a bad length can never read outside the cache) or from the host.
+/// The KV length sequence `b` works with: from the device buffer (clamped to the buffer's rows,
+/// so a bad length can never read outside the cache) or from the host. In a ragged batch the
+/// buffer holds sequence `b`'s query position at `2b`, and the query sees the keys up to it.
 #[cube]
-pub(crate) fn kv_len(len_buf: &[u32], geo: &Geometry, #[comptime] device_len: bool) -> u32 {
+pub(crate) fn kv_len(len_buf: &[u32], geo: &Geometry, b: u32, #[comptime] device_len: bool) -> u32 {
     let mut len = geo.len_host;
     if comptime![device_len] {
-        len = min(len_buf[0], geo.kv_rows);
+        if geo.ragged != 0 {
+            len = min(len_buf[(2 * b) as usize] + 1, geo.kv_rows);
+        } else {
+            len = min(len_buf[0], geo.kv_rows);
+        }
     }
     len
+}
+
+/// The first K/V row of sequence `b`: `b * kv_rows`, or in a ragged batch the first row of the
+/// slot the device buffer names at `2b + 1` (clamped to the slots the buffers hold).
+#[cube]
+pub(crate) fn kv_first_row(len_buf: &[u32], geo: &Geometry, b: u32) -> u32 {
+    let mut slot = b;
+    if geo.ragged != 0 {
+        slot = min(len_buf[(2 * b + 1) as usize], geo.slots - 1);
+    }
+    slot * geo.kv_rows
 }
 
 /// The number of keys query `i` sees: all `len` of them, or with the causal rule

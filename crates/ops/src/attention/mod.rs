@@ -9,7 +9,8 @@
 //! **Batching.** [`attention`] and [`attention_into`] also accept a leading batch dimension on all
 //! of `q`, `k`, `v` and `out` (`[B, Lq, Hq, D]` with `[B, Lk, Hkv, D]`): the sequences are
 //! independent and have equal lengths. [`attention_cached_into`] serves one sequence (one cache);
-//! a batch of caches is served by one call per sequence.
+//! [`attention_decode_ragged_into`] serves one query each of a batch of sequences of different
+//! lengths, each in its own slot of a shared cache (continuous batching's decode step).
 //!
 //! **Numerics.** Inputs f32, f16 or bf16 (not bf16 on wgpu); scores, softmax statistics and
 //! accumulators in f32 ([`crate::online_softmax`]); the output rounded once to the input dtype.
@@ -216,6 +217,7 @@ pub fn attention_into_with<R: Runtime>(
         causal,
         scale,
         workspace: None,
+        slots: None,
     };
     plan::run(client, OP, &problem, strategy)
 }
@@ -290,6 +292,95 @@ pub fn attention_cached_into_with<R: Runtime>(
         causal: true,
         scale,
         workspace,
+        slots: None,
     };
     plan::run(client, OP, &problem, strategy)
+}
+
+/// Decode attention over a ragged batch: one query per sequence, each sequence in its own slot
+/// of a shared cache. Row `b` of `q[B, Hq, D]` is the newest token of a sequence at position
+/// `seqs[b, 0]` of slot `seqs[b, 1]`; it sees rows `0..=position` of that slot of `k_cache` /
+/// `v_cache` (`[slots, max_len, Hkv, D]`), and its output goes to row `b` of `out`.
+///
+/// `seqs` is a contiguous u32 `[B, 2]` device table read when the kernels run, so a captured
+/// graph can be replayed with new positions and slots. The host cannot check it: a position
+/// past `max_len - 1` is clamped to it and a slot past the last to the last. Two rows may name
+/// the same slot (they then read the same keys).
+///
+/// Each row is computed exactly as [`attention_cached_into`] computes that sequence alone with
+/// a device length of `position + 1` over a `[max_len, Hkv, D]` cache (the keys are split as for
+/// one sequence, whatever `B` is), so a sequence's result does not depend on what it is batched
+/// with.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_ragged_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    q: &DeviceTensor<R>,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+    seqs: &DeviceTensor<R>,
+    scale: f32,
+    out: &DeviceTensor<R>,
+    workspace: Option<&AttentionWorkspace<R>>,
+) -> Result<()> {
+    const OP: &str = "attention_decode_ragged";
+    if q.rank() != 3 {
+        return Err(OpsError::shape(
+            OP,
+            format!("q must be [B, Hq, D], got {:?}", q.shape()),
+        ));
+    }
+    if k_cache.rank() != 4 {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "the cache must be [slots, max_len, Hkv, D], got {:?}",
+                k_cache.shape()
+            ),
+        ));
+    }
+    let ks = k_cache.shape();
+    let (slots, max_len, hkv, d) = (ks[0], ks[1], ks[2], ks[3]);
+    if slots == 0 || max_len == 0 {
+        return Err(OpsError::shape(OP, "the cache has no rows"));
+    }
+    // The shared checks on the flat views: q as B queries, the cache as `slots * max_len` rows.
+    let flat = [slots * max_len, hkv, d];
+    let (k_flat, v_flat) = (k_cache.reshape(&flat)?, v_cache.reshape(&flat)?);
+    if v_cache.shape() != ks {
+        return Err(OpsError::shape(
+            OP,
+            format!("v {:?} does not match k {:?}", v_cache.shape(), ks),
+        ));
+    }
+    let (_, batch, hq, _) = validate::operands(client, OP, q, &k_flat, &v_flat, out, scale)?;
+    if seqs.dtype() != crate::DType::U32 || seqs.shape() != [batch, 2] || !seqs.is_contiguous() {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "seqs must be a contiguous u32 [{batch}, 2] table of (position, slot), got {} {:?}",
+                seqs.dtype(),
+                seqs.shape()
+            ),
+        ));
+    }
+    let q4 = q.reshape(&[batch, 1, hq, d])?;
+    let out4 = out.reshape(&[batch, 1, hq, d])?;
+    let problem = Problem {
+        q: &q4,
+        k: k_cache,
+        v: v_cache,
+        out: &out4,
+        batch,
+        lq: 1,
+        hq,
+        hkv,
+        d,
+        kv_rows: max_len,
+        len: KvLen::Device(seqs),
+        causal: true,
+        scale,
+        workspace,
+        slots: Some(slots),
+    };
+    plan::run(client, OP, &problem, AttentionStrategy::Auto)
 }

@@ -32,6 +32,9 @@ pub(crate) struct Problem<'a, R: Runtime> {
     pub scale: f32,
     /// Where the split partials go; `None` allocates them per call.
     pub workspace: Option<&'a AttentionWorkspace<R>>,
+    /// A ragged batch over a cache of this many slots: the device length buffer holds a
+    /// `(position, slot)` pair per sequence (`len` is then [`KvLen::Device`]).
+    pub slots: Option<usize>,
 }
 
 impl<R: Runtime> Problem<'_, R> {
@@ -60,6 +63,16 @@ impl<R: Runtime> Problem<'_, R> {
 
     pub fn rows_out(&self) -> usize {
         self.batch * self.lq * self.hq
+    }
+
+    /// Sequences the key split is sized for: one in a ragged batch, so that each sequence is
+    /// split (and so rounded) the same whatever else is in the batch.
+    pub fn split_batch(&self) -> usize {
+        if self.slots.is_some() {
+            1
+        } else {
+            self.batch
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 
 use cubecl::prelude::*;
 
-use super::geometry::{kv_len, visible_keys, Geometry, SplitBuffers};
+use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
 use super::workspace::Split;
 use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
@@ -106,7 +106,7 @@ pub(crate) fn split_kv_kernel<F: Float, N: Size>(
     let hk = CUBE_POS_Y;
     let b = CUBE_POS_Z / geo.row_blocks;
     let rb = CUBE_POS_Z % geo.row_blocks;
-    let len = kv_len(&io.len_buf, &geo, blueprint.device_len);
+    let len = kv_len(&io.len_buf, &geo, b, blueprint.device_len);
     let rows_total = geo.lq * geo.group;
 
     let k_begin = split * geo.chunk;
@@ -136,7 +136,7 @@ pub(crate) fn split_kv_kernel<F: Float, N: Size>(
     }
 
     let kv_stride = geo.hkv as usize * lpk;
-    let kv_base = (b * geo.kv_rows) as usize * kv_stride + hk as usize * lpk + c;
+    let kv_base = kv_first_row(&io.len_buf, &geo, b) as usize * kv_stride + hk as usize * lpk + c;
     let mut kr = Array::<Vector<F, N>>::new(unroll);
     let mut vr = Array::<Vector<F, N>>::new(unroll);
     let mut s = Array::<f32>::new(comptime![unroll * rows]);

@@ -9,7 +9,7 @@ use super::flash_step::{
     exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
     next_kv_tile, quad_sum, zeroed_output, StepShape,
 };
-use super::geometry::{kv_len, visible_keys, Geometry, SplitBuffers};
+use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
 use super::workspace::Split;
 use super::SplitKvTiling;
@@ -101,7 +101,7 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     let hk = CUBE_POS_Y;
     let b = CUBE_POS_Z / geo.row_blocks;
     let rb = CUBE_POS_Z % geo.row_blocks;
-    let len = kv_len(&io.len_buf, &geo, blueprint.device_len);
+    let len = kv_len(&io.len_buf, &geo, b, blueprint.device_len);
     let rows_total = geo.lq * geo.group;
 
     // Rows of the tile: (query i, head hk * group + gg) for rho = rb * 16 + r.
@@ -129,7 +129,7 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     let bar1 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let kv_stride = (geo.hkv as usize) * d;
-    let kv_base = (b * geo.kv_rows) as usize * kv_stride + hk as usize * d;
+    let kv_base = kv_first_row(&io.len_buf, &geo, b) as usize * kv_stride + hk as usize * d;
     let last_key = k_end.saturating_sub(1) as usize;
 
     // Q rows gathered from their heads (16-byte copies).

@@ -9,7 +9,7 @@
 
 use cubecl::prelude::*;
 
-use super::geometry::{kv_len, visible_keys, Geometry, SplitBuffers};
+use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
 use super::workspace::Split;
 use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
@@ -67,7 +67,7 @@ pub(crate) fn tiled_kernel<F: Float>(
     let hk = CUBE_POS_Y;
     let split = CUBE_POS_Z % geo.splits;
     let b = CUBE_POS_Z / geo.splits;
-    let len = kv_len(&io.len_buf, &geo, blueprint.device_len);
+    let len = kv_len(&io.len_buf, &geo, b, blueprint.device_len);
 
     // This unit's row: (query i, head h of the group of KV head hk). Rows past the end compute
     // on a clamped copy and never write.
@@ -107,7 +107,7 @@ pub(crate) fn tiled_kernel<F: Float>(
     let mut l = 0f32;
     let empty = f32::new(EMPTY_MAX);
     let kv_stride = (geo.hkv as usize) * d;
-    let kv_base = (b * geo.kv_rows) as usize * kv_stride + hk as usize * d;
+    let kv_base = kv_first_row(&io.len_buf, &geo, b) as usize * kv_stride + hk as usize * d;
 
     for kt in range_stepped(k_begin, k_end, bk as u32) {
         // Rows past the visible range are clamped to the last visible row: finite data whose

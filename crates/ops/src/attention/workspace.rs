@@ -137,7 +137,7 @@ impl<'a, R: Runtime> Split<'a, R> {
         target: usize,
     ) -> Result<Self> {
         let row_blocks = (p.lq * p.group()).div_ceil(rows);
-        let cubes = row_blocks * p.hkv * p.batch;
+        let cubes = row_blocks * p.hkv * p.split_batch();
         let (splits, chunk) = split_plan(p.max_len(), step, cubes, target);
         let parts = Partials::new(client, op, p, splits)?;
         Ok(Self {
@@ -191,6 +191,8 @@ impl<'a, R: Runtime> Split<'a, R> {
             self.splits as u32,
             self.row_blocks as u32,
             p.scale,
+            p.slots.is_some() as u32,
+            p.slots.unwrap_or(1) as u32,
         )
     }
 

@@ -1,5 +1,5 @@
 use cubecl::prelude::*;
-use ops::qkv::{qkv_rope_cache_into, HeadShape, QkNorm};
+use ops::qkv::{qkv_rope_cache_into, qkv_rope_cache_ragged_into, HeadShape, QkNorm};
 use ops::reference::qkv as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
@@ -219,6 +219,139 @@ fn qkv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_err("norm dtype", run(norm(&w16, &w, 1e-6)), "dtype");
     assert_err("norm eps", run(norm(&w, &w, f32::NAN)), "argument");
     assert_err("negative eps", run(norm(&w, &w, -1.0)), "argument");
+}
+
+/// The ragged batch: each row written at its own (position, slot), bit for bit what the
+/// one-sequence launch writes for that token alone, and nothing else of the cache touched.
+fn qkv_ragged_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(12);
+    let (slots, max_len) = (3usize, 40usize);
+    // (position, slot), one past the cache (not written).
+    let rows: [(usize, usize); 4] = [(5, 2), (0, 0), (39, 1), (40, 0)];
+    for dtype in float_dtypes(client) {
+        for &(hq, hkv, d) in &[(4usize, 2usize, 16usize), (3, 1, 2), (14, 2, 128)] {
+            for with_norm in [false, true] {
+                let b = rows.len();
+                let width = (hq + 2 * hkv) * d;
+                let qkv_h = random(&mut rng, b * width, 1.5);
+                let (qkv, _) = upload(client, &qkv_h, &[b, width], dtype);
+                let weights: Vec<f32> = random(&mut rng, d, 0.5).iter().map(|v| 1.0 + v).collect();
+                let (w, _) = upload(client, &weights, &[d], dtype);
+                let norm = with_norm.then_some(QkNorm {
+                    q_weight: &w,
+                    k_weight: &w,
+                    eps: 1e-6,
+                });
+                let (cos, sin, _, _) = tables(client, max_len, d);
+                let table: Vec<u32> = rows
+                    .iter()
+                    .flat_map(|&(p, s)| [p as u32, s as u32])
+                    .collect();
+                let seqs = DeviceTensor::from_slice(client, &table, &[b, 2]).unwrap();
+                let heads = HeadShape {
+                    q_heads: hq,
+                    kv_heads: hkv,
+                    head_dim: d,
+                };
+                let q = poisoned(client, &[b, hq, d], dtype);
+                let kc = poisoned(client, &[slots, max_len, hkv, d], dtype);
+                let vc = poisoned(client, &[slots, max_len, hkv, d], dtype);
+                qkv_rope_cache_ragged_into(
+                    client, &qkv, heads, &cos, &sin, &seqs, &q, &kc, &vc, norm,
+                )
+                .unwrap();
+                let (got_q, got_k, got_v) = (
+                    q.to_f64_vec(client).unwrap(),
+                    kc.to_f64_vec(client).unwrap(),
+                    vc.to_f64_vec(client).unwrap(),
+                );
+                let row = hkv * d;
+                let mut written = vec![false; slots * max_len];
+                for (i, &(pos, slot)) in rows.iter().enumerate() {
+                    let what =
+                        format!("qkv ragged {dtype} {hq}/{hkv}x{d} norm {with_norm} row {i}");
+                    let (one, _) = upload(
+                        client,
+                        &qkv_h[i * width..(i + 1) * width],
+                        &[1, width],
+                        dtype,
+                    );
+                    let start = DeviceTensor::from_slice(client, &[pos as u32], &[1]).unwrap();
+                    let q1 = poisoned(client, &[1, hq, d], dtype);
+                    let k1 = poisoned(client, &[max_len, hkv, d], dtype);
+                    let v1 = poisoned(client, &[max_len, hkv, d], dtype);
+                    qkv_rope_cache_into(
+                        client, &one, heads, &cos, &sin, &start, &q1, &k1, &v1, norm,
+                    )
+                    .unwrap();
+                    let same = |a: &[f64], b: &[f64]| {
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                    };
+                    assert!(
+                        same(
+                            &got_q[i * hq * d..(i + 1) * hq * d],
+                            &q1.to_f64_vec(client).unwrap()
+                        ),
+                        "{what}: q"
+                    );
+                    if pos < max_len {
+                        let at = (slot * max_len + pos) * row;
+                        let k1 = k1.to_f64_vec(client).unwrap();
+                        let v1 = v1.to_f64_vec(client).unwrap();
+                        assert!(
+                            same(&got_k[at..at + row], &k1[pos * row..(pos + 1) * row]),
+                            "{what}: k"
+                        );
+                        assert!(
+                            same(&got_v[at..at + row], &v1[pos * row..(pos + 1) * row]),
+                            "{what}: v"
+                        );
+                        written[slot * max_len + pos] = true;
+                    }
+                }
+                for (r, &w) in written.iter().enumerate() {
+                    if !w {
+                        assert!(
+                            got_k[r * row..(r + 1) * row].iter().all(|v| v.is_nan())
+                                && got_v[r * row..(r + 1) * row].iter().all(|v| v.is_nan()),
+                            "qkv ragged {dtype}: cache row {r} written"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A seqs table of the wrong shape or a cache of the wrong rank is refused.
+    let dtype = DType::F32;
+    let (qkv, _) = upload(client, &[0.5; 2 * 32], &[2, 32], dtype);
+    let (cos, sin, _, _) = tables(client, 8, 8);
+    let heads = HeadShape {
+        q_heads: 2,
+        kv_heads: 1,
+        head_dim: 8,
+    };
+    let q = poisoned(client, &[2, 2, 8], dtype);
+    let kc = poisoned(client, &[2, 8, 1, 8], dtype);
+    let short = DeviceTensor::from_slice(client, &[0u32, 0], &[1, 2]).unwrap();
+    assert_err(
+        "seqs of one row for two tokens",
+        qkv_rope_cache_ragged_into(client, &qkv, heads, &cos, &sin, &short, &q, &kc, &kc, None),
+        "shape",
+    );
+    let seqs = DeviceTensor::from_slice(client, &[0u32, 0, 1, 1], &[2, 2]).unwrap();
+    let flat = poisoned(client, &[16, 1, 8], dtype);
+    assert_err(
+        "cache of rank 3",
+        qkv_rope_cache_ragged_into(
+            client, &qkv, heads, &cos, &sin, &seqs, &q, &flat, &flat, None,
+        ),
+        "shape",
+    );
+}
+
+#[test]
+fn qkv_rope_cache_ragged_matches_the_token_alone() {
+    on_each_runtime!(qkv_ragged_case);
 }
 
 #[test]

@@ -7,6 +7,7 @@ mod cache;
 mod decode;
 mod errors;
 mod prefill;
+mod ragged;
 
 use cubecl::prelude::*;
 use ops::attention::{attention_into_with, AttentionStrategy, FlashTiling, SplitKvTiling};
