@@ -136,6 +136,21 @@ pub fn load_session<R: Runtime>(
     args: &ModelArgs,
     files: &ModelFiles,
 ) -> anyhow::Result<Session<R>> {
+    let model = load_model(client, args, files)?;
+    Ok(Session::with_options(
+        model,
+        SessionOptions {
+            cuda_graphs: !args.no_cuda_graph,
+        },
+    )?)
+}
+
+/// Loads the model with a progress bar and prints what was loaded.
+pub fn load_model<R: Runtime>(
+    client: &ComputeClient<R>,
+    args: &ModelArgs,
+    files: &ModelFiles,
+) -> anyhow::Result<Model<R>> {
     let dtype = args
         .dtype
         .as_deref()
@@ -189,12 +204,7 @@ pub fn load_session<R: Runtime>(
         report.max_len,
         report.elapsed.as_secs_f64(),
     );
-    Ok(Session::with_options(
-        model,
-        SessionOptions {
-            cuda_graphs: !args.no_cuda_graph,
-        },
-    )?)
+    Ok(model)
 }
 
 /// Generates, writing each piece of text to stdout as soon as it is complete, and ends the text

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use cubecl::prelude::*;
-use model::{GenerateOptions, Generator, Prompt, SamplingParams};
+use model::{BatchLm, BatchSession, SlotCache};
 use server::{Engine, EngineOptions};
 
 use crate::interrupt;
@@ -21,7 +21,11 @@ pub struct ServeArgs {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// Requests that may wait behind the one being generated; more are refused with HTTP 503.
+    /// Requests decoded together (continuous batching), each with its own KV cache of the
+    /// model's context (`--max-len`): 1 to 16.
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Requests that may wait for a free slot; more are refused with HTTP 503.
     #[arg(long, default_value_t = 64)]
     pub queue_size: usize,
     /// The model name clients pass as `model` (default: the repo id or directory name).
@@ -67,7 +71,13 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
 
     let tokenizer = files.tokenizer.clone();
     let generation = files.generation.clone();
-    let (client, model_args) = (client.clone(), args.model.clone());
+    let (client, model_args, max_batch) = (client.clone(), args.model.clone(), args.max_batch);
+    if !(1..=model::BatchBuffers::<R>::MAX_ROWS).contains(&max_batch) {
+        anyhow::bail!(
+            "--max-batch must be 1 to {}, not {max_batch}",
+            model::BatchBuffers::<R>::MAX_ROWS
+        );
+    }
     let engine = Engine::start(
         EngineOptions {
             model_id: model_id.clone(),
@@ -76,13 +86,14 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
         tokenizer,
         generation,
         move || {
-            let session = load::load_session(&client, &model_args, &files).map_err(|e| {
-                model::ModelError::InvalidParameter {
-                    name: "model",
-                    detail: format!("{e:#}"),
-                }
-            })?;
-            warm_up(session, &files.tokenizer)
+            let as_model_error = |e: anyhow::Error| model::ModelError::InvalidParameter {
+                name: "model",
+                detail: format!("{e:#}"),
+            };
+            let model = load::load_model(&client, &model_args, &files).map_err(as_model_error)?;
+            check_slot_memory(&client, &model, max_batch).map_err(as_model_error)?;
+            let session = BatchSession::new(model, max_batch, !model_args.no_cuda_graph)?;
+            warm_up(session)
         },
     )?;
 
@@ -103,37 +114,81 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
     Ok(())
 }
 
-/// Compiles the kernels (and captures the decode graph) with short generations before the first
-/// request, so that its time to first token is the warm one. Prompts of a few tokens and of a
-/// few dozen take different kernels (GEMV-shaped and tiled projections), so both are run, and a
-/// sampled request reads the logits back where a greedy one reads the argmax.
-fn warm_up<M: model::CausalLm>(session: M, tokenizer: &model::Tokenizer) -> model::Result<M> {
+/// Refuses a `--max-batch` whose KV caches (one per slot, plus a spare for padding rows and one
+/// to prefill in) do not fit the free device memory, before they are allocated.
+fn check_slot_memory<R: Runtime>(
+    client: &ComputeClient<R>,
+    model: &model::Model<R>,
+    max_batch: usize,
+) -> anyhow::Result<()> {
+    let bytes = SlotCache::<R>::bytes_for(
+        model.config(),
+        max_batch + 2,
+        model.max_len(),
+        model.dtype(),
+    );
+    if let Some(free) = runtime::free_memory(client) {
+        if bytes as u64 > free {
+            anyhow::bail!(
+                "the KV caches of --max-batch {max_batch} at context {} need {} MB, the device \
+                 has {} MB free: lower --max-batch or --max-len",
+                model.max_len(),
+                bytes / 1_000_000,
+                free / 1_000_000
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Compiles the kernels and captures the batched decode graphs before the first request, so
+/// that its time to first token is the warm one: prompts of a few tokens and of a few dozen
+/// (GEMV-shaped and tiled projections), the argmax and the logits read back, and every row
+/// count of the batched step twice (the first run compiles, the second captures the graph).
+fn warm_up<R: Runtime>(mut session: BatchSession<R>) -> model::Result<BatchSession<R>> {
     let start = Instant::now();
     let max_len = session.max_len();
-    let mut generator = Generator::new(session, tokenizer.clone());
-    let greedy = GenerateOptions {
-        max_new_tokens: 3,
-        sampling: SamplingParams::greedy(),
-        stop_strings: Vec::new(),
-        eos_token_ids: Some(Vec::new()),
-    };
-    let sampled = GenerateOptions {
-        sampling: SamplingParams {
-            temperature: 1.0,
-            ..SamplingParams::greedy()
-        },
-        ..greedy.clone()
-    };
-    for (len, options) in [(4, &greedy), (64, &greedy), (4, &sampled)] {
-        let len = len
-            .min(max_len.saturating_sub(greedy.max_new_tokens))
-            .max(1);
-        let prompt = Prompt::Tokens(vec![0; len]);
-        generator.generate(&prompt, options, |_| std::ops::ControlFlow::Continue(()))?;
+    let slots = session.max_batch();
+    let mut logits = Vec::new();
+    for (slot, len) in [(0, 4usize), (0, 64)] {
+        let len = len.min(max_len.saturating_sub(4)).max(1);
+        session.prefill(slot, &vec![0; len])?;
+        session.prefill_argmax()?;
+        session.prefill_logits(&mut logits)?;
+    }
+    for slot in 1..slots {
+        session.prefill(slot, &[0])?;
+    }
+    let mut rows = 1;
+    loop {
+        for _ in 0..2 {
+            let batch: Vec<(usize, u32)> = (0..rows).map(|s| (s, 0)).collect();
+            for &(slot, _) in &batch {
+                if session.slot_len(slot) + 1 >= max_len {
+                    session.prefill(slot, &[0])?;
+                }
+            }
+            session.decode(&batch)?;
+            session.decode_argmax()?;
+            session.decode_logits(&mut logits)?;
+        }
+        if rows == slots {
+            break;
+        }
+        rows = (rows * 2).min(slots);
+    }
+    for slot in 0..slots {
+        session.release(slot);
     }
     eprintln!(
-        "warm-up (kernel compilation) in {:.2} s",
+        "warm-up (kernel compilation, {} batch sizes) in {:.2} s",
+        session_buckets(slots),
         start.elapsed().as_secs_f64()
     );
-    Ok(generator.into_parts().0)
+    Ok(session)
+}
+
+/// Row counts the batched step is compiled for: powers of two below `slots`, and `slots`.
+fn session_buckets(slots: usize) -> usize {
+    (0..).take_while(|&i| (1usize << i) < slots).count() + 1
 }

@@ -33,6 +33,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{GenerationConfig, ModelConfig};
+pub use engine::batch::{BatchBuffers, BatchLm, BatchSession, SlotCache};
 pub use engine::buffers::{Activations, DecodeBuffers};
 pub use engine::compression::{Compression, Int4Group, QuantMode};
 pub use engine::kv_cache::KvCache;

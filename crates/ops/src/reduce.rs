@@ -51,23 +51,9 @@ pub fn row_sum(
     #[comptime] rows: u32,
     #[comptime] use_plane: bool,
 ) -> f32 {
-    let mut out = 0f32;
-    if comptime![use_plane] {
-        out = plane_sum(value);
-    } else {
-        let mut shared = Shared::<[f32]>::new_slice(comptime![(lanes * rows) as usize]);
-        let base = (UNIT_POS_Y * lanes) as usize;
-        shared[base + UNIT_POS_X as usize] = value;
-        sync_cube();
-        if UNIT_POS_X == 0 {
-            #[unroll]
-            for i in 0..lanes {
-                out += shared[base + i as usize];
-            }
-        }
-        sync_cube();
-    }
-    out
+    let mut shared =
+        Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(lanes, 1, rows, use_plane)]);
+    row_sum_split_in(value, &mut shared, lanes, 1u32, use_plane)
 }
 
 /// [`row_sum`] where each row spans `splits` groups of `lanes` units (a GEMV's K split over
@@ -81,13 +67,42 @@ pub fn row_sum_split(
     #[comptime] rows: u32,
     #[comptime] use_plane: bool,
 ) -> f32 {
+    let mut shared = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
+        lanes, splits, rows, use_plane
+    )]);
+    row_sum_split_in(value, &mut shared, lanes, splits, use_plane)
+}
+
+/// The shared `f32` elements [`row_sum_split_in`] needs (at least 1).
+pub fn row_sum_shared_len(lanes: u32, splits: u32, rows: u32, use_plane: bool) -> usize {
+    let n = match (use_plane, splits) {
+        (true, 1) => 1,
+        (true, _) => splits * rows,
+        (false, _) => lanes * splits * rows,
+    };
+    n.max(1) as usize
+}
+
+/// [`row_sum_split`] through a caller's shared buffer of [`row_sum_shared_len`] elements, which
+/// successive calls may share: a kernel that reduces many values (a GEMV's rows of x) then holds
+/// one buffer, not one per call (on runtimes without plane operations, one per call ran a
+/// 16-row gated GEMV out of its 32 KiB of shared memory).
+#[cube]
+pub fn row_sum_split_in(
+    value: f32,
+    shared: &mut [f32],
+    #[comptime] lanes: u32,
+    #[comptime] splits: u32,
+    #[comptime] use_plane: bool,
+) -> f32 {
     let mut out = 0f32;
-    if comptime![splits == 1] {
-        out = row_sum(value, lanes, rows, use_plane);
+    if comptime![use_plane && splits == 1] {
+        out = plane_sum(value);
     } else if comptime![use_plane] {
         let partial = plane_sum(value);
-        let mut shared = Shared::<[f32]>::new_slice(comptime![(splits * rows) as usize]);
         let base = (UNIT_POS_Y * splits) as usize;
+        // The previous call's readers are done with the buffer.
+        sync_cube();
         if UNIT_POS_PLANE == 0 {
             shared[base + (UNIT_POS_X / lanes) as usize] = partial;
         }
@@ -98,14 +113,13 @@ pub fn row_sum_split(
                 out += shared[base + i as usize];
             }
         }
-        sync_cube();
     } else {
         // A tree: unit 0 summing `lanes * splits` values in an unrolled loop makes a shader that
         // lavapipe takes minutes to compile once a kernel has 16 rows of x.
         let units = comptime![lanes * splits];
-        let mut shared = Shared::<[f32]>::new_slice(comptime![(units * rows) as usize]);
         let base = (UNIT_POS_Y * units) as usize;
         let x = UNIT_POS_X as usize;
+        sync_cube();
         shared[base + x] = value;
         sync_cube();
         #[unroll]

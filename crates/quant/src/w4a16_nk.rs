@@ -16,6 +16,7 @@ use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
 use ops::matmul::InputNorm;
 use ops::norm::{row_inv_rms, scale_by_weight};
+use ops::reduce::row_sum_split_in;
 use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
@@ -199,13 +200,20 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
             );
         }
     }
+    // One reduction buffer for every row (see `ops::reduce::row_sum_split_in`).
+    let mut red = Shared::<[f32]>::new_slice(comptime![ops::reduce::row_sum_shared_len(
+        plan.lanes,
+        1,
+        plan.cols,
+        plan.use_plane
+    )]);
     #[unroll]
     for m in 0..m_rows {
-        let total = ops::reduce::row_sum(acc[m], plan.lanes, plan.cols, plan.use_plane);
+        let total = row_sum_split_in(acc[m], &mut red, plan.lanes, 1u32, plan.use_plane);
         let mut total_up = 0f32;
         if gated {
             let up = acc[m_rows + m];
-            total_up = ops::reduce::row_sum(up, plan.lanes, plan.cols, plan.use_plane);
+            total_up = row_sum_split_in(up, &mut red, plan.lanes, 1u32, plan.use_plane);
         }
         if active && UNIT_POS_X == 0 {
             write_epilogue::<F>(

@@ -1,20 +1,30 @@
-//! The engine: one thread that owns the model and generates for one request at a time, fed by a
-//! bounded queue.
+//! The engine: one thread that owns the model and decodes the running requests together
+//! (continuous batching), fed by a bounded queue.
 //!
 //! Every device call of the model happens on this thread (it also loads the model), so HTTP
 //! handlers never touch the device and a CUDA graph capture never races another thread's work.
-//! Requests are served in arrival order; the queue holds at most `max_waiting` requests behind
-//! the running one, and a request beyond that is refused at once (HTTP 503) rather than left
-//! to wait without bound.
+//!
+//! Up to the model's `max_batch` requests run at once, each in its own KV-cache slot. Between two
+//! decode steps the scheduler admits waiting requests into free slots (prefilling each one's
+//! prompt and choosing its first token), then one batched step decodes the next token of every
+//! running request; a request that ends (eos, a stop string, `max_tokens`, a full context, or a
+//! client that went away) frees its slot for the next. Requests are admitted in arrival order;
+//! the queue holds at most `max_waiting` requests that have no slot yet, and a request beyond
+//! that is refused at once (HTTP 503) rather than left to wait without bound.
+//!
+//! A request's text does not depend on what it is batched with: each one has its own sampler
+//! and seed, and the batched step computes each sequence as it would alone (see
+//! [`model::BatchSession`]).
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use model::{
-    CausalLm, GenerateOptions, GenerationConfig, GenerationStats, Generator, ModelError, Prompt,
-    StopReason, Tokenizer,
+    BatchLm, GenerateOptions, GenerationConfig, GenerationStats, ModelError, Sequence, StopReason,
+    Tokenizer,
 };
 use tokio::sync::mpsc as async_mpsc;
 
@@ -26,7 +36,7 @@ use crate::metrics::{Metrics, Outcome};
 pub struct EngineOptions {
     /// The name clients use in `model` (and `/v1/models` lists).
     pub model_id: String,
-    /// Requests that may wait behind the running one before new ones are refused.
+    /// Requests that may wait for a free slot before new ones are refused.
     pub max_waiting: usize,
 }
 
@@ -70,7 +80,7 @@ impl Engine {
         make: F,
     ) -> model::Result<Arc<Self>>
     where
-        M: CausalLm + 'static,
+        M: BatchLm + 'static,
         F: FnOnce() -> model::Result<M> + Send + 'static,
     {
         let (job_tx, job_rx) = mpsc::channel::<Job>();
@@ -89,14 +99,8 @@ impl Engine {
                     }
                 };
                 let _ = ready_tx.send(Ok(model.max_len()));
-                // No prefix reuse: a request's answer must not depend on the request before it
-                // (a prefill split in two rounds differently), so that a seed gives the same
-                // text whatever else the server is doing.
-                let mut generator = Generator::new(model, worker_tokenizer);
-                while let Ok(job) = job_rx.recv() {
-                    worker_metrics.waiting.fetch_sub(1, Ordering::Relaxed);
-                    run_job(&mut generator, job, &worker_metrics);
-                }
+                let mut model = model;
+                Scheduler::new(&mut model, &worker_tokenizer, &worker_metrics).run(&job_rx);
             })
             .map_err(|e| ModelError::InvalidParameter {
                 name: "engine",
@@ -178,39 +182,233 @@ impl Engine {
     }
 }
 
-/// Generates for one job, sending its text as it comes; a closed event channel (the client
-/// went away) stops generation at the next token.
-fn run_job<M: CausalLm>(generator: &mut Generator<M>, job: Job, metrics: &Metrics) {
-    if job.events.is_closed() {
-        metrics.record(Outcome::Cancelled);
-        return;
+/// A running request: its slot, its generation state, where its text goes, and the token the
+/// next step decodes.
+struct Running<'t> {
+    slot: usize,
+    seq: Sequence<'t>,
+    events: async_mpsc::UnboundedSender<Event>,
+    next: u32,
+}
+
+/// The text callback of a request: a closed channel (the client went away) stops it.
+fn sender(events: &async_mpsc::UnboundedSender<Event>) -> impl FnMut(&str) -> ControlFlow<()> + '_ {
+    move |piece: &str| match events.send(Event::Text(piece.to_string())) {
+        Ok(()) => ControlFlow::Continue(()),
+        Err(_) => ControlFlow::Break(()),
     }
-    metrics.running.fetch_add(1, Ordering::Relaxed);
-    let events = &job.events;
-    let result = generator.generate(
-        &Prompt::Tokens(job.prompt),
-        &job.options,
-        |piece| match events.send(Event::Text(piece.to_string())) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(_) => ControlFlow::Break(()),
-        },
-    );
-    metrics.running.fetch_sub(1, Ordering::Relaxed);
-    match result {
-        Ok(output) => {
-            metrics.generation(&output.stats);
-            let cancelled = output.stats.stop_reason == StopReason::Cancelled;
-            // A client that left after the last piece is still told nothing: its channel is
-            // closed, and the request counts as cancelled.
-            if events.send(Event::Done(output.stats)).is_err() || cancelled {
-                metrics.record(Outcome::Cancelled);
+}
+
+/// The scheduler of the engine thread (see the module docs).
+struct Scheduler<'a, 't, M: BatchLm> {
+    model: &'a mut M,
+    tokenizer: &'t Tokenizer,
+    metrics: &'a Metrics,
+    running: Vec<Running<'t>>,
+    free: Vec<usize>,
+    logits: Vec<f32>,
+}
+
+impl<'a, 't, M: BatchLm> Scheduler<'a, 't, M> {
+    fn new(model: &'a mut M, tokenizer: &'t Tokenizer, metrics: &'a Metrics) -> Self {
+        let free = (0..model.max_batch()).rev().collect();
+        Self {
+            model,
+            tokenizer,
+            metrics,
+            running: Vec::new(),
+            free,
+            logits: Vec::new(),
+        }
+    }
+
+    /// Serves until the queue is closed and every request has ended.
+    fn run(mut self, jobs: &mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            // Admit waiting requests into free slots; block for one when nothing runs.
+            while open && !self.free.is_empty() {
+                let job = if self.running.is_empty() {
+                    jobs.recv().map_err(|_| TryRecvError::Disconnected)
+                } else {
+                    jobs.try_recv()
+                };
+                match job {
+                    Ok(job) => {
+                        self.metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+                        self.admit(job);
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            if self.running.is_empty() {
+                if open {
+                    continue;
+                }
+                return;
+            }
+            self.step();
+        }
+    }
+
+    /// Prefills a request into a free slot and takes its first token.
+    fn admit(&mut self, job: Job) {
+        if job.events.is_closed() {
+            self.metrics.record(Outcome::Cancelled);
+            return;
+        }
+        let Some(slot) = self.free.pop() else {
+            // `run` admits only while a slot is free.
+            let _ = job.events.send(Event::Failed("no free slot".into()));
+            self.metrics.record(Outcome::Failed);
+            return;
+        };
+        let max_len = self.model.max_len();
+        let started = Sequence::with_context(self.tokenizer, job.prompt, &job.options, max_len)
+            .and_then(|mut seq| {
+                if job.options.max_new_tokens == 0 {
+                    return Ok((seq, None));
+                }
+                let prompt = seq.prompt_tokens().to_vec();
+                if prompt.is_empty() || prompt.len() > max_len {
+                    return Err(ModelError::ContextOverflow {
+                        needed: prompt.len(),
+                        max_len,
+                    });
+                }
+                self.model.prefill(slot, &prompt)?;
+                let token = if seq.greedy_on_device() {
+                    self.model.prefill_argmax()?
+                } else {
+                    self.model.prefill_logits(&mut self.logits)?;
+                    seq.sample(&mut self.logits)?
+                };
+                seq.first_token_chosen();
+                Ok((seq, Some(token)))
+            });
+        self.metrics.running.fetch_add(1, Ordering::Relaxed);
+        match started {
+            Ok((seq, None)) => {
+                let events = job.events;
+                self.end(slot, seq, &events, StopReason::MaxNewTokens);
+            }
+            Ok((seq, Some(token))) => {
+                let mut running = Running {
+                    slot,
+                    seq,
+                    events: job.events,
+                    next: token,
+                };
+                match self.take(&mut running, token) {
+                    Ok(Some(reason)) => {
+                        self.end(running.slot, running.seq, &running.events, reason)
+                    }
+                    Ok(None) => self.running.push(running),
+                    Err(e) => self.fail(running.slot, &running.events, &e),
+                }
+            }
+            Err(e) => self.fail(slot, &job.events, &e),
+        }
+    }
+
+    /// Hands the chosen `token` to a request; returns why it ends, if it does.
+    fn take(&mut self, r: &mut Running<'t>, token: u32) -> model::Result<Option<StopReason>> {
+        let len = self.model.slot_len(r.slot);
+        r.next = token;
+        r.seq.push(token, len, &mut sender(&r.events))
+    }
+
+    /// One batched decode step over every running request.
+    fn step(&mut self) {
+        // Requests whose client left end before the step.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].events.is_closed() {
+                let r = self.running.swap_remove(i);
+                self.end(r.slot, r.seq, &r.events, StopReason::Cancelled);
             } else {
-                metrics.record(Outcome::Completed);
+                i += 1;
             }
         }
-        Err(e) => {
-            metrics.record(Outcome::Failed);
-            let _ = events.send(Event::Failed(e.to_string()));
+        if self.running.is_empty() {
+            return;
         }
+        let rows: Vec<(usize, u32)> = self.running.iter().map(|r| (r.slot, r.next)).collect();
+        let sampled = self.running.iter().any(|r| !r.seq.greedy_on_device());
+        self.metrics.decode_step(rows.len());
+        let chosen = self.model.decode(&rows).and_then(|()| {
+            let ids = self.model.decode_argmax()?;
+            if sampled {
+                self.model.decode_logits(&mut self.logits)?;
+            }
+            Ok(ids)
+        });
+        let ids = match chosen {
+            Ok(ids) => ids,
+            Err(e) => {
+                for r in std::mem::take(&mut self.running) {
+                    self.fail(r.slot, &r.events, &e);
+                }
+                return;
+            }
+        };
+        let vocab = self.model.vocab_size();
+        let mut still = Vec::with_capacity(self.running.len());
+        let running = std::mem::take(&mut self.running);
+        for (row, mut r) in running.into_iter().enumerate() {
+            let token = if r.seq.greedy_on_device() {
+                Ok(ids[row])
+            } else {
+                let logits = &mut self.logits[row * vocab..(row + 1) * vocab];
+                r.seq.sample(logits)
+            };
+            match token.and_then(|token| self.take(&mut r, token)) {
+                Ok(Some(reason)) => self.end(r.slot, r.seq, &r.events, reason),
+                Ok(None) => still.push(r),
+                Err(e) => self.fail(r.slot, &r.events, &e),
+            }
+        }
+        self.running = still;
+    }
+
+    /// A request ended: its last text and statistics go out, its slot is freed.
+    fn end(
+        &mut self,
+        slot: usize,
+        seq: Sequence<'t>,
+        events: &async_mpsc::UnboundedSender<Event>,
+        reason: StopReason,
+    ) {
+        self.release(slot);
+        match seq.finish(reason, &mut sender(events)) {
+            Ok(output) => {
+                self.metrics.generation(&output.stats);
+                let cancelled = output.stats.stop_reason == StopReason::Cancelled;
+                // A client that left after the last piece is still told nothing: its channel is
+                // closed, and the request counts as cancelled.
+                if events.send(Event::Done(output.stats)).is_err() || cancelled {
+                    self.metrics.record(Outcome::Cancelled);
+                } else {
+                    self.metrics.record(Outcome::Completed);
+                }
+            }
+            Err(e) => {
+                self.metrics.record(Outcome::Failed);
+                let _ = events.send(Event::Failed(e.to_string()));
+            }
+        }
+    }
+
+    fn fail(&mut self, slot: usize, events: &async_mpsc::UnboundedSender<Event>, e: &ModelError) {
+        self.release(slot);
+        self.metrics.record(Outcome::Failed);
+        let _ = events.send(Event::Failed(e.to_string()));
+    }
+
+    fn release(&mut self, slot: usize) {
+        self.model.release(slot);
+        self.free.push(slot);
+        self.metrics.running.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -47,6 +47,10 @@ pub struct Metrics {
     pub(crate) waiting: AtomicU64,
     /// Requests the engine is generating for.
     pub(crate) running: AtomicU64,
+    /// Batched decode steps, the sequences they decoded, and the most in one step.
+    decode_steps: AtomicU64,
+    decode_rows: AtomicU64,
+    decode_batch_max: AtomicU64,
     timings: Mutex<Timings>,
 }
 
@@ -84,6 +88,14 @@ impl Metrics {
         if stats.generated_tokens > 1 {
             t.last_decode_tokens_per_second = stats.decode_tokens_per_sec();
         }
+    }
+
+    /// One batched decode step of `rows` sequences.
+    pub(crate) fn decode_step(&self, rows: usize) {
+        self.decode_steps.fetch_add(1, Ordering::Relaxed);
+        self.decode_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        self.decode_batch_max
+            .fetch_max(rows as u64, Ordering::Relaxed);
     }
 
     /// The text exposition.
@@ -136,11 +148,29 @@ impl Metrics {
             "Requests being generated for.",
             &[(String::new(), load(&self.running))],
         );
+        metric(
+            "cubellm_decode_steps_total",
+            "counter",
+            "Batched decode steps (each decodes one token of every running request).",
+            &[(String::new(), load(&self.decode_steps))],
+        );
+        metric(
+            "cubellm_decode_sequences_total",
+            "counter",
+            "Sequences decoded by those steps (divided by the steps: the mean batch).",
+            &[(String::new(), load(&self.decode_rows))],
+        );
+        metric(
+            "cubellm_decode_batch_max",
+            "gauge",
+            "The most sequences one decode step has decoded together.",
+            &[(String::new(), load(&self.decode_batch_max))],
+        );
         let t = self.timings.lock().unwrap_or_else(|e| e.into_inner());
         metric(
             "cubellm_generation_seconds_total",
             "counter",
-            "Seconds the engine spent generating (prefill and decode).",
+            "Seconds requests spent generating, prefill and decode (concurrent requests overlap).",
             &[(String::new(), t.generation_seconds)],
         );
         metric(

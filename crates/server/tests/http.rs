@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use cubecl::prelude::*;
-use model::{GenerationConfig, LoadOptions, Model, ModelConfig, Session, Tokenizer};
+use model::{BatchSession, GenerationConfig, LoadOptions, Model, ModelConfig, Tokenizer};
 use serde_json::{json, Value};
 use server::{Engine, EngineOptions};
 
@@ -34,7 +34,11 @@ impl TestServer {
     }
 }
 
-fn engine_on<R: Runtime>(client: ComputeClient<R>, max_waiting: usize) -> Arc<Engine> {
+fn engine_on<R: Runtime>(
+    client: ComputeClient<R>,
+    max_waiting: usize,
+    max_batch: usize,
+) -> Arc<Engine> {
     let dir = model::demo::ensure_demo_model().unwrap();
     let config = ModelConfig::from_dir(&dir).unwrap();
     let generation = GenerationConfig::from_dir(&dir).unwrap();
@@ -48,16 +52,21 @@ fn engine_on<R: Runtime>(client: ComputeClient<R>, max_waiting: usize) -> Arc<En
         generation,
         move || {
             let (model, _) = Model::<R>::load(&client, &dir, &LoadOptions::default(), &mut |_| {})?;
-            Session::new(model)
+            BatchSession::new(model, max_batch, true)
         },
     )
     .unwrap()
 }
 
-fn start(max_waiting: usize) -> TestServer {
+/// A server whose engine decodes up to `max_batch` requests together, with `max_waiting` more
+/// allowed to wait for a slot.
+fn start(max_waiting: usize, max_batch: usize) -> TestServer {
     let backend = testkit::backends()[0];
-    let engine =
-        testkit::runtime::with_runtime!(backend, |client: R| engine_on::<R>(client, max_waiting));
+    let engine = testkit::runtime::with_runtime!(backend, |client: R| engine_on::<R>(
+        client,
+        max_waiting,
+        max_batch
+    ));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -80,10 +89,10 @@ fn start(max_waiting: usize) -> TestServer {
     }
 }
 
-/// The server most tests share (queue of 64).
+/// The server most tests share (8 requests decoded together, a queue of 64).
 fn shared() -> &'static TestServer {
     static SERVER: OnceLock<TestServer> = OnceLock::new();
-    SERVER.get_or_init(|| start(64))
+    SERVER.get_or_init(|| start(64, 8))
 }
 
 fn agent() -> ureq::Agent {
@@ -315,6 +324,9 @@ fn eight_concurrent_clients_get_what_each_gets_alone() {
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert_eq!(together, alone);
+    // They were decoded together, not one after the other.
+    let batch = metric(s, "cubellm_decode_batch_max");
+    assert!(batch > 1.0, "the most sequences in one step: {batch}");
 }
 
 #[test]
@@ -415,10 +427,11 @@ fn bad_requests_are_clear_errors_and_the_server_keeps_serving() {
 
 /// A client that disconnects (waiting for a whole answer, or mid-stream) cancels its generation
 /// (the engine moves on long before the 400 tokens it asked for), and the server keeps serving; and a request beyond the queue is
-/// refused with 503 while the others complete. Its own server, with a queue of one.
+/// refused with 503 while the others complete. Its own server, with one request decoded at a
+/// time and a queue of one.
 #[test]
 fn disconnects_cancel_and_a_full_queue_refuses() {
-    let s = start(1);
+    let s = start(1, 1);
     let url = s.url("/v1/completions");
     let long = json!({"prompt": "Tell a long story", "max_tokens": 400, "ignore_eos": true,
                       "temperature": 0, "stream": true});
@@ -511,7 +524,7 @@ fn disconnects_cancel_and_a_full_queue_refuses() {
 /// server stops accepting connections and `serve` returns.
 #[test]
 fn shutdown_drains_the_request_in_flight() {
-    let s = start(4);
+    let s = start(4, 4);
     let url = s.url("/v1/completions");
     let body = json!({"prompt": "Count", "max_tokens": 40, "ignore_eos": true, "stream": true,
                       "temperature": 0});

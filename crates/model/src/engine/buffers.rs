@@ -102,6 +102,9 @@ pub struct StepContext<'a, R: Runtime> {
     /// `u32[1]`: the position of the first token (RoPE row and cache row).
     pub start: &'a DeviceTensor<R>,
     pub kv_len: CacheLen<'a, R>,
+    /// A ragged batch instead of one sequence: `u32[B, 2]`, row `b`'s `(position, slot)` in a
+    /// slot cache (`start` and `kv_len` are then unused).
+    pub ragged: Option<&'a DeviceTensor<R>>,
     pub rope: &'a RopeCache<R>,
     pub heads: HeadShape,
     pub eps: f32,

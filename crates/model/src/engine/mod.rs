@@ -15,6 +15,8 @@
 //! model.rs        Model: weights, prefill and the allocation-free decode step, one forward
 //! device_lock.rs  the process-wide lock that keeps other sessions' device work out of a capture
 //! session.rs      Session (model + cache + buffers): CausalLm, CUDA-graph capture and replay
+//! batch.rs        SlotCache, BatchBuffers, BatchSession: several sequences decoded together
+//!                 (continuous batching's device side), a graph per row count
 //! ```
 //!
 //! The decode step allocates nothing and reads its token, position and cache length from
@@ -22,6 +24,7 @@
 //! second captured, replays after; a failed capture falls back to eager steps, and models with
 //! block-sparse projections, whose kernel allocates, always run eagerly).
 
+pub mod batch;
 pub mod buffers;
 pub mod compression;
 pub(crate) mod device_lock;

@@ -22,8 +22,9 @@ use ops::rope::RopeCache;
 use ops::{DType, DeviceTensor};
 
 use crate::config::{GenerationConfig, ModelConfig};
+use crate::engine::batch::{BatchBuffers, SlotCache};
 use crate::engine::buffers::{Activations, CacheLen, DecodeBuffers, StepContext};
-use crate::engine::kv_cache::KvCache;
+use crate::engine::kv_cache::{KvCache, LayerCache};
 use crate::engine::projection::{Projection, ProjectionScratch, Weight};
 use crate::error::{ModelError, Result};
 use crate::models::decoder::DecoderLayer;
@@ -196,6 +197,7 @@ impl<R: Runtime> Model<R> {
             act,
             start: cache.start(),
             kv_len,
+            ragged: None,
             rope: &self.rope,
             heads: self.heads(),
             eps: self.config.rms_norm_eps as f32,
@@ -242,12 +244,12 @@ impl<R: Runtime> Model<R> {
         &self,
         s: &StepContext<'_, R>,
         ids: &DeviceTensor<R>,
-        cache: &KvCache<R>,
+        cache: &[LayerCache<R>],
         head: Head<'_, R>,
     ) -> Result<()> {
         let c = &self.client;
         ops::embedding::embedding_into(c, &self.embed_tokens.tensor, ids, &s.act.hidden)?;
-        for (layer, layer_cache) in self.layers.iter().zip(cache.layers()) {
+        for (layer, layer_cache) in self.layers.iter().zip(cache) {
             layer.forward(s, layer_cache)?;
         }
         let x = match head.last_row {
@@ -317,7 +319,7 @@ impl<R: Runtime> Model<R> {
             normed: &normed,
             logits: &out,
         };
-        self.forward(&s, &ids, cache, head)?;
+        self.forward(&s, &ids, cache.layers(), head)?;
         cache.commit_append()?;
         Ok(out)
     }
@@ -343,8 +345,52 @@ impl<R: Runtime> Model<R> {
             normed: &step.act.normed,
             logits: &step.logits,
         };
-        self.forward(&s, &step.token, cache, head)?;
+        self.forward(&s, &step.token, cache.layers(), head)?;
         ops::argmax::argmax_into(&self.client, &step.logits, &step.next_token)?;
+        Ok(())
+    }
+
+    /// One decode step of a ragged batch, allocation-free and graph-capturable: row `b` runs
+    /// token `step.tokens[b]` at `(position, slot)` `step.seqs[b]` of `slots` (the host writes
+    /// both with [`BatchBuffers::write_rows`]), appends its keys and values there, and leaves
+    /// its logits in row `b` of `step.logits` and their argmax in `step.next_tokens[b]`.
+    ///
+    /// Each row's logits equal, bit for bit, those of a [`Self::decode_step`] of that sequence
+    /// alone where every projection runs the GEMV at both row counts (dense and W4A16 weights,
+    /// up to [`BatchBuffers::MAX_ROWS`] rows): the GEMV, the attention and the QKV append compute
+    /// each row the same whatever the batch is.
+    pub fn decode_batch(&self, slots: &SlotCache<R>, step: &BatchBuffers<R>) -> Result<()> {
+        if slots.dtype() != self.dtype {
+            return Err(ModelError::param(
+                "decode_batch",
+                format!(
+                    "the slot cache is {}, the model computes in {}",
+                    slots.dtype(),
+                    self.dtype
+                ),
+            ));
+        }
+        step.check_dtype(self.dtype)?;
+        let s = StepContext {
+            client: &self.client,
+            act: &step.act,
+            start: &step.seqs,
+            kv_len: CacheLen::Device(&step.seqs),
+            ragged: Some(&step.seqs),
+            rope: &self.rope,
+            heads: self.heads(),
+            eps: self.config.rms_norm_eps as f32,
+            scale: 1.0 / (self.config.head_dim as f32).sqrt(),
+            workspace: Some(&step.workspace),
+            scratch: Some(&step.scratch),
+        };
+        let head = Head {
+            last_row: None,
+            normed: &step.act.normed,
+            logits: &step.logits,
+        };
+        self.forward(&s, &step.tokens, slots.layers(), head)?;
+        ops::argmax::argmax_into(&self.client, &step.logits, &step.next_tokens)?;
         Ok(())
     }
 }

@@ -58,12 +58,23 @@ pub struct ProjectionScratch<R: Runtime> {
 }
 
 impl<R: Runtime> ProjectionScratch<R> {
+    /// Scratch for one token.
     pub fn new(client: &ComputeClient<R>, config: &ModelConfig, dtype: DType) -> Self {
+        Self::for_rows(client, config, dtype, 1)
+    }
+
+    /// Scratch for `rows` tokens.
+    pub fn for_rows(
+        client: &ComputeClient<R>,
+        config: &ModelConfig,
+        dtype: DType,
+        rows: usize,
+    ) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
         let widest_in = h.max(i).max(config.q_dim());
         let widest_out = (2 * i).max(h).max(config.q_dim() + 2 * config.kv_dim());
         Self {
-            linear: LinearWorkspace::new(client, 1, widest_in, widest_out, dtype),
+            linear: LinearWorkspace::new(client, rows, widest_in, widest_out, dtype),
         }
     }
 }

@@ -20,16 +20,89 @@ enum Current<R: Runtime> {
     Decode,
 }
 
-/// Whether decode steps replay a captured CUDA graph.
-enum GraphState<R: Runtime> {
-    /// Eager launches (runtimes without hardware graphs, graphs turned off in the
-    /// [`SessionOptions`], block-sparse projections, or a capture that failed).
+/// A decode step that replays a captured CUDA graph once it can: the first run is eager (it
+/// compiles the kernels), the second is captured and later runs replay it. The step must
+/// allocate nothing and read its inputs from device buffers written before each run.
+pub(crate) enum StepGraph<R: Runtime> {
+    /// Eager launches (runtimes without hardware graphs, graphs turned off, block-sparse
+    /// projections, or a capture that failed).
     Off,
-    /// The first step runs eagerly (it compiles the kernels); the second is captured.
     Warming {
         steps: usize,
     },
     Ready(cubecl::client::Graph<R>),
+}
+
+impl<R: Runtime> StepGraph<R> {
+    /// Graphs when `on` and the runtime has them, else eager steps.
+    pub fn new(client: &ComputeClient<R>, on: bool) -> Self {
+        if on && caps::runtime_name(client) == "cuda" {
+            Self::Warming { steps: 0 }
+        } else {
+            Self::Off
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        matches!(self, Self::Ready(_))
+    }
+
+    /// Whether the next [`Self::run`] captures (the caller then holds the device exclusively).
+    pub fn capturing(&self) -> bool {
+        matches!(self, Self::Warming { steps } if *steps > 0)
+    }
+
+    /// Runs the step whose inputs were just written: eagerly, by capturing it, or by replaying
+    /// the capture.
+    ///
+    /// # Safety
+    /// Everything `step` reads and writes must outlive `self` (a replay touches the same
+    /// buffers), and run on `client`'s stream.
+    pub unsafe fn run(
+        &mut self,
+        client: &ComputeClient<R>,
+        step: impl Fn() -> Result<()>,
+    ) -> Result<()> {
+        match self {
+            Self::Off => step(),
+            Self::Ready(graph) => {
+                // SAFETY: the caller's contract.
+                unsafe { graph.replay() };
+                Ok(())
+            }
+            Self::Warming { steps } if *steps == 0 => {
+                *steps += 1;
+                step()
+            }
+            Self::Warming { .. } => {
+                // Prepare, run the step for real (its results are this step's), then record the
+                // same launches for the following steps. A failure falls back to eager steps.
+                client
+                    .graph_prepare()
+                    .map_err(|e| ModelError::param("graph", format!("{e:?}")))?;
+                step()?;
+                let captured = client.start_capture().and_then(|_| {
+                    let recorded = step();
+                    let graph = client.stop_capture();
+                    match recorded {
+                        Ok(()) => graph,
+                        Err(e) => Err(cubecl::server::ServerError::Generic {
+                            reason: e.to_string(),
+                            backtrace: Default::default(),
+                        }),
+                    }
+                });
+                *self = match captured {
+                    Ok(graph) => Self::Ready(graph),
+                    Err(e) => {
+                        eprintln!("note: CUDA graph capture of the decode step failed ({e:?}); decoding eagerly");
+                        Self::Off
+                    }
+                };
+                Ok(())
+            }
+        }
+    }
 }
 
 /// How a [`Session`] runs.
@@ -58,7 +131,7 @@ pub struct Session<R: Runtime> {
     cache: KvCache<R>,
     step: DecodeBuffers<R>,
     current: Current<R>,
-    graph: GraphState<R>,
+    graph: StepGraph<R>,
 }
 
 impl<R: Runtime> Session<R> {
@@ -73,70 +146,30 @@ impl<R: Runtime> Session<R> {
         let step = model.new_decode_buffers()?;
         // Block-sparse projections run eagerly (see `Projection::graph_safe`).
         let graph_safe = model.projections().all(Projection::graph_safe);
-        let graphs =
-            options.cuda_graphs && caps::runtime_name(model.client()) == "cuda" && graph_safe;
+        let graph = StepGraph::new(model.client(), options.cuda_graphs && graph_safe);
         Ok(Self {
             model,
             cache,
             step,
             current: Current::None,
-            graph: if graphs {
-                GraphState::Warming { steps: 0 }
-            } else {
-                GraphState::Off
-            },
+            graph,
         })
     }
 
     /// Whether decode steps currently replay a captured graph.
     pub fn uses_graph(&self) -> bool {
-        matches!(self.graph, GraphState::Ready(_))
+        self.graph.ready()
     }
 
     /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
     /// replaying the capture.
     fn run_step(&mut self) -> Result<()> {
         let c = self.model.client().clone();
-        match &mut self.graph {
-            GraphState::Off => self.model.decode_step(&self.cache, &self.step),
-            GraphState::Ready(graph) => {
-                // SAFETY: the graph reads and writes only buffers owned by this session (weights,
-                // cache, decode buffers), which live as long as the graph, and everything runs
-                // on the one client's stream.
-                unsafe { graph.replay() };
-                Ok(())
-            }
-            GraphState::Warming { steps } if *steps == 0 => {
-                *steps += 1;
-                self.model.decode_step(&self.cache, &self.step)
-            }
-            GraphState::Warming { .. } => {
-                // Prepare, run the step for real (its results are this token's), then record the
-                // same launches for the following tokens. A failure falls back to eager steps.
-                c.graph_prepare()
-                    .map_err(|e| ModelError::param("graph", format!("{e:?}")))?;
-                self.model.decode_step(&self.cache, &self.step)?;
-                let captured = c.start_capture().and_then(|_| {
-                    let recorded = self.model.decode_step(&self.cache, &self.step);
-                    let graph = c.stop_capture();
-                    match recorded {
-                        Ok(()) => graph,
-                        Err(e) => Err(cubecl::server::ServerError::Generic {
-                            reason: e.to_string(),
-                            backtrace: Default::default(),
-                        }),
-                    }
-                });
-                self.graph = match captured {
-                    Ok(graph) => GraphState::Ready(graph),
-                    Err(e) => {
-                        eprintln!("note: CUDA graph capture of the decode step failed ({e:?}); decoding eagerly");
-                        GraphState::Off
-                    }
-                };
-                Ok(())
-            }
-        }
+        let (model, cache, step) = (&self.model, &self.cache, &self.step);
+        // SAFETY: the graph reads and writes only buffers owned by this session (weights, cache,
+        // decode buffers), which live as long as the graph, and everything runs on the one
+        // client's stream.
+        unsafe { self.graph.run(&c, || model.decode_step(cache, step)) }
     }
 
     pub fn model(&self) -> &Model<R> {
@@ -203,8 +236,7 @@ impl<R: Runtime> CausalLm for Session<R> {
             ));
         }
         // The step that captures keeps every other session's device work out of the window.
-        let capturing = matches!(self.graph, GraphState::Warming { steps } if steps > 0);
-        let _device = device_lock::for_step(capturing);
+        let _device = device_lock::for_step(self.graph.capturing());
         self.cache.begin_append(self.model.client(), 1)?;
         self.step.write_token(self.model.client(), token)?;
         self.run_step()?;

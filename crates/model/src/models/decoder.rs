@@ -22,9 +22,9 @@
 //! biases on q/k/v/o when `attention_bias` says so.
 
 use cubecl::prelude::*;
-use ops::attention::attention_cached_into;
+use ops::attention::{attention_cached_into, attention_decode_ragged_into};
 use ops::matmul::InputNorm;
-use ops::qkv::{qkv_rope_cache_into, QkNorm};
+use ops::qkv::{qkv_rope_cache_into, qkv_rope_cache_ragged_into, QkNorm};
 
 use crate::config::ModelConfig;
 use crate::engine::buffers::StepContext;
@@ -250,7 +250,9 @@ impl<R: Runtime> DecoderLayer<R> {
     }
 
     /// The layer over `s` (see the module docs): reads the residual stream from
-    /// `s.act.hidden`, appends the tokens' keys and values to `cache` at `s.start`, and leaves
+    /// `s.act.hidden`, appends the tokens' keys and values to `cache` at `s.start` (in a ragged
+    /// batch, each row's at its own position and slot of a `[slots, max_len, Hkv, D]` cache),
+    /// and leaves
     /// the new residual stream in `s.act.hidden`. Writes only into `s`'s buffers and the cache,
     /// so a decode step made of these calls can be captured as a CUDA graph.
     pub fn forward(&self, s: &StepContext<'_, R>, cache: &LayerCache<R>) -> Result<()> {
@@ -271,28 +273,56 @@ impl<R: Runtime> DecoderLayer<R> {
             }),
             _ => None,
         };
-        qkv_rope_cache_into(
-            c,
-            &a.qkv,
-            s.heads,
-            &s.rope.cos,
-            &s.rope.sin,
-            s.start,
-            &a.q,
-            &cache.k,
-            &cache.v,
-            qk_norm,
-        )?;
-        attention_cached_into(
-            c,
-            &a.q,
-            &cache.k,
-            &cache.v,
-            s.kv_len.as_kv_len(),
-            s.scale,
-            &a.attn,
-            s.workspace,
-        )?;
+        match s.ragged {
+            None => {
+                qkv_rope_cache_into(
+                    c,
+                    &a.qkv,
+                    s.heads,
+                    &s.rope.cos,
+                    &s.rope.sin,
+                    s.start,
+                    &a.q,
+                    &cache.k,
+                    &cache.v,
+                    qk_norm,
+                )?;
+                attention_cached_into(
+                    c,
+                    &a.q,
+                    &cache.k,
+                    &cache.v,
+                    s.kv_len.as_kv_len(),
+                    s.scale,
+                    &a.attn,
+                    s.workspace,
+                )?;
+            }
+            Some(seqs) => {
+                qkv_rope_cache_ragged_into(
+                    c,
+                    &a.qkv,
+                    s.heads,
+                    &s.rope.cos,
+                    &s.rope.sin,
+                    seqs,
+                    &a.q,
+                    &cache.k,
+                    &cache.v,
+                    qk_norm,
+                )?;
+                attention_decode_ragged_into(
+                    c,
+                    &a.q,
+                    &cache.k,
+                    &cache.v,
+                    seqs,
+                    s.scale,
+                    &a.attn,
+                    s.workspace,
+                )?;
+            }
+        }
         // The residual stream ping-pongs between `hidden` and `hidden2`: an output may not
         // alias an input of the same launch (WebGPU forbids it).
         self.o_proj

@@ -5,6 +5,7 @@
 //!
 //! `CUBELLM_TEST_RUNTIMES=cuda` (or `wgpu`) restricts the runtimes, as for the kernel tests.
 
+mod batch;
 #[path = "../common/mod.rs"]
 mod common;
 mod compressed;

@@ -37,6 +37,7 @@ use super::Problem;
 use crate::caps;
 use crate::gemm::{write_epilogue, EpilogueBlueprint};
 use crate::norm::sum_squares;
+use crate::reduce::{row_sum_shared_len, row_sum_split_in};
 
 /// Comptime shape of a GEMV launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,31 +157,27 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
+    // One reduction buffer for all of them (see `row_sum_split_in`).
+    let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
+        plan.lanes,
+        plan.splits,
+        plan.cols_per_cube,
+        plan.use_plane
+    )]);
     #[unroll]
     for m in 0..m_rows {
-        let mut total = crate::reduce::row_sum_split(
-            acc[m],
-            plan.lanes,
-            plan.splits,
-            plan.cols_per_cube,
-            plan.use_plane,
-        );
+        let mut total = row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
         let mut total_up = 0f32;
         if gated {
-            total_up = crate::reduce::row_sum_split(
-                acc_up[m],
-                plan.lanes,
-                plan.splits,
-                plan.cols_per_cube,
-                plan.use_plane,
-            );
+            total_up =
+                row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
         }
         if normed {
-            let sq = crate::reduce::row_sum_split(
+            let sq = row_sum_split_in(
                 squares[m],
+                &mut red,
                 plan.lanes,
                 plan.splits,
-                plan.cols_per_cube,
                 plan.use_plane,
             );
             let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
