@@ -48,6 +48,11 @@ pub struct BenchGenerateArgs {
     /// The device's name for the record (default: what `nvidia-smi` reports, else the runtime).
     #[arg(long)]
     pub device_name: Option<String>,
+    /// Batched decode instead: for each of these sequence counts (e.g. `1,4,16`; at most 16),
+    /// that many sequences of the prompt decoded together, as `serve` batches requests; one
+    /// line per count with the aggregate decode tok/s and the time of one step.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -89,6 +94,9 @@ pub fn bench_generate<R: Runtime>(
     );
     if let Some(line) = crate::weight_args::memory_line(&report, compression) {
         eprintln!("{line}");
+    }
+    if !args.batch.is_empty() {
+        return bench_batch(client, m, &report, args);
     }
     let session = Session::with_options(
         m,
@@ -179,6 +187,83 @@ pub fn bench_generate<R: Runtime>(
     println!("{line}");
     if let Some(path) = &args.record {
         record(path, line, args, R::name(client))?;
+    }
+    Ok(())
+}
+
+/// `--batch`: aggregate decode speed of `n` sequences decoded together, for each `n`. Each step
+/// reads its tokens back (as the server does, to hand them to the requests), so a step's time
+/// includes that round trip.
+fn bench_batch<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: Model<R>,
+    report: &model::LoadReport,
+    args: &BenchGenerateArgs,
+) -> anyhow::Result<()> {
+    use model::{BatchLm, BatchSession};
+    let most = args.batch.iter().copied().max().unwrap_or(1);
+    anyhow::ensure!(
+        args.batch
+            .iter()
+            .all(|&n| (1..=model::BatchBuffers::<R>::MAX_ROWS).contains(&n)),
+        "--batch counts must be 1 to {}",
+        model::BatchBuffers::<R>::MAX_ROWS
+    );
+    let vocab = m.config().vocab_size as u32;
+    let mut b = BatchSession::new(m, most, !args.no_cuda_graph)?;
+    let prompt: Vec<u32> = (0..args.prompt_len as u32)
+        .map(|i| (i * 7 + 3) % vocab)
+        .collect();
+    for &n in &args.batch {
+        let mut times = Vec::new();
+        for run in 0..=args.runs {
+            for slot in 0..n {
+                b.prefill(slot, &prompt)?;
+            }
+            let mut rows: Vec<(usize, u32)> = (0..n)
+                .map(|s| (s, b.prefill_argmax().unwrap_or(0)))
+                .collect();
+            // The first run compiles and captures (warm-up); the others are timed.
+            let steps = if run == 0 { 3 } else { args.new_tokens - 1 };
+            let start = std::time::Instant::now();
+            for _ in 0..steps {
+                b.decode(&rows)?;
+                let ids = b.decode_argmax()?;
+                for (row, id) in rows.iter_mut().zip(ids) {
+                    row.1 = id;
+                }
+            }
+            if run > 0 {
+                times.push(start.elapsed().as_secs_f64() / steps as f64);
+            }
+        }
+        let step = median(times);
+        let tok_s = n as f64 / step;
+        eprintln!(
+            "batch {n}: decode {tok_s:.1} tok/s aggregate ({:.1} per sequence), {:.3} ms per step{}",
+            tok_s / n as f64,
+            step * 1e3,
+            if b.uses_graph(n) { ", replayed as a CUDA graph" } else { "" }
+        );
+        let line = serde_json::json!({
+            "impl": "cubellm",
+            "runtime": R::name(client),
+            "dtype": report.dtype.to_string(),
+            "prompt_len": args.prompt_len,
+            "new_tokens": args.new_tokens,
+            "batch": n,
+            "decode_tok_s": (tok_s * 100.0).round() / 100.0,
+            "step_ms": (step * 1e6).round() / 1e3,
+            "cuda_graph": b.uses_graph(n),
+            "weight_bytes": report.weight_bytes,
+        });
+        println!("{line}");
+        if let Some(path) = &args.record {
+            record(path, line, args, R::name(client))?;
+        }
+        for slot in 0..n {
+            b.release(slot);
+        }
     }
     Ok(())
 }

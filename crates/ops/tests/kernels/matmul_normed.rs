@@ -223,3 +223,111 @@ fn fused_norm_matches_unfused() {
 fn normed_errors() {
     on_each_runtime!(normed_errors_case);
 }
+
+/// A GEMV row's result does not depend on the other rows: each row of an M-row product (plain,
+/// with the input norm, gated) equals, bit for bit, the same row computed alone. Continuous
+/// batching relies on it for a request's text not to depend on what it is batched with.
+fn gemv_rows_independent_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(93);
+    let cuda = ops::caps::runtime_name(client) == "cuda";
+    let (n, k) = if cuda { (1000, 1536) } else { (100, 200) };
+    for dtype in float_dtypes(client) {
+        for m in [2usize, 5, 16] {
+            let (x, _) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
+            let (w, _) = upload(client, &random(&mut rng, n * k, 0.5), &[n, k], dtype);
+            let (gate_up, _) = upload(
+                client,
+                &random(&mut rng, 2 * n * k, 0.5),
+                &[2 * n, k],
+                dtype,
+            );
+            let (g, _) = upload(client, &random(&mut rng, k, 0.5), &[k], dtype);
+            let norm = || InputNorm {
+                weight: &g,
+                eps: EPS,
+            };
+            let bits = |t: &DeviceTensor<R>| -> Vec<u64> {
+                t.to_f64_vec(client)
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            // (what, output width, the product of `rows` rows of x into `out`)
+            type Run<'a, R> =
+                Box<dyn Fn(&DeviceTensor<R>, &DeviceTensor<R>, &DeviceTensor<R>) + 'a>;
+            let runs: Vec<(&str, usize, Run<'_, R>)> = vec![
+                (
+                    "plain",
+                    n,
+                    Box::new(|x, normed, out| {
+                        let _ = normed;
+                        ops::matmul::linear_into(client, x, &w, None, None, out).unwrap();
+                    }),
+                ),
+                (
+                    "normed",
+                    n,
+                    Box::new(|x, normed, out| {
+                        linear_normed_into(client, x, norm(), normed, &w, None, None, out).unwrap();
+                    }),
+                ),
+                (
+                    "gated",
+                    n,
+                    Box::new(|x, normed, out| {
+                        let weights = GatedWeights::Concatenated(&gate_up);
+                        fused_gated_mlp_normed_into(
+                            client,
+                            x,
+                            norm(),
+                            normed,
+                            weights,
+                            Activation::Silu,
+                            out,
+                        )
+                        .unwrap();
+                    }),
+                ),
+            ];
+            for (what, width, run) in &runs {
+                let normed = DeviceTensor::empty(client, &[m, k], dtype);
+                let out = poisoned(client, &[m, *width], dtype);
+                run(&x, &normed, &out);
+                let all = bits(&out);
+                for r in 0..m {
+                    let row = DeviceTensor::from_f32(
+                        client,
+                        &row_values(client, &x, r, k),
+                        &[1, k],
+                        dtype,
+                    )
+                    .unwrap();
+                    let normed1 = DeviceTensor::empty(client, &[1, k], dtype);
+                    let out1 = poisoned(client, &[1, *width], dtype);
+                    run(&row, &normed1, &out1);
+                    assert!(
+                        bits(&out1) == all[r * width..(r + 1) * width],
+                        "{dtype} {what} M={m}: row {r} differs from the row alone"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Row `r` of `x[M, K]` as f32 values (exact for every float dtype).
+fn row_values<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    r: usize,
+    k: usize,
+) -> Vec<f32> {
+    let all = x.to_f64_vec(client).unwrap();
+    all[r * k..(r + 1) * k].iter().map(|&v| v as f32).collect()
+}
+
+#[test]
+fn gemv_rows_do_not_depend_on_the_other_rows() {
+    on_each_runtime!(gemv_rows_independent_case);
+}
