@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# One device call for continuous batching: the kernel tests it touches (ragged attention and
-# QKV append, the GEMV), the model's device tests (batched against alone, bit for bit, and the
-# transformers fixtures), the server's HTTP tests, decode speed of `bench-generate` (the GEMV
-# must not have slowed), then `cubellm serve` under scripts/load_test.py.
-# Binaries xz-compressed in .devs/ (cubellm, ops-test, model-test, server-test).
-#   bash dev/batch_device_run.sh [STREAMS] [SECONDS] [tests|notests]
+# Device calls for continuous batching, on the 1.5B shape (scripts/make_hf_fixtures.py --big):
+#   tests  the kernel tests it touches (ragged attention and QKV append, the GEMV, W4A16), the
+#          model's device tests (batched against alone, bit for bit; the transformers fixtures)
+#          and the server's HTTP tests, on CUDA
+#   bench  bench-generate of one sequence and --batch 1,2,4,8,16 (the decode step's speed by
+#          batch size), recorded in $OUT/r/batch.jsonl
+#   load   `cubellm serve` under scripts/load_test.py (STREAMS, SECONDS per level)
+# Binaries xz-compressed in .devs/ (cubellm, ops-test, quant-test, model-test, server-test).
+#   bash dev/batch_device_run.sh "tests bench load" [STREAMS] [SECONDS]
 set -u
-STREAMS=${1:-1,16}
-SECS=${2:-15}
-TESTS=${3:-tests}
+WHAT=${1:-tests bench load}
+STREAMS=${2:-1,4,16,64}
+SECS=${3:-60}
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
 for f in .devs/*.xz; do xz -dkf "$f"; done
@@ -21,24 +24,31 @@ if [ ! -d /tmp/big ]; then
   timeout 200 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big >> $R/setup.log 2>&1
 fi
 export CUBELLM_TEST_RUNTIMES=cuda
-if [ "$TESTS" = tests ]; then
-  timeout 200 .devs/ops-test --test-threads=8 ragged qkv matmul > $R/ops-test.log 2>&1
+has() { [[ " $WHAT " == *" $1 "* ]]; }
+if has tests; then
+  timeout 240 .devs/ops-test --test-threads=8 ragged qkv gemv_rows > $R/ops-test.log 2>&1
   echo "rc=$?" >> $R/ops-test.log
+  [ -x .devs/quant-test ] && { timeout 200 .devs/quant-test --test-threads=8 w4a16 > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log; }
   (cd crates/model && timeout 200 ../../.devs/model-test --test-threads=4) > $R/model-test.log 2>&1
   echo "rc=$?" >> $R/model-test.log
-  (cd crates/server && timeout 200 ../../.devs/server-test --test-threads=4) > $R/server-test.log 2>&1
-  echo "rc=$?" >> $R/server-test.log
-  timeout 120 $C --runtime cuda bench-generate --model /tmp/big --prompt-len 512 --new-tokens 128 \
-    --runs 3 > $R/bench-generate.out 2> $R/bench-generate.err
+  [ -x .devs/server-test ] && { (cd crates/server && timeout 200 ../../.devs/server-test --test-threads=4) > $R/server-test.log 2>&1; echo "rc=$?" >> $R/server-test.log; }
 fi
-PROMPT="Write a short story about a lighthouse keeper who finds a message in a bottle, and what she decides to do about it."
-timeout 100 $C --runtime cuda generate --model /tmp/big --raw --prompt "$PROMPT" --max-new-tokens 128 \
-  --temperature 0 > /dev/null 2> $R/generate-128.err
-$C --runtime cuda serve --model /tmp/big --port 8080 --queue-size 128 > $R/serve.log 2>&1 &
-SERVER=$!
-for i in $(seq 180); do grep -q serving $R/serve.log && break; sleep 1; done
-timeout $(( 4 * SECS * 2 + 60 )) python3 scripts/load_test.py --url http://127.0.0.1:8080 \
-  --streams $STREAMS --duration $SECS --max-tokens 128 --out $R/load.jsonl \
-  --label "$(cat $R/device.txt), $(cat $R/commit.txt)" > $R/load.md 2> $R/load.err
-curl -s localhost:8080/metrics > $R/metrics.txt
-kill -TERM $SERVER; wait $SERVER; echo "serve exit $?" >> $R/serve.log
+if has bench; then
+  timeout 120 $C --runtime cuda bench-generate --model /tmp/big --prompt-len 512 --new-tokens 128 \
+    --runs 3 --record $R/batch.jsonl > $R/bench-generate.out 2> $R/bench-generate.err
+  timeout 200 $C --runtime cuda bench-generate --model /tmp/big --prompt-len 512 --new-tokens 128 \
+    --runs 3 --batch 1,2,4,8,16 --record $R/batch.jsonl >> $R/bench-generate.out 2>> $R/bench-generate.err
+fi
+if has load; then
+  PROMPT="Write a short story about a lighthouse keeper who finds a message in a bottle, and what she decides to do about it."
+  timeout 100 $C --runtime cuda generate --model /tmp/big --raw --prompt "$PROMPT" --max-new-tokens 128 \
+    --temperature 0 > /dev/null 2> $R/generate-128.err
+  $C --runtime cuda serve --model /tmp/big --port 8080 --queue-size 128 > $R/serve.log 2>&1 &
+  SERVER=$!
+  for i in $(seq 180); do grep -q serving $R/serve.log && break; sleep 1; done
+  timeout $(( 4 * SECS * 2 + 60 )) python3 scripts/load_test.py --url http://127.0.0.1:8080 \
+    --streams $STREAMS --duration $SECS --max-tokens 128 --out $R/load.jsonl \
+    --label "$(cat $R/device.txt), $(cat $R/commit.txt)" > $R/load.md 2> $R/load.err
+  curl -s localhost:8080/metrics > $R/metrics.txt
+  kill -TERM $SERVER; wait $SERVER; echo "serve exit $?" >> $R/serve.log
+fi
