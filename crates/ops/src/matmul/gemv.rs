@@ -48,11 +48,8 @@ pub struct GemvBlueprint {
     pub lanes: u32,
     /// Plane-sized groups per output column, each over an interleaved share of K.
     pub splits: u32,
-    /// Units along y per cube; each owns `cols_per_unit` consecutive output columns.
+    /// Output columns per cube.
     pub cols_per_cube: u32,
-    /// Output columns per unit: each x vector loaded is used for all of them, which keeps a
-    /// several-row GEMV from being bound by the x loads (1 for one row).
-    pub cols_per_unit: u32,
     pub use_plane: bool,
     /// x goes through an RMSNorm first (its statistics summed by each column's units alongside
     /// the dot products).
@@ -108,70 +105,51 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     #[comptime] plan: GemvBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    let c_cols = comptime![plan.cols_per_unit as usize];
-    // This unit's first column; it owns `c_cols` consecutive ones. Out-of-range columns still
-    // take part in the (shared-memory) reductions' barriers.
-    let col0 = (CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize) * c_cols;
+    let col = CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize;
+    // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
+    let active = col < n_cols;
+    let row = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
     let lanes = comptime![(plan.lanes * plan.splits) as usize];
     let gated = comptime![plan.epilogue.is_gated()];
 
     let normed = comptime![plan.norm];
-    // Every value the unit sums over K, in one register array: the products `[c][m]`, then the
-    // up products (gated), then the squares of each row of x (with the input norm: each
-    // column's units sum them in the same loop as the products, as they read every x vector
-    // anyway, so no cube waits on a norm reduction before its first weight load).
-    let mc = comptime![m_rows * c_cols];
-    let up_off = mc;
-    let sq_off = comptime![mc * (1 + plan.epilogue.is_gated() as usize)];
-    let n_vals = comptime![sq_off + plan.norm as usize * m_rows];
-    let mut vals = Array::<f32>::new(n_vals);
+    let mut acc = Array::<f32>::new(m_rows);
+    let mut acc_up = Array::<f32>::new(m_rows);
+    // With the input norm: each column's units also sum x's squares over all of K (they read
+    // every x vector anyway), so no cube waits on a norm reduction before its first weight load.
+    let mut squares = Array::<f32>::new(m_rows);
     #[unroll]
-    for i in 0..n_vals {
-        vals[i] = 0f32;
+    for m in 0..m_rows {
+        acc[m] = 0f32;
+        acc_up[m] = 0f32;
+        squares[m] = 0f32;
     }
-    let mut xs = Array::<Vector<F, N>>::new(m_rows);
-    let mut w_base = Array::<usize>::new(c_cols);
-    let mut up_base = Array::<usize>::new(c_cols);
-    #[unroll]
-    for c in 0..c_cols {
-        let row = select(col0 + c < n_cols, col0 + c, 0);
-        w_base[c] = row * k_vectors;
-        up_base[c] = (up_row_offset + row) * k_vectors;
-    }
+    let w_base = row * k_vectors;
+    let up_base = (up_row_offset + row) * k_vectors;
     for kv in range_stepped(UNIT_POS_X as usize, k_vectors, lanes) {
-        // x's rows are loaded once and used for every column of the unit.
-        let mut gv = Vector::<F, N>::empty();
+        let wv = w[w_base + kv];
+        let mut uv = wv;
+        if gated {
+            uv = w_up[up_base + kv];
+        }
+        let mut gv = wv;
         if normed {
             gv = norm_weight[kv];
         }
         #[unroll]
         for m in 0..m_rows {
-            xs[m] = x[m * k_vectors + kv];
+            let xv = x[m * k_vectors + kv];
             if normed {
-                vals[sq_off + m] += sum_squares(xs[m]);
-            }
-        }
-        #[unroll]
-        for c in 0..c_cols {
-            let wv = w[w_base[c] + kv];
-            let mut uv = wv;
-            if gated {
-                uv = w_up[up_base[c] + kv];
-            }
-            #[unroll]
-            for m in 0..m_rows {
-                let i = c * m_rows + m;
-                if normed {
-                    vals[i] += dot3(xs[m], gv, wv);
-                    if gated {
-                        vals[up_off + i] += dot3(xs[m], gv, uv);
-                    }
-                } else {
-                    vals[i] += dot(xs[m], wv);
-                    if gated {
-                        vals[up_off + i] += dot(xs[m], uv);
-                    }
+                squares[m] += sum_squares(xv);
+                acc[m] += dot3(xv, gv, wv);
+                if gated {
+                    acc_up[m] += dot3(xv, gv, uv);
+                }
+            } else {
+                acc[m] += dot(xv, wv);
+                if gated {
+                    acc_up[m] += dot(xv, uv);
                 }
             }
         }
@@ -179,91 +157,45 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
-    reduce_units(&mut vals, n_vals, plan);
-    if UNIT_POS_X == 0 {
-        #[unroll]
-        for c in 0..c_cols {
-            let col = col0 + c;
-            #[unroll]
-            for m in 0..m_rows {
-                let i = c * m_rows + m;
-                let mut total = vals[i];
-                let mut total_up = 0f32;
-                if gated {
-                    total_up = vals[up_off + i];
-                }
-                if normed {
-                    let inv_rms = f32::inverse_sqrt(vals[sq_off + m] * inv_k + eps);
-                    total *= inv_rms;
-                    total_up *= inv_rms;
-                }
-                if col < n_cols {
-                    write_epilogue::<F>(
-                        out,
-                        total,
-                        total_up,
-                        m,
-                        col,
-                        n_cols,
-                        bias,
-                        residual,
-                        plan.epilogue,
-                    );
-                }
-            }
+    // One reduction buffer for all of them (see `row_sum_split_in`).
+    let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
+        plan.lanes,
+        plan.splits,
+        plan.cols_per_cube,
+        plan.use_plane
+    )]);
+    #[unroll]
+    for m in 0..m_rows {
+        let mut total = row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
+        let mut total_up = 0f32;
+        if gated {
+            total_up =
+                row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
         }
-    }
-}
-
-/// Sums each value of `vals` over the units of its column (the `lanes * splits` units along x),
-/// into the unit with x = 0. With plane operations: one plane sum per value, then, when K is
-/// split over several planes, one exchange through shared memory for all values at once (one
-/// barrier, not one per value); the splits are added in order, so a column's sum is the same
-/// whatever else the kernel computes. Without plane operations: the shared-memory tree, value by
-/// value. Every unit must call it.
-#[cube]
-fn reduce_units(vals: &mut Array<f32>, #[comptime] n_vals: usize, #[comptime] plan: GemvBlueprint) {
-    let splits = comptime![plan.splits as usize];
-    if comptime![plan.use_plane] {
-        #[unroll]
-        for v in 0..n_vals {
-            vals[v] = plane_sum(vals[v]);
+        if normed {
+            let sq = row_sum_split_in(
+                squares[m],
+                &mut red,
+                plan.lanes,
+                plan.splits,
+                plan.use_plane,
+            );
+            let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
+            total *= inv_rms;
+            total_up *= inv_rms;
         }
-        if comptime![splits > 1] {
-            let mut sh = Shared::<[f32]>::new_slice(comptime![
-                plan.cols_per_cube as usize * splits * n_vals
-            ]);
-            let group = UNIT_POS_Y as usize * splits;
-            if UNIT_POS_PLANE == 0 {
-                let base = (group + (UNIT_POS_X / plan.lanes) as usize) * n_vals;
-                #[unroll]
-                for v in 0..n_vals {
-                    sh[base + v] = vals[v];
-                }
-            }
-            sync_cube();
-            if UNIT_POS_X == 0 {
-                #[unroll]
-                for v in 0..n_vals {
-                    let mut t = 0f32;
-                    #[unroll]
-                    for sp in 0..splits {
-                        t += sh[(group + sp) * n_vals + v];
-                    }
-                    vals[v] = t;
-                }
-            }
-        }
-    } else {
-        let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
-            plan.lanes,
-            plan.splits,
-            plan.cols_per_cube,
-            false
-        )]);
-        #[unroll]
-        for v in 0..n_vals {
-            vals[v] = row_sum_split_in(vals[v], &mut red, plan.lanes, plan.splits, false);
+        if active && UNIT_POS_X == 0 {
+            write_epilogue::<F>(
+                out,
+                total,
+                total_up,
+                m,
+                col,
+                n_cols,
+                bias,
+                residual,
+                plan.epilogue,
+            );
         }
     }
 }
@@ -285,15 +217,7 @@ pub(super) fn launch<R: Runtime>(
         32
     };
     let k_vectors = p.k / vector;
-    // Several columns per unit pay where the x loads bind (many rows on a fast device); the
-    // software device without plane operations gets the smaller shader.
-    let cols_per_unit = if use_plane {
-        cols_per_unit(p.m, p.epilogue().is_gated())
-    } else {
-        1
-    };
-    let units_n = p.n.div_ceil(cols_per_unit as usize);
-    let splits = splits.unwrap_or_else(|| k_splits(client, units_n, k_vectors, lanes));
+    let splits = splits.unwrap_or_else(|| k_splits(client, p.n, k_vectors, lanes));
     let trigger = caps::has_launch_dependents(client);
     let cols_per_cube = (256 / (lanes * splits)).max(1);
     let bp = GemvBlueprint {
@@ -301,7 +225,6 @@ pub(super) fn launch<R: Runtime>(
         lanes,
         splits,
         cols_per_cube,
-        cols_per_unit,
         use_plane,
         norm: p.norm.is_some(),
         epilogue: p.epilogue(),
@@ -311,7 +234,7 @@ pub(super) fn launch<R: Runtime>(
         Some(n) => (n.weight, n.eps),
         None => (p.x, 0.0),
     };
-    let cubes = units_n.div_ceil(cols_per_cube as usize) as u32;
+    let cubes = p.n.div_ceil(cols_per_cube as usize) as u32;
     launch_dense!(gemv_kernel::<R>(
         client,
         crate::launch::cube_count_1d(client, cubes),
@@ -330,17 +253,6 @@ pub(super) fn launch<R: Runtime>(
             p.x.dtype().elem_type()
         ]
     ));
-}
-
-/// Output columns per unit for `m` rows of x: one for one row; for more, up to 4, with at most
-/// 64 accumulators per unit (two per column and row when gated), so that each x vector loaded
-/// serves several weight rows.
-fn cols_per_unit(m: usize, gated: bool) -> u32 {
-    if m <= 1 {
-        return 1;
-    }
-    let per_col = m * if gated { 2 } else { 1 };
-    (64 / per_col).clamp(1, 4) as u32
 }
 
 /// Plane-sized groups per output column: enough planes overall for about 32 per SM (the LM head's
