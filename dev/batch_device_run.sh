@@ -6,7 +6,9 @@
 #   bench  bench-generate of one sequence and --batch 1,2,4,8,16 (the decode step's speed by
 #          batch size), recorded in $OUT/r/batch.jsonl
 #   load   `cubellm serve` under scripts/load_test.py (STREAMS, SECONDS per level)
-# Binaries xz-compressed in .devs/ (cubellm, ops-test, quant-test, model-test, server-test).
+#   burn   the Burn modules' tests and the burn-qwen2 example on CUDA (its two tok/s)
+# Binaries xz-compressed in .devs/ (cubellm, ops-test, quant-test, model-test, server-test,
+# burn-test, burn-qwen2).
 #   bash dev/batch_device_run.sh "tests bench load" [STREAMS] [SECONDS]
 set -u
 WHAT=${1:-tests bench load}
@@ -51,4 +53,11 @@ if has load; then
     --label "$(cat $R/device.txt), $(cat $R/commit.txt)" > $R/load.md 2> $R/load.err
   curl -s localhost:8080/metrics > $R/metrics.txt
   kill -TERM $SERVER; wait $SERVER; echo "serve exit $?" >> $R/serve.log
+fi
+if has burn; then
+  [ -x .devs/burn-test ] && { (cd crates/burn && timeout 200 ../../.devs/burn-test --test-threads=4) > $R/burn-test.log 2>&1; echo "rc=$?" >> $R/burn-test.log; }
+  for i in 1 2; do
+    timeout 200 .devs/burn-qwen2 --runtime cuda --fixture crates/model/tests/fixtures/hf/qwen2-4layer > $R/burn-qwen2-$i.log 2>&1
+    echo "rc=$?" >> $R/burn-qwen2-$i.log
+  done
 fi
