@@ -606,7 +606,15 @@ fn run_model(
 }
 
 fn run_on<R: BurnRuntime>(args: &Args, runtime_name: &str) -> Res<()> {
+    // Our kernels accumulate f32 products in f32. Burn's own f32 matmul runs on TF32 tensor
+    // cores on CUDA (10-bit mantissa inputs, about 1e-3 relative error per product), so the
+    // all-Burn model is held to that precision there (and the comparison between the two).
     const TOL: f64 = 1e-4;
+    let burn_tol = if runtime_name.contains("cuda") {
+        5e-3
+    } else {
+        TOL
+    };
     let dir = &args.fixture;
     let cfg = Config::load(dir)?;
     let weights = HostTensors::load(&dir.join("model.safetensors"))?;
@@ -675,14 +683,14 @@ fn run_on<R: BurnRuntime>(args: &Args, runtime_name: &str) -> Res<()> {
         ),
     ];
     let mut failures = Vec::new();
-    for (name, run) in &runs {
+    for ((name, run), tol) in runs.iter().zip([burn_tol, TOL]) {
         let (pos, err) = worst_row(&run.logits, want, cfg.vocab);
         println!(
             "{name:>16}: logits vs transformers: worst relative L2 {err:.2e} (position {pos})"
         );
-        if err > TOL {
+        if err > tol {
             failures.push(format!(
-                "{name} logits differ from transformers' at position {pos}: relative L2 {err:.2e} > {TOL:e}"
+                "{name} logits differ from transformers' at position {pos}: relative L2 {err:.2e} > {tol:e}"
             ));
         }
         let n = greedy.len().min(run.tokens.len());
@@ -699,9 +707,9 @@ fn run_on<R: BurnRuntime>(args: &Args, runtime_name: &str) -> Res<()> {
         "{:>16}: cubellm vs all-Burn logits: worst relative L2 {err:.2e} (position {pos})",
         ""
     );
-    if err > TOL {
+    if err > burn_tol {
         failures.push(format!(
-            "the two models' logits differ at position {pos}: relative L2 {err:.2e} > {TOL:e}"
+            "the two models' logits differ at position {pos}: relative L2 {err:.2e} > {burn_tol:e}"
         ));
     }
     if runs[0].1.tokens != runs[1].1.tokens {
