@@ -24,7 +24,7 @@ use ops::attention::{kv_cache_write_into, AttentionWorkspace, KvLen};
 use ops::{DType, DeviceTensor};
 
 use crate::config::ModelConfig;
-use crate::engine::buffers::Activations;
+use crate::engine::buffers::{check_buffers_dtype, Activations};
 use crate::engine::device_lock;
 use crate::engine::kv_cache::{KvCache, LayerCache};
 use crate::engine::model::{Logits, Model};
@@ -223,16 +223,7 @@ impl<R: Runtime> BatchBuffers<R> {
     }
 
     pub(crate) fn check_dtype(&self, dtype: DType) -> Result<()> {
-        if self.dtype != dtype {
-            return Err(ModelError::param(
-                "decode_batch",
-                format!(
-                    "the buffers are {}, the model computes in {dtype}",
-                    self.dtype
-                ),
-            ));
-        }
-        Ok(())
+        check_buffers_dtype("decode_batch", self.dtype, dtype)
     }
 }
 

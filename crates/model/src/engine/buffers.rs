@@ -170,15 +170,17 @@ impl<R: Runtime> DecodeBuffers<R> {
     }
 
     pub(crate) fn check_dtype(&self, dtype: DType) -> Result<()> {
-        if self.dtype != dtype {
-            return Err(ModelError::param(
-                "decode_step",
-                format!(
-                    "the buffers are {}, the model computes in {dtype}",
-                    self.dtype
-                ),
-            ));
-        }
-        Ok(())
+        check_buffers_dtype("decode_step", self.dtype, dtype)
     }
+}
+
+/// Errors unless a step's buffers (`have`) are in the model's compute dtype (`want`).
+pub(crate) fn check_buffers_dtype(op: &'static str, have: DType, want: DType) -> Result<()> {
+    if have != want {
+        return Err(ModelError::param(
+            op,
+            format!("the buffers are {have}, the model computes in {want}"),
+        ));
+    }
+    Ok(())
 }
