@@ -98,3 +98,26 @@ pub fn num_sms<R: Runtime>(client: &ComputeClient<R>) -> u32 {
         .num_streaming_multiprocessors
         .unwrap_or(32)
 }
+
+/// Whether the runtime has the register-level `mma` m16n8k16 of `dtype` (f16/bf16) with f32
+/// accumulation on 32-lane planes (CUDA sm_80 and newer), the shape the tensor-core decode
+/// kernels (attention, the skinny GEMV) are written for.
+pub fn has_mma_m16n8k16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    use cubecl::features::MmaConfig;
+    use cubecl::ir::{ElemType, FloatKind};
+    let kind = match dtype {
+        DType::F16 => FloatKind::F16,
+        DType::BF16 => FloatKind::BF16,
+        _ => return false,
+    };
+    client.features().matmul.mma.contains(&MmaConfig {
+        a_type: ElemType::Float(kind),
+        b_type: ElemType::Float(kind),
+        cd_type: ElemType::Float(FloatKind::F32),
+        m: 16,
+        n: 8,
+        k: 16,
+    }) && has_plane_ops(client)
+        && plane_size_min(client) == 32
+        && client.properties().hardware.plane_size_max == 32
+}

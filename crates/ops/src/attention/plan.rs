@@ -1,7 +1,5 @@
 //! Which kernel a problem runs with ([`AttentionStrategy`] to a blueprint), and the dispatch.
 
-use cubecl::features::MmaConfig;
-use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 
 use super::flash::{self, FlashBlueprint};
@@ -12,7 +10,7 @@ use super::tiled::{self, TiledBlueprint};
 use super::{
     AttentionStrategy, AttentionWorkspace, FlashTiling, KvLen, SplitKvTiling, DECODE_MAX_QUERIES,
 };
-use crate::{caps, DType, DeviceTensor, OpsError, Result};
+use crate::{caps, DeviceTensor, OpsError, Result};
 
 /// A validated attention problem.
 pub(crate) struct Problem<'a, R: Runtime> {
@@ -84,29 +82,14 @@ enum Plan {
     TensorCoreDecode(SplitKvMmaBlueprint, usize),
 }
 
-fn mma_supported<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
-    let kind = match dtype {
-        DType::F16 => FloatKind::F16,
-        DType::BF16 => FloatKind::BF16,
-        _ => return false,
-    };
-    client.features().matmul.mma.contains(&MmaConfig {
-        a_type: ElemType::Float(kind),
-        b_type: ElemType::Float(kind),
-        cd_type: ElemType::Float(FloatKind::F32),
-        m: 16,
-        n: 8,
-        k: 16,
-    }) && caps::has_plane_ops(client)
-        && caps::plane_size_min(client) == 32
-        && client.properties().hardware.plane_size_max == 32
-}
-
 /// Whether the tensor-core kernels take the problem: `mma` m16n8k16 for the dtype, a head dim
 /// that is a multiple of 16 up to 128, and a positive scale (they keep row maxima in raw score
 /// units).
 fn tensor_cores_fit<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> bool {
-    mma_supported(client, p.q.dtype()) && p.d.is_multiple_of(16) && p.d <= 128 && p.scale > 0.0
+    caps::has_mma_m16n8k16(client, p.q.dtype())
+        && p.d.is_multiple_of(16)
+        && p.d <= 128
+        && p.scale > 0.0
 }
 
 fn shared_budget<R: Runtime>(client: &ComputeClient<R>) -> usize {

@@ -3,8 +3,9 @@
 //! (prefill): tensor cores through `cmma` on CUDA for f16/bf16, a shared-memory tiled kernel
 //! elsewhere.
 //!
-//! Dispatch rule (see [`plan`]): `M <= 16` → GEMV (weights streamed once at full bandwidth; a
-//! tensor-core tile would waste most of its rows). Otherwise the tensor-core GEMM when the
+//! Dispatch rule (see [`plan`]): `M <= 16` → GEMV (weights streamed once at full bandwidth): on
+//! tensor cores (`mma` m16n8k16, the rows of x padded to 16) for bf16 where the runtime has them,
+//! else one FMA per weight and row on the CUDA cores. Otherwise the tensor-core GEMM when the
 //! runtime reports an f16/bf16 `cmma` configuration of 16x16x16 with f32 accumulation, else the
 //! tiled GEMM. Inputs must be contiguous (strided views are rejected with `ShapeMismatch`: the
 //! kernels address rows by `row * K`).
@@ -12,7 +13,7 @@
 //! The tensor-core GEMM (`cmma`) feeds its shared-memory stages with a multi-stage `cp.async`
 //! pipeline on CUDA and picks its tile per shape ([`CmmaTile::auto`]). [`linear_into_with`] and
 //! [`fused_gated_mlp_into_with`] force a kernel (and a tile) with a [`MatmulStrategy`] (tests,
-//! benchmark sweeps). The three kernels share their epilogue, stage drivers and copies with the
+//! benchmark sweeps). The kernels share their epilogue, stage drivers and copies with the
 //! other GEMM-like kernels through [`crate::gemm`].
 
 use cubecl::prelude::*;
@@ -38,14 +39,16 @@ macro_rules! launch_dense {
 
 mod cmma;
 mod gemv;
+mod mma_gemv;
 mod tiled;
 
 pub use crate::gemm::Activation;
 pub use cmma::{CmmaBlueprint, CmmaTile};
 pub use gemv::GemvBlueprint;
+pub use mma_gemv::{TensorGemvBlueprint, TensorGemvShape};
 pub use tiled::TiledBlueprint;
 
-/// Rows of x up to which the GEMV path is used.
+/// Rows of x up to which the GEMV paths (CUDA-core or tensor-core) are used.
 pub const GEMV_MAX_M: usize = 16;
 
 /// The two weights of a gated MLP.
@@ -61,7 +64,7 @@ pub enum GatedWeights<'a, R: Runtime> {
 
 /// The RMSNorm over the last dimension that a product applies to its input first:
 /// `x̂ = rms_norm(x, weight, eps)`, rounded as [`crate::norm::rms_norm`] rounds. The decode-size
-/// GEMV (M <= [`GEMV_MAX_M`]) computes it inside the kernel (each cube reduces the row's squares
+/// GEMVs (M <= [`GEMV_MAX_M`]) compute it inside the kernel (each cube reduces the row's squares
 /// itself); larger products run [`crate::norm::rms_norm_into`] into a caller's buffer first.
 pub struct InputNorm<'a, R: Runtime> {
     /// `[K]`, the activation dtype.
@@ -81,14 +84,28 @@ impl<R: Runtime> Copy for InputNorm<'_, R> {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
     Gemv,
+    /// The GEMV on tensor cores (`mma` m16n8k16; see [`TensorGemvShape`]).
+    TensorGemv,
     TensorCore,
     Tiled,
 }
 
-/// The kernel `linear` picks for `m` rows of `dtype` on this runtime.
-pub fn plan<R: Runtime>(client: &ComputeClient<R>, m: usize, dtype: crate::DType) -> Kernel {
+/// The kernel `linear` picks for `m` rows of `dtype` with `k` inputs on this runtime. Up to
+/// [`GEMV_MAX_M`] rows, bf16 runs on the tensor-core GEMV where the runtime has `mma` m16n8k16
+/// and K is a multiple of 8, at every M: a row's result then does not depend on how many rows
+/// run with it. f16 stays on the CUDA-core GEMV, whose fused input norm cannot overflow f16.
+pub fn plan<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: usize,
+    k: usize,
+    dtype: crate::DType,
+) -> Kernel {
     if m <= GEMV_MAX_M {
-        Kernel::Gemv
+        if dtype == crate::DType::BF16 && mma_gemv::supported(client, dtype, k) {
+            Kernel::TensorGemv
+        } else {
+            Kernel::Gemv
+        }
     } else if cmma::supported(client, dtype) {
         Kernel::TensorCore
     } else {
@@ -107,6 +124,11 @@ pub enum MatmulStrategy {
     /// The GEMV with K split over this many plane-sized groups of units per output column (1, 2,
     /// 4 or 8; `InvalidArgument` otherwise) instead of the count it picks from the shape.
     GemvSplit(u32),
+    /// The tensor-core GEMV (f16/bf16) at any M up to [`GEMV_MAX_M`], with this shape or, for
+    /// `None`, [`TensorGemvShape::auto`]'s: `UnsupportedFeature` where the runtime has no
+    /// `mma` m16n8k16 of the dtype or K is not a multiple of 8, `InvalidArgument` above 16 rows
+    /// or for a shape outside [`TensorGemvShape`]'s values.
+    TensorGemv(Option<TensorGemvShape>),
     /// The portable shared-memory tiled GEMM, at any M.
     Tiled,
     /// The tensor-core GEMM with this tile, at any M: `UnsupportedFeature` where the runtime has
@@ -130,7 +152,7 @@ struct Problem<'a, R: Runtime> {
     n: usize,
     k: usize,
     gated: Option<Activation>,
-    /// An RMSNorm the kernel applies to x first (only the GEMV fuses one).
+    /// An RMSNorm the kernel applies to x first (only the two GEMVs fuse one).
     norm: Option<InputNorm<'a, R>>,
 }
 
@@ -560,7 +582,10 @@ fn launch_normed<'a, R: Runtime>(
             ),
         ));
     }
-    if kernel_for(client, op, &p, strategy)? == Kernel::Gemv {
+    if matches!(
+        kernel_for(client, op, &p, strategy)?,
+        Kernel::Gemv | Kernel::TensorGemv
+    ) {
         p.norm = Some(norm);
         launch(client, op, &p, strategy)
     } else {
@@ -578,8 +603,10 @@ fn kernel_for<R: Runtime>(
     strategy: MatmulStrategy,
 ) -> Result<Kernel> {
     Ok(match strategy {
-        MatmulStrategy::Auto => plan(client, p.m, p.x.dtype()),
-        MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) if p.m > GEMV_MAX_M => {
+        MatmulStrategy::Auto => plan(client, p.m, p.k, p.x.dtype()),
+        MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) | MatmulStrategy::TensorGemv(_)
+            if p.m > GEMV_MAX_M =>
+        {
             return Err(OpsError::invalid(
                 op,
                 format!("the GEMV takes at most {GEMV_MAX_M} rows, not {}", p.m),
@@ -592,6 +619,18 @@ fn kernel_for<R: Runtime>(
             ))
         }
         MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) => Kernel::Gemv,
+        MatmulStrategy::TensorGemv(_) if !mma_gemv::supported(client, p.x.dtype(), p.k) => {
+            return Err(OpsError::UnsupportedFeature {
+                op,
+                runtime: caps::runtime_name(client),
+                feature: format!(
+                    "mma m16n8k16 with {} inputs and K a multiple of 8 (K = {})",
+                    p.x.dtype(),
+                    p.k
+                ),
+            })
+        }
+        MatmulStrategy::TensorGemv(_) => Kernel::TensorGemv,
         MatmulStrategy::Tiled => Kernel::Tiled,
         MatmulStrategy::TensorCore(_) if !cmma::supported(client, p.x.dtype()) => {
             return Err(OpsError::UnsupportedFeature {
@@ -620,6 +659,13 @@ fn launch<R: Runtime>(
                 _ => None,
             };
             gemv::launch(client, p, splits)
+        }
+        Kernel::TensorGemv => {
+            let shape = match strategy {
+                MatmulStrategy::TensorGemv(shape) => shape,
+                _ => None,
+            };
+            mma_gemv::launch(client, op, p, shape)?;
         }
         Kernel::Tiled => tiled::launch(client, p),
         Kernel::TensorCore => {

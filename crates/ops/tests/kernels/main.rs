@@ -9,6 +9,7 @@ mod elementwise;
 mod embedding;
 mod matmul;
 mod matmul_normed;
+mod matmul_tensor_gemv;
 mod norm;
 mod qkv;
 mod rope;

@@ -56,7 +56,10 @@ fn linear_case<R: Runtime>(client: &ComputeClient<R>) {
             let (w, wh) = upload(client, &random(&mut rng, n * k, 1.0), &[n, k], dtype);
             let (b, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
             let (r, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
-            let what = format!("linear {dtype} {m}x{n}x{k} ({:?})", plan(client, m, dtype));
+            let what = format!(
+                "linear {dtype} {m}x{n}x{k} ({:?})",
+                plan(client, m, k, dtype)
+            );
             // Every epilogue on a GEMV and a GEMM shape; one per other shape: each combination
             // is a kernel compile (slow on lavapipe, and the pipelined CUDA kernels are long
             // compiles too), and the forced-tile tests cover the epilogues on many shapes.
@@ -130,7 +133,7 @@ fn gated_case<R: Runtime>(client: &ComputeClient<R>) {
                 );
                 let what = format!(
                     "gated {act:?} {dtype} {m}x{i}x{k} ({:?})",
-                    plan(client, m, dtype)
+                    plan(client, m, k, dtype)
                 );
                 let out = poisoned(client, &[m, i], dtype);
                 fused_gated_mlp_into(client, &x, GatedWeights::Concatenated(&gu), act, &out)
@@ -252,9 +255,9 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
         );
     }
     // The dispatch rule.
-    assert_eq!(plan(client, 1, DType::F32), Kernel::Gemv);
-    assert_eq!(plan(client, 16, DType::F32), Kernel::Gemv);
-    assert_ne!(plan(client, 17, DType::F32), Kernel::Gemv);
+    assert_eq!(plan(client, 1, 64, DType::F32), Kernel::Gemv);
+    assert_eq!(plan(client, 16, 64, DType::F32), Kernel::Gemv);
+    assert_ne!(plan(client, 17, 64, DType::F32), Kernel::Gemv);
 }
 
 /// The pipeline configurations the forced-tile tests run: the defaults, a deeper pipeline with
@@ -294,7 +297,7 @@ fn tensor_cores<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
         Ok(()) => true,
         Err(e) => {
             assert_eq!(e.kind(), "feature", "{e}");
-            assert_ne!(plan(client, 17, dtype), Kernel::TensorCore);
+            assert_ne!(plan(client, 17, 16, dtype), Kernel::TensorCore);
             eprintln!(
                 "forced tensor-core tiles skipped on {}: {e}",
                 ops::caps::runtime_name(client)
