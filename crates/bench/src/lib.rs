@@ -262,6 +262,9 @@ pub const FAMILIES: &[&str] = &[
     "cubek",
 ];
 
+/// Families run only when asked for by name (`--family`): parameter sweeps.
+pub const SWEEPS: &[&str] = &["gemv-sweep"];
+
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
     match family {
@@ -272,6 +275,7 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "sparse" => sparse::cases(client),
         "quant" => quant::cases(client),
         "cubek" => cubek::cases(client),
+        "gemv-sweep" => matmul::gemv_sweep(client),
         _ => Vec::new(),
     }
 }

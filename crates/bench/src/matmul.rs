@@ -1,12 +1,13 @@
 //! Cases for `ops::matmul`: prefill GEMMs (compute-bound: TFLOP/s) at square shapes (512..4096) and
 //! the 1.5B model's, decode GEMVs (bandwidth-bound: GB/s of weight read) at the model's
-//! projections, and the fused gated MLP. [`cases_with`] forces a tensor-core tile on the cases
+//! projections with one and 16 rows (the CUDA-core GEMV beside the tensor-core one where both
+//! run), and the fused gated MLP. [`cases_with`] forces a tensor-core tile on the cases
 //! that run on tensor cores (tile sweeps: `cubellm bench --gemm-tile`).
 
 use cubecl::prelude::*;
 use ops::matmul::{
-    fused_gated_mlp_into_with, linear_into_with, plan, Activation, CmmaTile, GatedWeights, Kernel,
-    MatmulStrategy,
+    fused_gated_mlp_into_with, fused_gated_mlp_normed_into_with, linear_into_with, plan,
+    Activation, CmmaTile, GatedWeights, InputNorm, Kernel, MatmulStrategy, TensorGemvShape,
 };
 use ops::{caps, DType, DeviceTensor};
 
@@ -51,7 +52,7 @@ fn strategy<R: Runtime>(
     let Some(tile) = tile else {
         return MatmulStrategy::Auto;
     };
-    if plan(client, m, dtype) != Kernel::TensorCore {
+    if plan(client, m, 16, dtype) != Kernel::TensorCore {
         return MatmulStrategy::Auto;
     }
     let smem = client.properties().hardware.max_shared_memory_size;
@@ -72,31 +73,40 @@ pub fn cases_with<R: Runtime>(client: &ComputeClient<R>, tile: Option<CmmaTile>)
             continue;
         }
         let e = dtype.size() as f64;
-        let mut push = |name: String, m: usize, k: usize, n: usize| {
-            let x = filled(client, &[m, k], dtype);
-            let w = filled(client, &[n, k], dtype);
-            let y = DeviceTensor::empty(client, &[m, n], dtype);
-            let strategy = strategy(client, tile, &name, m, dtype, false);
-            out.push(Case {
-                name,
-                dtype,
-                bytes: e * (m * k + n * k + m * n) as f64,
-                flops: 2.0 * (m * n * k) as f64,
-                run: Box::new(move || {
-                    linear_into_with(client, &x, &w, None, None, &y, strategy).unwrap()
-                }),
-            });
-        };
+        let mut push =
+            |name: String, m: usize, k: usize, n: usize, forced: Option<MatmulStrategy>| {
+                let x = filled(client, &[m, k], dtype);
+                let w = filled(client, &[n, k], dtype);
+                let y = DeviceTensor::empty(client, &[m, n], dtype);
+                let strategy =
+                    forced.unwrap_or_else(|| strategy(client, tile, &name, m, dtype, false));
+                out.push(Case {
+                    name,
+                    dtype,
+                    bytes: e * (m * k + n * k + m * n) as f64,
+                    flops: 2.0 * (m * n * k) as f64,
+                    run: Box::new(move || {
+                        linear_into_with(client, &x, &w, None, None, &y, strategy).unwrap()
+                    }),
+                });
+            };
         for m in [512usize, 4096] {
-            push(format!("gemm {m}x4096x4096"), m, 4096, 4096);
+            push(format!("gemm {m}x4096x4096"), m, 4096, 4096, None);
         }
         for (name, k, n) in MODEL_SHAPES {
-            push(format!("gemm {name} 512x{k}x{n}"), 512, k, n);
+            push(format!("gemm {name} 512x{k}x{n}"), 512, k, n, None);
         }
-        for (name, k, n) in MODEL_SHAPES {
-            push(format!("gemv {name} 1x{k}x{n}"), 1, k, n);
+        // The decode products at one and 16 rows; where the tensor-core GEMV runs them, the
+        // CUDA-core GEMV beside it ("gemv-fma").
+        for m in [1usize, 16] {
+            for (name, k, n) in MODEL_SHAPES {
+                push(format!("gemv {name} {m}x{k}x{n}"), m, k, n, None);
+                if plan(client, m, k, dtype) == Kernel::TensorGemv {
+                    let fma = Some(MatmulStrategy::Gemv);
+                    push(format!("gemv-fma {name} {m}x{k}x{n}"), m, k, n, fma);
+                }
+            }
         }
-        push("gemv gate_up 16x1536x17920".into(), 16, 1536, 17920);
         for m in [1usize, 512] {
             let (h, i) = (1536usize, 8960usize);
             let x = filled(client, &[m, h], dtype);
@@ -121,6 +131,89 @@ pub fn cases_with<R: Runtime>(client: &ComputeClient<R>, tile: Option<CmmaTile>)
                     .unwrap()
                 }),
             });
+        }
+    }
+    out
+}
+
+/// The tensor-core GEMV's launch shapes around [`TensorGemvShape::auto`] (half and twice its
+/// split; 1, 2 and 4 vectors per lane; one and two column tiles per plane) on the 1.5B model's
+/// decode products at one and 16 rows, bf16: `cubellm bench --family gemv-sweep`. gate_up runs
+/// as the model runs it, gated with the input norm; the others as plain products.
+pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    let dtype = DType::BF16;
+    let mut out = Vec::new();
+    if !caps::supports_dtype(client, dtype) || plan(client, 1, 1536, dtype) != Kernel::TensorGemv {
+        return out;
+    }
+    let e = dtype.size() as f64;
+    let sms = caps::num_sms(client) as usize;
+    for m in [1usize, 16] {
+        for (name, k, n) in MODEL_SHAPES {
+            let gated = name == "gate_up";
+            let x = filled(client, &[m, k], dtype);
+            let w = filled(client, &[n, k], dtype);
+            let g = filled(client, &[k], dtype);
+            let scratch = DeviceTensor::empty(client, &[m, k], dtype);
+            let cols = if gated { n / 2 } else { n };
+            let y = DeviceTensor::empty(client, &[m, cols], dtype);
+            let auto = TensorGemvShape::auto(cols, k, gated, sms);
+            let mut splits = vec![auto.splits];
+            if auto.splits > 1 {
+                splits.push(auto.splits / 2);
+            }
+            if auto.splits < 16 {
+                splits.push(auto.splits * 2);
+            }
+            let (x, w, g, scratch, y) = (
+                std::rc::Rc::new(x),
+                std::rc::Rc::new(w),
+                std::rc::Rc::new(g),
+                std::rc::Rc::new(scratch),
+                std::rc::Rc::new(y),
+            );
+            for &s in &splits {
+                for vectors in [1u32, 2, 4] {
+                    for tiles in [1u32, 2] {
+                        let shape = TensorGemvShape {
+                            splits: s,
+                            vectors,
+                            tiles,
+                        };
+                        let strategy = MatmulStrategy::TensorGemv(Some(shape));
+                        let (x, w, g, scratch, y) =
+                            (x.clone(), w.clone(), g.clone(), scratch.clone(), y.clone());
+                        out.push(Case {
+                            name: format!("sweep {name} {m}x{k}x{n} s{s} v{vectors} t{tiles}"),
+                            dtype,
+                            bytes: e * (m * k + n * k + m * cols) as f64,
+                            flops: 2.0 * (m * n * k) as f64,
+                            run: Box::new(move || {
+                                if gated {
+                                    let norm = InputNorm {
+                                        weight: &g,
+                                        eps: 1e-6,
+                                    };
+                                    fused_gated_mlp_normed_into_with(
+                                        client,
+                                        &x,
+                                        norm,
+                                        &scratch,
+                                        GatedWeights::Concatenated(&w),
+                                        Activation::Silu,
+                                        &y,
+                                        strategy,
+                                    )
+                                    .unwrap()
+                                } else {
+                                    linear_into_with(client, &x, &w, None, None, &y, strategy)
+                                        .unwrap()
+                                }
+                            }),
+                        });
+                    }
+                }
+            }
         }
     }
     out

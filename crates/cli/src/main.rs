@@ -118,11 +118,20 @@ fn bench<R: Runtime>(
     gemm_tile: Option<CmmaTile>,
 ) -> anyhow::Result<()> {
     let families: Vec<&'static str> = match family {
-        Some(f) => match bench::FAMILIES.iter().find(|k| **k == f) {
+        Some(f) => match bench::FAMILIES
+            .iter()
+            .chain(bench::SWEEPS)
+            .find(|k| **k == f)
+        {
             Some(k) => vec![*k],
             None => anyhow::bail!(
                 "unknown bench family '{f}' (known: {})",
-                bench::FAMILIES.join(", ")
+                bench::FAMILIES
+                    .iter()
+                    .chain(bench::SWEEPS)
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         },
         None => bench::FAMILIES.to_vec(),
