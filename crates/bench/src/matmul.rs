@@ -136,11 +136,19 @@ pub fn cases_with<R: Runtime>(client: &ComputeClient<R>, tile: Option<CmmaTile>)
     out
 }
 
+/// Bytes of weight copies a sweep case cycles through: five times a 50 MB L2.
+pub const SWEEP_WEIGHT_POOL: usize = 256 << 20;
+
 /// The tensor-core GEMV's launch shapes around [`TensorGemvShape::auto`] (half and twice its
 /// split; 1, 2 and 4 vectors per lane; one and two column tiles per plane) on the 1.5B model's
 /// decode products at one and 16 rows, bf16: `cubellm bench --family gemv-sweep`. gate_up runs
-/// as the model runs it, gated with the input norm; the others as plain products.
+/// as the model runs it, gated with the input norm; the others as plain products. Each case
+/// cycles through copies of its weight filling [`SWEEP_WEIGHT_POOL`] bytes, so that the weights
+/// stream from DRAM as in the decode step (one copy of qkv, o or down would stay in a 50 MB L2
+/// and measure the cache instead).
 pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    use std::cell::Cell;
+    use std::rc::Rc;
     let dtype = DType::BF16;
     let mut out = Vec::new();
     if !caps::supports_dtype(client, dtype) || plan(client, 1, 1536, dtype) != Kernel::TensorGemv {
@@ -152,7 +160,10 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         for (name, k, n) in MODEL_SHAPES {
             let gated = name == "gate_up";
             let x = filled(client, &[m, k], dtype);
-            let w = filled(client, &[n, k], dtype);
+            let copies = (SWEEP_WEIGHT_POOL / (n * k * dtype.size())).max(1);
+            let w: Vec<DeviceTensor<R>> = (0..copies)
+                .map(|_| filled(client, &[n, k], dtype))
+                .collect();
             let g = filled(client, &[k], dtype);
             let scratch = DeviceTensor::empty(client, &[m, k], dtype);
             let cols = if gated { n / 2 } else { n };
@@ -166,11 +177,11 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 splits.push(auto.splits * 2);
             }
             let (x, w, g, scratch, y) = (
-                std::rc::Rc::new(x),
-                std::rc::Rc::new(w),
-                std::rc::Rc::new(g),
-                std::rc::Rc::new(scratch),
-                std::rc::Rc::new(y),
+                Rc::new(x),
+                Rc::new(w),
+                Rc::new(g),
+                Rc::new(scratch),
+                Rc::new(y),
             );
             for &s in &splits {
                 for vectors in [1u32, 2, 4] {
@@ -181,14 +192,17 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                             tiles,
                         };
                         let strategy = MatmulStrategy::TensorGemv(Some(shape));
-                        let (x, w, g, scratch, y) =
+                        let (x, ws, g, scratch, y) =
                             (x.clone(), w.clone(), g.clone(), scratch.clone(), y.clone());
+                        let next = Cell::new(0usize);
                         out.push(Case {
                             name: format!("sweep {name} {m}x{k}x{n} s{s} v{vectors} t{tiles}"),
                             dtype,
                             bytes: e * (m * k + n * k + m * cols) as f64,
                             flops: 2.0 * (m * n * k) as f64,
                             run: Box::new(move || {
+                                let w = &ws[next.get() % ws.len()];
+                                next.set(next.get() + 1);
                                 if gated {
                                     let norm = InputNorm {
                                         weight: &g,
@@ -199,14 +213,14 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                                         &x,
                                         norm,
                                         &scratch,
-                                        GatedWeights::Concatenated(&w),
+                                        GatedWeights::Concatenated(w),
                                         Activation::Silu,
                                         &y,
                                         strategy,
                                     )
                                     .unwrap()
                                 } else {
-                                    linear_into_with(client, &x, &w, None, None, &y, strategy)
+                                    linear_into_with(client, &x, w, None, None, &y, strategy)
                                         .unwrap()
                                 }
                             }),
