@@ -90,6 +90,17 @@ pub fn has_launch_dependents<R: Runtime>(client: &ComputeClient<R>) -> bool {
     runtime_name(client).contains("cuda") && client.properties().features.cube_cluster
 }
 
+/// Whether kernels are launched with programmatic dependent launch ([`has_launch_dependents`],
+/// and `CUBELLM_PDL` is not `0`, the switch of the runtime's PDL patch). Such a kernel may load
+/// what no kernel writes (a decode product's weights) before its own `griddepcontrol.wait`, so
+/// that those loads overlap the end of the kernel before it; the runtime then places no wait
+/// of its own at the top.
+pub fn has_pdl<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("CUBELLM_PDL").is_ok_and(|v| v.trim() == "0"));
+    has_launch_dependents(client) && !off
+}
+
 /// Number of streaming multiprocessors (or a guess of 32 when the runtime does not say).
 pub fn num_sms<R: Runtime>(client: &ComputeClient<R>) -> u32 {
     client

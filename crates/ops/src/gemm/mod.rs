@@ -15,6 +15,9 @@
 //!   [`tile_row()`]; asynchronous: [`issue_tile_async()`]; through registers: [`load_tile_regs()`] /
 //!   [`store_tile_regs()`]), and the transposed scalar
 //!   tile load of the portable tiled GEMM ([`load_tile_transposed()`]).
+//! - [`split_k`]: K split across cubes with a deterministic reduction in the last cube to finish
+//!   ([`last_to_finish()`], [`SplitScratch`]), for the decode products whose column groups are
+//!   too few to fill the GPU.
 //! - [`grouped_tile()`]: the grouped visiting order of output tiles (L2 reuse of the weights), and
 //!   [`cube_tile_origin()`]: where the cube's output tile starts in that order.
 //!
@@ -24,6 +27,7 @@
 pub mod epilogue;
 pub mod loader;
 pub mod pipeline;
+pub mod split_k;
 
 use cubecl::prelude::*;
 
@@ -37,6 +41,7 @@ pub use loader::{
     tile_row, TileCopy,
 };
 pub use pipeline::{run_async_pipeline, run_register_double_buffer, AsyncStages, RegisterStages};
+pub use split_k::{fence_device, last_to_finish, SplitNeed, SplitScratch};
 
 /// The (tile-row, tile-column) that cube `pid` computes when a `tiles_m x tiles_n` grid of
 /// output tiles is visited in groups of `group_m` tile-rows: cubes running at the same time

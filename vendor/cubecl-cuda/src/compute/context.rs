@@ -322,8 +322,9 @@ impl CudaContext {
         };
 
         // cubellm patch: decided from the PTX itself, so that a module compiled without the
-        // prologue (an older PTX cache entry, PDL turned off) is never launched early.
-        let pdl = crate::pdl::waits_first(&ptx);
+        // prologue (an older PTX cache entry, PDL turned off) is never launched early, and never
+        // with PDL turned off (a kernel may carry its own wait).
+        let pdl = crate::pdl::enabled(self.arch.version) && crate::pdl::waits_first(&ptx);
         self.modules.insert(
             kernel_id.clone(),
             CompiledKernel {
