@@ -5,9 +5,11 @@
 //! that run on tensor cores (tile sweeps: `cubellm bench --gemm-tile`).
 
 use cubecl::prelude::*;
+use ops::gemm::{SplitNeed, SplitScratch};
 use ops::matmul::{
-    fused_gated_mlp_into_with, fused_gated_mlp_normed_into_with, linear_into_with, plan,
-    Activation, CmmaTile, GatedWeights, InputNorm, Kernel, MatmulStrategy, TensorGemvShape,
+    fused_gated_mlp_into_with, fused_gated_mlp_opts_into,
+    linear_into_with, linear_opts_into, plan, Activation, CmmaTile, GatedWeights, InputNorm,
+    Kernel, MatmulStrategy, ProductOptions, TensorGemvShape, MAX_CUBE_SPLITS,
 };
 use ops::{caps, DType, DeviceTensor};
 
@@ -139,10 +141,12 @@ pub fn cases_with<R: Runtime>(client: &ComputeClient<R>, tile: Option<CmmaTile>)
 /// Bytes of weight copies a sweep case cycles through: five times a 50 MB L2.
 pub const SWEEP_WEIGHT_POOL: usize = 256 << 20;
 
-/// The tensor-core GEMV's launch shapes around [`TensorGemvShape::auto`] (half and twice its
-/// split; 1, 2 and 4 vectors per lane; one and two column tiles per plane) on the 1.5B model's
-/// decode products at one and 16 rows, bf16: `cubellm bench --family gemv-sweep`. gate_up runs
-/// as the model runs it, gated with the input norm; the others as plain products. Each case
+/// The tensor-core GEMV's launch shapes on the 1.5B model's decode products at one and 16 rows,
+/// bf16: `cubellm bench --family gemv-sweep`. For 4 and 8 vectors per lane and one or two
+/// column tiles per plane, K is cut into slices of `32 · vectors` elements and spread over cubes
+/// of about 4, 8 or 16 slices each (split across cubes through a scratch when K has more), plus
+/// the scratch-less form whose planes loop over K, and [`TensorGemvShape::auto`]'s shape. gate_up
+/// runs as the model runs it, gated with the input norm; the others as plain products. Each case
 /// cycles through copies of its weight filling [`SWEEP_WEIGHT_POOL`] bytes, so that the weights
 /// stream from DRAM as in the decode step (one copy of qkv, o or down would stay in a 50 MB L2
 /// and measure the cache instead).
@@ -151,7 +155,7 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     use std::rc::Rc;
     let dtype = DType::BF16;
     let mut out = Vec::new();
-    if !caps::supports_dtype(client, dtype) || plan(client, 1, 1536, dtype) != Kernel::TensorGemv {
+    if !caps::supports_dtype(client, dtype) || plan(client, 16, 1536, dtype) != Kernel::TensorGemv {
         return out;
     }
     let e = dtype.size() as f64;
@@ -159,74 +163,98 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     for m in [1usize, 16] {
         for (name, k, n) in MODEL_SHAPES {
             let gated = name == "gate_up";
+            let cols = if gated { n / 2 } else { n };
+            let mut shapes = vec![TensorGemvShape::auto(cols, k, gated, sms, true)];
+            for vectors in [4u32, 8] {
+                for tiles in [1u32, 2] {
+                    let slices = k.div_ceil(32 * vectors as usize);
+                    let mut per_cube = vec![(slices.min(16), 1)];
+                    for want in [4usize, 8, 16] {
+                        let cubes = slices.div_ceil(want).min(MAX_CUBE_SPLITS as usize);
+                        per_cube.push((slices.div_ceil(cubes).min(16), cubes));
+                    }
+                    for (splits, cube_splits) in per_cube {
+                        let shape = TensorGemvShape {
+                            splits: splits as u32,
+                            vectors,
+                            tiles,
+                            cube_splits: cube_splits as u32,
+                        };
+                        if !shapes.contains(&shape) {
+                            shapes.push(shape);
+                        }
+                    }
+                }
+            }
+            let need = shapes
+                .iter()
+                .fold(SplitNeed::default(), |a, s| a.max(s.split_need(cols, gated, gated)));
             let x = filled(client, &[m, k], dtype);
             let copies = (SWEEP_WEIGHT_POOL / (n * k * dtype.size())).max(1);
             let w: Vec<DeviceTensor<R>> = (0..copies)
                 .map(|_| filled(client, &[n, k], dtype))
                 .collect();
             let g = filled(client, &[k], dtype);
-            let scratch = DeviceTensor::empty(client, &[m, k], dtype);
-            let cols = if gated { n / 2 } else { n };
+            let normed = DeviceTensor::empty(client, &[m, k], dtype);
             let y = DeviceTensor::empty(client, &[m, cols], dtype);
-            let auto = TensorGemvShape::auto(cols, k, gated, sms);
-            let mut splits = vec![auto.splits];
-            if auto.splits > 1 {
-                splits.push(auto.splits / 2);
-            }
-            if auto.splits < 16 {
-                splits.push(auto.splits * 2);
-            }
-            let (x, w, g, scratch, y) = (
+            let split = SplitScratch::new(client, need);
+            let (x, w, g, normed, y, split) = (
                 Rc::new(x),
                 Rc::new(w),
                 Rc::new(g),
-                Rc::new(scratch),
+                Rc::new(normed),
                 Rc::new(y),
+                Rc::new(split),
             );
-            for &s in &splits {
-                for vectors in [1u32, 2, 4] {
-                    for tiles in [1u32, 2] {
-                        let shape = TensorGemvShape {
-                            splits: s,
-                            vectors,
-                            tiles,
+            for shape in shapes {
+                let TensorGemvShape {
+                    splits: s,
+                    vectors,
+                    tiles,
+                    cube_splits: c,
+                } = shape;
+                let (x, ws, g, normed, y, split) = (
+                    x.clone(),
+                    w.clone(),
+                    g.clone(),
+                    normed.clone(),
+                    y.clone(),
+                    split.clone(),
+                );
+                let next = Cell::new(0usize);
+                out.push(Case {
+                    name: format!("sweep {name} {m}x{k}x{n} s{s} v{vectors} t{tiles} c{c}"),
+                    dtype,
+                    bytes: e * (m * k + n * k + m * cols) as f64,
+                    flops: 2.0 * (m * n * k) as f64,
+                    run: Box::new(move || {
+                        let w = &ws[next.get() % ws.len()];
+                        next.set(next.get() + 1);
+                        let opts = ProductOptions {
+                            strategy: MatmulStrategy::TensorGemv(Some(shape)),
+                            split_k: Some(&*split),
+                            rows_invariant: true,
                         };
-                        let strategy = MatmulStrategy::TensorGemv(Some(shape));
-                        let (x, ws, g, scratch, y) =
-                            (x.clone(), w.clone(), g.clone(), scratch.clone(), y.clone());
-                        let next = Cell::new(0usize);
-                        out.push(Case {
-                            name: format!("sweep {name} {m}x{k}x{n} s{s} v{vectors} t{tiles}"),
-                            dtype,
-                            bytes: e * (m * k + n * k + m * cols) as f64,
-                            flops: 2.0 * (m * n * k) as f64,
-                            run: Box::new(move || {
-                                let w = &ws[next.get() % ws.len()];
-                                next.set(next.get() + 1);
-                                if gated {
-                                    let norm = InputNorm {
-                                        weight: &g,
-                                        eps: 1e-6,
-                                    };
-                                    fused_gated_mlp_normed_into_with(
-                                        client,
-                                        &x,
-                                        norm,
-                                        &scratch,
-                                        GatedWeights::Concatenated(w),
-                                        Activation::Silu,
-                                        &y,
-                                        strategy,
-                                    )
-                                    .unwrap()
-                                } else {
-                                    linear_into_with(client, &x, w, None, None, &y, strategy)
-                                        .unwrap()
-                                }
-                            }),
-                        });
-                    }
-                }
+                        if gated {
+                            let norm = InputNorm {
+                                weight: &g,
+                                eps: 1e-6,
+                            };
+                            fused_gated_mlp_opts_into(
+                                client,
+                                &x,
+                                Some((norm, &*normed)),
+                                GatedWeights::Concatenated(w),
+                                Activation::Silu,
+                                &y,
+                                opts,
+                            )
+                            .unwrap()
+                        } else {
+                            linear_opts_into(client, &x, None, w, None, None, &y, opts).unwrap()
+                        }
+                    }),
+                });
             }
         }
     }

@@ -15,9 +15,10 @@
 use cubecl::prelude::*;
 use cubecl::server::Handle;
 
+use crate::gemm::{SplitNeed, SplitScratch};
 use crate::matmul::{
-    fused_gated_mlp_into, fused_gated_mlp_normed_into, linear_into, linear_normed_into, Activation,
-    GatedWeights, InputNorm,
+    fused_gated_mlp_opts_into, linear_opts_into, Activation, GatedWeights, InputNorm,
+    ProductOptions,
 };
 use crate::{DType, DeviceTensor, OpsError, Result};
 
@@ -91,7 +92,8 @@ impl<'a, R: Runtime> Epilogue<'a, R> {
 /// allocates nothing (a captured CUDA graph must not allocate). Formats that cannot fuse an
 /// epilogue write their bare product into [`Self::product`]; the 8-bit formats quantize the
 /// activation into [`Self::codes`] (16-byte aligned rows of one byte per feature) and
-/// [`Self::scales`] (one f32 per row).
+/// [`Self::scales`] (one f32 per row). The decode products that split K across cubes keep their
+/// partial sums in [`Self::split_k`].
 pub struct LinearWorkspace<R: Runtime> {
     pub max_rows: usize,
     pub max_in: usize,
@@ -99,6 +101,8 @@ pub struct LinearWorkspace<R: Runtime> {
     product: DeviceTensor<R>,
     codes: Handle,
     scales: DeviceTensor<R>,
+    split_k: SplitScratch<R>,
+    rows_invariant: bool,
 }
 
 /// Bytes of one row of `k` one-byte codes, padded to 16 bytes (the 8-bit kernels' row pitch).
@@ -108,13 +112,29 @@ pub fn code_row_pitch(k: usize) -> usize {
 
 impl<R: Runtime> LinearWorkspace<R> {
     /// Room for `max_rows` rows, `max_in` input features and `max_out` weight rows (for a
-    /// gated layer, its `2I`), with products in `dtype`.
+    /// gated layer, its `2I`), with products in `dtype`; the split-K scratch is sized for any
+    /// `[max_out, max_in]` weight.
     pub fn new(
         client: &ComputeClient<R>,
         max_rows: usize,
         max_in: usize,
         max_out: usize,
         dtype: DType,
+    ) -> Self {
+        let need = crate::matmul::scratch_need(client, max_out.max(1), max_in.max(1));
+        Self::with_split_need(client, max_rows, max_in, max_out, dtype, need)
+    }
+
+    /// [`Self::new`] with the split-K scratch sized for `need` (a bound tighter than the one
+    /// taken from `max_in` and `max_out`, e.g. the largest of a model's projections' needs:
+    /// [`crate::matmul::scratch_need`]).
+    pub fn with_split_need(
+        client: &ComputeClient<R>,
+        max_rows: usize,
+        max_in: usize,
+        max_out: usize,
+        dtype: DType,
+        need: SplitNeed,
     ) -> Self {
         let (rows, k, n) = (max_rows.max(1), max_in.max(1), max_out.max(1));
         Self {
@@ -124,7 +144,28 @@ impl<R: Runtime> LinearWorkspace<R> {
             product: DeviceTensor::empty(client, &[rows * n], dtype),
             codes: client.empty(rows * code_row_pitch(k)),
             scales: DeviceTensor::empty(client, &[rows], DType::F32),
+            split_k: SplitScratch::new(client, need),
+            rows_invariant: false,
         }
+    }
+
+    /// Asks the products run with this workspace to give each row the result it gets alone,
+    /// whatever the number of rows (continuous batching: a sequence's text must not depend on
+    /// what it is batched with); see [`crate::matmul::ProductOptions::rows_invariant`]. Off, one
+    /// row runs on the kernel fastest for one row.
+    pub fn rows_invariant(mut self, on: bool) -> Self {
+        self.rows_invariant = on;
+        self
+    }
+
+    /// Whether [`Self::rows_invariant`] is on.
+    pub fn is_rows_invariant(&self) -> bool {
+        self.rows_invariant
+    }
+
+    /// The split-K scratch of the decode products.
+    pub fn split_k(&self) -> &SplitScratch<R> {
+        &self.split_k
     }
 
     fn check(
@@ -360,7 +401,8 @@ impl<R: Runtime> DenseLinear<R> {
 }
 
 impl<R: Runtime> DenseLinear<R> {
-    /// The dense kernels for `epilogue`, on x or (with `norm`) on its RMSNorm.
+    /// The dense kernels for `epilogue`, on x or (with `norm`) on its RMSNorm; with a workspace,
+    /// the decode products may split K across cubes in its scratch.
     fn run(
         &self,
         client: &ComputeClient<R>,
@@ -368,15 +410,16 @@ impl<R: Runtime> DenseLinear<R> {
         norm: Option<(InputNorm<'_, R>, &DeviceTensor<R>)>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
+        workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
         let (w, bias, residual) = (&self.weight, epilogue.bias, epilogue.residual);
+        let opts = ProductOptions {
+            split_k: workspace.map(LinearWorkspace::split_k),
+            rows_invariant: workspace.is_some_and(LinearWorkspace::is_rows_invariant),
+            ..Default::default()
+        };
         let Some(act) = epilogue.activation else {
-            return match norm {
-                None => linear_into(client, x, w, bias, residual, out),
-                Some((n, normed)) => {
-                    linear_normed_into(client, x, n, normed, w, bias, residual, out)
-                }
-            };
+            return linear_opts_into(client, x, norm, w, bias, residual, out, opts);
         };
         if bias.is_some() || residual.is_some() {
             return Err(OpsError::invalid(
@@ -385,10 +428,7 @@ impl<R: Runtime> DenseLinear<R> {
             ));
         }
         let w = GatedWeights::Concatenated(w);
-        match norm {
-            None => fused_gated_mlp_into(client, x, w, act, out),
-            Some((n, normed)) => fused_gated_mlp_normed_into(client, x, n, normed, w, act, out),
-        }
+        fused_gated_mlp_opts_into(client, x, norm, w, act, out, opts)
     }
 }
 
@@ -403,9 +443,9 @@ impl<R: Runtime> Linear<R> for DenseLinear<R> {
         x: &DeviceTensor<R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
-        _workspace: Option<&LinearWorkspace<R>>,
+        workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
-        self.run(client, x, None, epilogue, out)
+        self.run(client, x, None, epilogue, out, workspace)
     }
 
     fn forward_normed_into(
@@ -414,10 +454,10 @@ impl<R: Runtime> Linear<R> for DenseLinear<R> {
         input: NormedInput<'_, R>,
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
-        _workspace: Option<&LinearWorkspace<R>>,
+        workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
         let norm = Some((input.norm, input.normed));
-        self.run(client, input.x, norm, epilogue, out)
+        self.run(client, input.x, norm, epilogue, out, workspace)
     }
 
     fn weight_bytes(&self) -> usize {

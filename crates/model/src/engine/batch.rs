@@ -190,7 +190,9 @@ impl<R: Runtime> BatchBuffers<R> {
             logits: DeviceTensor::empty(client, &[rows, config.vocab_size], dtype),
             next_tokens: DeviceTensor::from_slice(client, &vec![0u32; rows], &[rows])?,
             workspace: AttentionWorkspace::for_shapes(client, rows, hq, hkv, d, max_len),
-            scratch: ProjectionScratch::for_rows(client, config, dtype, rows),
+            // Every row count plans its products as 16 rows: a sequence's logits do not
+            // depend on how many others run with it.
+            scratch: ProjectionScratch::for_rows(client, config, dtype, rows, true),
         })
     }
 

@@ -5,6 +5,7 @@
 //! separate launches from preallocated scratch.
 
 use cubecl::prelude::*;
+use ops::gemm::SplitNeed;
 use ops::linear::{DenseLinear, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::{DType, DeviceTensor};
@@ -58,23 +59,40 @@ pub struct ProjectionScratch<R: Runtime> {
 }
 
 impl<R: Runtime> ProjectionScratch<R> {
-    /// Scratch for one token.
+    /// Scratch for one token (one sequence's decode step: the fastest kernels for one row).
     pub fn new(client: &ComputeClient<R>, config: &ModelConfig, dtype: DType) -> Self {
-        Self::for_rows(client, config, dtype, 1)
+        Self::for_rows(client, config, dtype, 1, false)
     }
 
-    /// Scratch for `rows` tokens.
+    /// Scratch for `rows` tokens; with `rows_invariant`, for products whose rows must each get
+    /// the result they get alone whatever the number of rows (a batched decode step).
     pub fn for_rows(
         client: &ComputeClient<R>,
         config: &ModelConfig,
         dtype: DType,
         rows: usize,
+        rows_invariant: bool,
     ) -> Self {
         let (h, i) = (config.hidden_size, config.intermediate_size);
         let widest_in = h.max(i).max(config.q_dim());
         let widest_out = (2 * i).max(h).max(config.q_dim() + 2 * config.kv_dim());
+        // The split-K scratch for the layer's own products ([N, K] of qkv, o, gate-up, down),
+        // not for the loose bound of the widest output over the widest input.
+        let products = [
+            [config.q_dim() + 2 * config.kv_dim(), h],
+            [h, config.q_dim()],
+            [2 * i, h],
+            [h, i],
+        ];
+        let need = products
+            .iter()
+            .map(|&[n, k]| ops::matmul::scratch_need(client, n, k).max(quant::split_k_need(client, n, k)))
+            .fold(SplitNeed::default(), SplitNeed::max);
         Self {
-            linear: LinearWorkspace::new(client, rows, widest_in, widest_out, dtype),
+            linear: LinearWorkspace::with_split_need(
+                client, rows, widest_in, widest_out, dtype, need,
+            )
+            .rows_invariant(rows_invariant),
         }
     }
 }

@@ -3,9 +3,11 @@
 //! (prefill): tensor cores through `cmma` on CUDA for f16/bf16, a shared-memory tiled kernel
 //! elsewhere.
 //!
-//! Dispatch rule (see [`plan`]): `M <= 16` → GEMV (weights streamed once at full bandwidth): on
-//! tensor cores (`mma` m16n8k16, the rows of x padded to 16) for bf16 where the runtime has them,
-//! else one FMA per weight and row on the CUDA cores. Otherwise the tensor-core GEMM when the
+//! Dispatch rule (see [`plan`]): `M <= 16` → GEMV (weights streamed once at full bandwidth): one
+//! row on the CUDA cores (one FMA per weight), 2 to 16 rows of bf16 on tensor cores (`mma`
+//! m16n8k16, the rows of x padded to 16) where the runtime has them, else the CUDA cores;
+//! [`ProductOptions::rows_invariant`] plans one row as 16 so that a row's result does not depend
+//! on M (continuous batching). Otherwise the tensor-core GEMM when the
 //! runtime reports an f16/bf16 `cmma` configuration of 16x16x16 with f32 accumulation, else the
 //! tiled GEMM. Inputs must be contiguous (strided views are rejected with `ShapeMismatch`: the
 //! kernels address rows by `row * K`).
@@ -18,6 +20,7 @@
 
 use cubecl::prelude::*;
 
+use crate::gemm::{SplitNeed, SplitScratch};
 use crate::launch::check_same_dtype;
 use crate::{caps, DeviceTensor, OpsError, Result};
 
@@ -45,7 +48,7 @@ mod tiled;
 pub use crate::gemm::Activation;
 pub use cmma::{CmmaBlueprint, CmmaTile};
 pub use gemv::GemvBlueprint;
-pub use mma_gemv::{TensorGemvBlueprint, TensorGemvShape};
+pub use mma_gemv::{TensorGemvBlueprint, TensorGemvShape, MAX_CUBE_SPLITS};
 pub use tiled::TiledBlueprint;
 
 /// Rows of x up to which the GEMV paths (CUDA-core or tensor-core) are used.
@@ -90,18 +93,43 @@ pub enum Kernel {
     Tiled,
 }
 
-/// The kernel `linear` picks for `m` rows of `dtype` with `k` inputs on this runtime. Up to
+/// The kernel `linear` picks for `m` rows of `dtype` with `k` inputs on this runtime. One row
+/// runs on the CUDA-core GEMV, which streams a single row's weights fastest. From 2 to
 /// [`GEMV_MAX_M`] rows, bf16 runs on the tensor-core GEMV where the runtime has `mma` m16n8k16
-/// and K is a multiple of 8, at every M: a row's result then does not depend on how many rows
-/// run with it. f16 stays on the CUDA-core GEMV, whose fused input norm cannot overflow f16.
+/// and K is a multiple of 8 (its cost barely grows with M); f16 stays on the CUDA-core GEMV,
+/// whose fused input norm cannot overflow f16. Callers that need a row's result not to depend on
+/// M (continuous batching) ask for [`ProductOptions::rows_invariant`], which plans every M as 16
+/// rows ([`plan_rows_invariant`]).
 pub fn plan<R: Runtime>(
     client: &ComputeClient<R>,
     m: usize,
     k: usize,
     dtype: crate::DType,
 ) -> Kernel {
+    plan_with(client, m, k, dtype, false)
+}
+
+/// [`plan`] with every M up to [`GEMV_MAX_M`] planned as 16 rows: the kernel, and so the
+/// rounding of a row, is the same whatever the number of rows.
+pub fn plan_rows_invariant<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: usize,
+    k: usize,
+    dtype: crate::DType,
+) -> Kernel {
+    plan_with(client, m, k, dtype, true)
+}
+
+fn plan_with<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: usize,
+    k: usize,
+    dtype: crate::DType,
+    rows_invariant: bool,
+) -> Kernel {
     if m <= GEMV_MAX_M {
-        if dtype == crate::DType::BF16 && mma_gemv::supported(client, dtype, k) {
+        let tensor = dtype == crate::DType::BF16 && mma_gemv::supported(client, dtype, k);
+        if tensor && (m > 1 || rows_invariant) {
             Kernel::TensorGemv
         } else {
             Kernel::Gemv
@@ -137,6 +165,56 @@ pub enum MatmulStrategy {
     /// rows, so a tile covers `bn / 2` output columns). A tile with `stages >= 2` runs the
     /// register-staged path where `cp.async` cannot be used.
     TensorCore(CmmaTile),
+}
+
+/// How a product runs beyond its operands: the kernel, and the scratch that lets the decode
+/// products split K across cubes ([`crate::gemm::split_k`]).
+///
+/// Without a scratch a tensor-core GEMV keeps each column group's K inside one cube (its planes
+/// loop over what they do not cover at once), so `linear_into` and friends allocate nothing; with
+/// one, long-K products such as the 1.5B model's `down` spread over more cubes. The two round
+/// differently; a given call site always uses the same.
+pub struct ProductOptions<'a, R: Runtime> {
+    pub strategy: MatmulStrategy,
+    /// Room for the split-K partial sums (see [`scratch_need`]); `None` keeps K in one cube.
+    pub split_k: Option<&'a SplitScratch<R>>,
+    /// Plan every M up to [`GEMV_MAX_M`] as 16 rows ([`plan_rows_invariant`]), so that a row's
+    /// result does not depend on how many rows run with it (continuous batching).
+    pub rows_invariant: bool,
+}
+
+impl<R: Runtime> Clone for ProductOptions<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for ProductOptions<'_, R> {}
+
+impl<R: Runtime> Default for ProductOptions<'_, R> {
+    fn default() -> Self {
+        Self::from(MatmulStrategy::Auto)
+    }
+}
+
+impl<R: Runtime> From<MatmulStrategy> for ProductOptions<'_, R> {
+    fn from(strategy: MatmulStrategy) -> Self {
+        Self {
+            strategy,
+            split_k: None,
+            rows_invariant: false,
+        }
+    }
+}
+
+/// What products of up to 16 rows over a `[n_rows, k]` weight (any epilogue, gated or not,
+/// normed or not) need of a [`SplitScratch`] on this runtime: nothing where the decode products
+/// do not split K across cubes.
+pub fn scratch_need<R: Runtime>(client: &ComputeClient<R>, n_rows: usize, k: usize) -> SplitNeed {
+    if !mma_gemv::supported(client, crate::DType::BF16, k) {
+        return SplitNeed::default();
+    }
+    mma_gemv::scratch_need(n_rows, k, caps::num_sms(client) as usize)
 }
 
 /// Everything the launchers need, validated.
@@ -231,7 +309,7 @@ pub fn linear_into<R: Runtime>(
         residual,
         out,
         None,
-        MatmulStrategy::Auto,
+        MatmulStrategy::Auto.into(),
     )
 }
 
@@ -258,7 +336,7 @@ pub fn linear_normed_into<R: Runtime>(
         residual,
         out,
         norm,
-        MatmulStrategy::Auto,
+        MatmulStrategy::Auto.into(),
     )
 }
 
@@ -283,7 +361,7 @@ pub fn linear_normed_into_with<R: Runtime>(
         residual,
         out,
         Some((norm, normed)),
-        strategy,
+        strategy.into(),
     )
 }
 
@@ -297,7 +375,37 @@ pub fn linear_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    linear_impl(client, x, w, bias, residual, out, None, strategy)
+    linear_impl(client, x, w, bias, residual, out, None, strategy.into())
+}
+
+/// [`linear_into`] with everything optional: an input norm (as [`linear_normed_into`]), the
+/// kernel and a split-K scratch ([`ProductOptions`]).
+#[allow(clippy::too_many_arguments)]
+pub fn linear_opts_into<'a, R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &'a DeviceTensor<R>,
+    norm: Option<(InputNorm<'a, R>, &'a DeviceTensor<R>)>,
+    w: &'a DeviceTensor<R>,
+    bias: Option<&'a DeviceTensor<R>>,
+    residual: Option<&'a DeviceTensor<R>>,
+    out: &'a DeviceTensor<R>,
+    opts: ProductOptions<'a, R>,
+) -> Result<()> {
+    linear_impl(client, x, w, bias, residual, out, norm, opts)
+}
+
+/// [`fused_gated_mlp_into`] with everything optional: an input norm (as
+/// [`fused_gated_mlp_normed_into`]), the kernel and a split-K scratch ([`ProductOptions`]).
+pub fn fused_gated_mlp_opts_into<'a, R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &'a DeviceTensor<R>,
+    norm: Option<(InputNorm<'a, R>, &'a DeviceTensor<R>)>,
+    weights: GatedWeights<'a, R>,
+    act: Activation,
+    out: &'a DeviceTensor<R>,
+    opts: ProductOptions<'a, R>,
+) -> Result<()> {
+    gated_impl(client, x, weights, act, out, norm, opts)
 }
 
 /// An input norm and the buffer its output goes to when the kernel cannot fuse it.
@@ -312,7 +420,7 @@ fn linear_impl<'a, R: Runtime>(
     residual: Option<&'a DeviceTensor<R>>,
     out: &'a DeviceTensor<R>,
     norm: NormArg<'a, R>,
-    strategy: MatmulStrategy,
+    opts: ProductOptions<'a, R>,
 ) -> Result<()> {
     const OP: &str = "linear";
     let (m, k) = check_x(client, OP, x)?;
@@ -337,7 +445,7 @@ fn linear_impl<'a, R: Runtime>(
         norm: None,
     };
     check_epilogue(OP, &p)?;
-    launch_normed(client, OP, p, norm, strategy)
+    launch_normed(client, OP, p, norm, opts)
 }
 
 /// `act(x·gateᵀ) * (x·upᵀ)` in one kernel: `x[.., H]` -> `[.., I]`; both products share the x
@@ -369,7 +477,7 @@ pub fn fused_gated_mlp_into<R: Runtime>(
     act: Activation,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, None, MatmulStrategy::Auto)
+    gated_impl(client, x, weights, act, out, None, MatmulStrategy::Auto.into())
 }
 
 /// [`fused_gated_mlp_into`] of `rms_norm(x, norm.weight, norm.eps)` (see [`InputNorm`] and
@@ -384,7 +492,7 @@ pub fn fused_gated_mlp_normed_into<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     let norm = Some((norm, normed));
-    gated_impl(client, x, weights, act, out, norm, MatmulStrategy::Auto)
+    gated_impl(client, x, weights, act, out, norm, MatmulStrategy::Auto.into())
 }
 
 /// [`fused_gated_mlp_normed_into`] on the kernel `strategy` asks for.
@@ -399,7 +507,7 @@ pub fn fused_gated_mlp_normed_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, Some((norm, normed)), strategy)
+    gated_impl(client, x, weights, act, out, Some((norm, normed)), strategy.into())
 }
 
 /// [`fused_gated_mlp_into`] on the kernel `strategy` asks for (errors: see
@@ -412,7 +520,7 @@ pub fn fused_gated_mlp_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, None, strategy)
+    gated_impl(client, x, weights, act, out, None, strategy.into())
 }
 
 fn gated_impl<'a, R: Runtime>(
@@ -422,7 +530,7 @@ fn gated_impl<'a, R: Runtime>(
     act: Activation,
     out: &'a DeviceTensor<R>,
     norm: NormArg<'a, R>,
-    strategy: MatmulStrategy,
+    opts: ProductOptions<'a, R>,
 ) -> Result<()> {
     const OP: &str = "fused_gated_mlp";
     let (m, k) = check_x(client, OP, x)?;
@@ -472,7 +580,7 @@ fn gated_impl<'a, R: Runtime>(
         norm: None,
     };
     check_epilogue(OP, &p)?;
-    launch_normed(client, OP, p, norm, strategy)
+    launch_normed(client, OP, p, norm, opts)
 }
 
 /// A gated MLP as a module: the weights and the activation.
@@ -563,10 +671,10 @@ fn launch_normed<'a, R: Runtime>(
     op: &'static str,
     mut p: Problem<'a, R>,
     norm: NormArg<'a, R>,
-    strategy: MatmulStrategy,
+    opts: ProductOptions<'a, R>,
 ) -> Result<()> {
     let Some((norm, normed)) = norm else {
-        return launch(client, op, &p, strategy);
+        return launch(client, op, &p, opts);
     };
     crate::norm::check_eps(op, norm.eps)?;
     crate::norm::check_weight(op, p.x, norm.weight)?;
@@ -583,15 +691,15 @@ fn launch_normed<'a, R: Runtime>(
         ));
     }
     if matches!(
-        kernel_for(client, op, &p, strategy)?,
+        kernel_for(client, op, &p, opts)?,
         Kernel::Gemv | Kernel::TensorGemv
     ) {
         p.norm = Some(norm);
-        launch(client, op, &p, strategy)
+        launch(client, op, &p, opts)
     } else {
         crate::norm::rms_norm_into(client, p.x, norm.weight, norm.eps, normed)?;
         p.x = normed;
-        launch(client, op, &p, strategy)
+        launch(client, op, &p, opts)
     }
 }
 
@@ -600,10 +708,10 @@ fn kernel_for<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     p: &Problem<'_, R>,
-    strategy: MatmulStrategy,
+    opts: ProductOptions<'_, R>,
 ) -> Result<Kernel> {
-    Ok(match strategy {
-        MatmulStrategy::Auto => plan(client, p.m, p.k, p.x.dtype()),
+    Ok(match opts.strategy {
+        MatmulStrategy::Auto => plan_with(client, p.m, p.k, p.x.dtype(), opts.rows_invariant),
         MatmulStrategy::Gemv | MatmulStrategy::GemvSplit(_) | MatmulStrategy::TensorGemv(_)
             if p.m > GEMV_MAX_M =>
         {
@@ -650,9 +758,10 @@ fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     p: &Problem<'_, R>,
-    strategy: MatmulStrategy,
+    opts: ProductOptions<'_, R>,
 ) -> Result<()> {
-    match kernel_for(client, op, p, strategy)? {
+    let strategy = opts.strategy;
+    match kernel_for(client, op, p, opts)? {
         Kernel::Gemv => {
             let splits = match strategy {
                 MatmulStrategy::GemvSplit(s) => Some(s),
@@ -665,7 +774,7 @@ fn launch<R: Runtime>(
                 MatmulStrategy::TensorGemv(shape) => shape,
                 _ => None,
             };
-            mma_gemv::launch(client, op, p, shape)?;
+            mma_gemv::launch(client, op, p, shape, opts.split_k)?;
         }
         Kernel::Tiled => tiled::launch(client, p),
         Kernel::TensorCore => {

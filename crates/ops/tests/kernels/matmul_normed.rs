@@ -3,10 +3,11 @@
 //! against `rms_norm` then the product in f64.
 
 use cubecl::prelude::*;
+use ops::gemm::SplitScratch;
 use ops::matmul::{
-    fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, linear_normed_into,
-    linear_normed_into_with, plan, Activation, GatedWeights, InputNorm, Kernel, MatmulStrategy,
-    GEMV_MAX_M,
+    fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, fused_gated_mlp_opts_into,
+    linear_normed_into, linear_normed_into_with, linear_opts_into, plan, Activation,
+    GatedWeights, InputNorm, Kernel, MatmulStrategy, ProductOptions, GEMV_MAX_M,
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
@@ -225,13 +226,17 @@ fn normed_errors() {
     on_each_runtime!(normed_errors_case);
 }
 
-/// A GEMV row's result does not depend on the other rows: each row of an M-row product (plain,
-/// with the input norm, gated) equals, bit for bit, the same row computed alone. Continuous
-/// batching relies on it for a request's text not to depend on what it is batched with.
+/// With [`ProductOptions::rows_invariant`] (what continuous batching asks for), a GEMV row's
+/// result does not depend on the other rows: each row of an M-row product (plain, with the input
+/// norm, gated; without and with a split-K scratch, where K may be split across cubes) equals,
+/// bit for bit, the same row computed alone. A request's text must not depend on what it is
+/// batched with.
 fn gemv_rows_independent_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(93);
     let cuda = ops::caps::runtime_name(client) == "cuda";
-    let (n, k) = if cuda { (1000, 1536) } else { (100, 200) };
+    // On CUDA a K of 4104 is more than one cube's planes cover: without a scratch they loop,
+    // with one K is split across cubes.
+    let (n, k) = if cuda { (1000, 4104) } else { (100, 200) };
     for dtype in float_dtypes(client) {
         for m in [2usize, 5, 16] {
             let (x, _) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
@@ -247,6 +252,11 @@ fn gemv_rows_independent_case<R: Runtime>(client: &ComputeClient<R>) {
                 weight: &g,
                 eps: EPS,
             };
+            let split = SplitScratch::new(
+                client,
+                ops::matmul::scratch_need(client, 2 * n, k)
+                    .max(ops::matmul::scratch_need(client, n, k)),
+            );
             let bits = |t: &DeviceTensor<R>| -> Vec<u64> {
                 t.to_f64_vec(client)
                     .unwrap()
@@ -254,63 +264,69 @@ fn gemv_rows_independent_case<R: Runtime>(client: &ComputeClient<R>) {
                     .map(|v| v.to_bits())
                     .collect()
             };
-            // (what, output width, the product of `rows` rows of x into `out`)
-            type Run<'a, R> =
-                Box<dyn Fn(&DeviceTensor<R>, &DeviceTensor<R>, &DeviceTensor<R>) + 'a>;
-            let runs: Vec<(&str, usize, Run<'_, R>)> = vec![
-                (
-                    "plain",
-                    n,
-                    Box::new(|x, normed, out| {
-                        let _ = normed;
-                        ops::matmul::linear_into(client, x, &w, None, None, out).unwrap();
-                    }),
-                ),
-                (
-                    "normed",
-                    n,
-                    Box::new(|x, normed, out| {
-                        linear_normed_into(client, x, norm(), normed, &w, None, None, out).unwrap();
-                    }),
-                ),
-                (
-                    "gated",
-                    n,
-                    Box::new(|x, normed, out| {
-                        let weights = GatedWeights::Concatenated(&gate_up);
-                        fused_gated_mlp_normed_into(
+            for scratch in [None, Some(&split)] {
+                let opts = ProductOptions {
+                    strategy: MatmulStrategy::Auto,
+                    split_k: scratch,
+                    rows_invariant: true,
+                };
+                // (what, the product of `rows` rows of x into `out`)
+                type Run<'a, R> =
+                    Box<dyn Fn(&DeviceTensor<R>, &DeviceTensor<R>, &DeviceTensor<R>) + 'a>;
+                let runs: Vec<(&str, Run<'_, R>)> = vec![
+                    (
+                        "plain",
+                        Box::new(|x, _normed, out| {
+                            linear_opts_into(client, x, None, &w, None, None, out, opts).unwrap();
+                        }),
+                    ),
+                    (
+                        "normed",
+                        Box::new(|x, normed, out| {
+                            let norm = Some((norm(), normed));
+                            linear_opts_into(client, x, norm, &w, None, None, out, opts).unwrap();
+                        }),
+                    ),
+                    (
+                        "gated",
+                        Box::new(|x, normed, out| {
+                            let weights = GatedWeights::Concatenated(&gate_up);
+                            let norm = Some((norm(), normed));
+                            fused_gated_mlp_opts_into(
+                                client,
+                                x,
+                                norm,
+                                weights,
+                                Activation::Silu,
+                                out,
+                                opts,
+                            )
+                            .unwrap();
+                        }),
+                    ),
+                ];
+                for (what, run) in &runs {
+                    let normed = DeviceTensor::empty(client, &[m, k], dtype);
+                    let out = poisoned(client, &[m, n], dtype);
+                    run(&x, &normed, &out);
+                    let all = bits(&out);
+                    for r in 0..m {
+                        let row = DeviceTensor::from_f32(
                             client,
-                            x,
-                            norm(),
-                            normed,
-                            weights,
-                            Activation::Silu,
-                            out,
+                            &row_values(client, &x, r, k),
+                            &[1, k],
+                            dtype,
                         )
                         .unwrap();
-                    }),
-                ),
-            ];
-            for (what, width, run) in &runs {
-                let normed = DeviceTensor::empty(client, &[m, k], dtype);
-                let out = poisoned(client, &[m, *width], dtype);
-                run(&x, &normed, &out);
-                let all = bits(&out);
-                for r in 0..m {
-                    let row = DeviceTensor::from_f32(
-                        client,
-                        &row_values(client, &x, r, k),
-                        &[1, k],
-                        dtype,
-                    )
-                    .unwrap();
-                    let normed1 = DeviceTensor::empty(client, &[1, k], dtype);
-                    let out1 = poisoned(client, &[1, *width], dtype);
-                    run(&row, &normed1, &out1);
-                    assert!(
-                        bits(&out1) == all[r * width..(r + 1) * width],
-                        "{dtype} {what} M={m}: row {r} differs from the row alone"
-                    );
+                        let normed1 = DeviceTensor::empty(client, &[1, k], dtype);
+                        let out1 = poisoned(client, &[1, n], dtype);
+                        run(&row, &normed1, &out1);
+                        assert!(
+                            bits(&out1) == all[r * n..(r + 1) * n],
+                            "{dtype} {what} M={m} scratch={}: row {r} differs from the row alone",
+                            scratch.is_some()
+                        );
+                    }
                 }
             }
         }
