@@ -25,6 +25,8 @@ use crate::host::Int4Weight;
 
 /// Units per cube.
 const CUBE_UNITS: u32 = 256;
+/// Weight loads a lane keeps in flight per pass.
+const MAX_LOADS: usize = 12;
 
 /// `[K/8, N]` words and `[groups, N]` scales of `w`, transposed to `[N, K/8]` and `[N, groups]`.
 pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
@@ -63,6 +65,23 @@ struct NkPlan {
     /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube, applied to
     /// each x load as `ops::norm::rms_norm` rounds it).
     norm: Option<ReducePlan>,
+    /// Weight vectors a lane loads per pass (all issued before the first is used).
+    batch: u32,
+    /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
+    early_wait: bool,
+    /// Signal `griddepcontrol.launch_dependents` once the weights are read.
+    trigger: bool,
+}
+
+impl NkPlan {
+    /// Weight rows per column: two when gated (gate, then up).
+    fn halves(&self) -> usize {
+        if self.epilogue.is_gated() {
+            2
+        } else {
+            1
+        }
+    }
 }
 
 /// Adds `x[m, 8 kw ..] · q · s` over the `NW` words of weight vector `v` of row `row` to
@@ -122,9 +141,49 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
     }
 }
 
+/// The weight vectors (and, when every vector lies in one scale group, their scales) of one pass
+/// of a lane: vector `base + j · lanes + lane` of each of the column's rows, zeros past K.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_pass<NW: Size>(
+    qweight: &[Vector<i32, NW>],
+    scales: &[f32],
+    wr: &mut Array<Vector<i32, NW>>,
+    sr: &mut Array<f32>,
+    col: usize,
+    up_offset: usize,
+    base: usize,
+    w_vectors: usize,
+    words_per_group: usize,
+    groups: usize,
+    #[comptime] plan: NkPlan,
+) {
+    let nw = wr[0].vector_size();
+    #[unroll]
+    for j in 0..comptime![plan.batch as usize] {
+        let v = base + j * comptime![plan.lanes as usize] + UNIT_POS_X as usize;
+        #[unroll]
+        for half in 0..comptime![plan.halves()] {
+            let row = col + half * up_offset;
+            let mut wv = Vector::<i32, NW>::new(0i32);
+            let mut s = 0f32;
+            if v < w_vectors {
+                wv = qweight[row * w_vectors + v];
+                if comptime![plan.scale_per_vector] {
+                    s = scales[row * groups + v * nw / words_per_group];
+                }
+            }
+            wr[j * comptime![plan.halves()] + half] = wv;
+            sr[j * comptime![plan.halves()] + half] = s;
+        }
+    }
+}
+
 /// Unit (x = lane, y = column in the cube): `out[m, col] = Σ_k x[m, k] · q[col, k] · s(col, k)`
 /// followed by the epilogue. `NW` words per weight load (4 = 16 bytes where K/8 allows), `NX`
-/// elements per x load.
+/// elements per x load. Each lane walks K in passes of `batch` vectors whose loads are all
+/// issued before the first is used (one memory latency per pass, and at the 1.5B model's shapes
+/// one pass); with PDL the first pass is loaded before waiting for the kernel before.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
@@ -153,52 +212,90 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let m_rows = comptime![plan.m as usize];
     let lanes = comptime![plan.lanes as usize];
     let gated = comptime![plan.epilogue.is_gated()];
-    let nw = qweight[0].vector_size();
+    let halves = comptime![plan.halves()];
+    let batch = comptime![plan.batch as usize];
     // One weight row per column, two when gated (the gate row, then the up row `up_offset`
     // below): accumulators `acc[half * M + m]`.
-    let halves = comptime![if plan.epilogue.is_gated() {
-        2usize
-    } else {
-        1usize
-    }];
     let mut acc = Array::<f32>::new(comptime![2 * plan.m as usize]);
     #[unroll]
     for i in 0..comptime![2 * plan.m as usize] {
         acc[i] = 0f32;
     }
-    // The norm's statistics first: every cube reduces x's squares itself (x is a few KB).
+    let mut wr = Array::<Vector<i32, NW>>::new(comptime![plan.batch as usize * plan.halves()]);
+    let mut sr = Array::<f32>::new(comptime![plan.batch as usize * plan.halves()]);
+    load_pass::<NW>(
+        qweight,
+        scales,
+        &mut wr,
+        &mut sr,
+        c,
+        up_offset,
+        0,
+        w_vectors,
+        words_per_group,
+        groups,
+        plan,
+    );
+    if comptime![plan.early_wait] {
+        // Only weights were read so far (never written by any kernel): x waits for the kernel
+        // before this one.
+        gpu_asm!("griddepcontrol.wait;");
+    }
+    // The norm's statistics: every cube reduces x's squares itself (x is a few KB), while the
+    // first pass's weights are in flight.
     let mut inv_rms = Array::<f32>::new(m_rows);
     if comptime![plan.norm.is_some()] {
         let nx = x[0].vector_size();
         inv_rms =
             row_inv_rms::<F, NX>(x, k / nx, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
     }
-    for v in range_stepped(UNIT_POS_X as usize, w_vectors, lanes) {
-        #[unroll]
-        for half in 0..halves {
-            let row = c + half * up_offset;
-            let wv = qweight[row * w_vectors + v];
-            let mut s = 0f32;
-            if comptime![plan.scale_per_vector] {
-                s = scales[row * groups + v * nw / words_per_group];
-            }
-            accumulate::<F, NW, NX>(
-                x,
-                wv,
+    let pass = lanes * batch;
+    let passes = w_vectors.div_ceil(pass);
+    for p in 0..passes {
+        if p > 0 {
+            load_pass::<NW>(
+                qweight,
                 scales,
-                s,
-                row,
-                v,
-                k,
+                &mut wr,
+                &mut sr,
+                c,
+                up_offset,
+                p * pass,
+                w_vectors,
                 words_per_group,
                 groups,
-                norm_w,
-                &inv_rms,
-                &mut acc,
-                comptime![half * plan.m as usize],
                 plan,
             );
         }
+        #[unroll]
+        for j in 0..batch {
+            let v = p * pass + j * lanes + UNIT_POS_X as usize;
+            if v < w_vectors {
+                #[unroll]
+                for half in 0..halves {
+                    let row = c + half * up_offset;
+                    accumulate::<F, NW, NX>(
+                        x,
+                        wr[j * halves + half],
+                        scales,
+                        sr[j * halves + half],
+                        row,
+                        v,
+                        k,
+                        words_per_group,
+                        groups,
+                        norm_w,
+                        &inv_rms,
+                        &mut acc,
+                        comptime![half * plan.m as usize],
+                        plan,
+                    );
+                }
+            }
+        }
+    }
+    if comptime![plan.trigger] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
     }
     // One reduction buffer for every row (see `ops::reduce::row_sum_split_in`).
     let mut red = Shared::<[f32]>::new_slice(comptime![ops::reduce::row_sum_shared_len(
@@ -281,6 +378,10 @@ pub(crate) fn gemv_nk<R: Runtime>(
         && caps::has_plane_ops(client)
         && hw.plane_size_min == 32
         && hw.plane_size_max == 32;
+    let halves = if epilogue.gate.is_some() { 2 } else { 1 };
+    // Every vector of a lane in one pass where that is at most 12 loads (the 1.5B model's
+    // shapes: K = 1536 at 8 lanes is 6 vectors, K = 8960 at 32 lanes 9), else passes of 12.
+    let batch = w_vectors.div_ceil(lanes as usize).clamp(1, MAX_LOADS / halves) as u32;
     let plan = NkPlan {
         m: m as u32,
         lanes,
@@ -293,6 +394,9 @@ pub(crate) fn gemv_nk<R: Runtime>(
             gate: epilogue.gate,
         },
         norm: epilogue.norm.map(|_| ReducePlan::new(client, CUBE_UNITS)),
+        batch,
+        early_wait: caps::has_pdl(client),
+        trigger: caps::has_launch_dependents(client),
     };
     let (norm_w, eps) = match epilogue.norm {
         Some(n) => (n.weight, n.eps),

@@ -19,6 +19,10 @@ pub(crate) struct MergeBlueprint {
     /// Splits per group (unrolled, so that their loads are in flight together).
     pub per_group: usize,
     pub plan: ReducePlan,
+    /// Signal `griddepcontrol.launch_dependents` first: set for a launch whose cubes all fit on
+    /// the GPU at once (decode), so that the kernel after it (the output projection) is launched
+    /// at once and streams its weights while the merge runs.
+    pub trigger: bool,
 }
 
 impl MergeBlueprint {
@@ -36,6 +40,7 @@ impl MergeBlueprint {
             groups,
             per_group: splits.div_ceil(groups),
             plan: ReducePlan::new(client, (32 * groups) as u32),
+            trigger: false,
         }
     }
 
@@ -59,6 +64,9 @@ pub(crate) fn merge_kernel<F: Float>(
     #[comptime] blueprint: MergeBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
+    if comptime![blueprint.trigger] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
     let d = comptime![blueprint.d];
     let lanes = comptime![blueprint.lanes];
     let groups = comptime![blueprint.groups];
@@ -146,8 +154,10 @@ pub(crate) fn launch<R: Runtime>(
     parts: &Partials<'_, R>,
     splits: usize,
 ) {
-    let blueprint = MergeBlueprint::new(client, p.d, splits);
     let rows_out = p.rows_out();
+    let mut blueprint = MergeBlueprint::new(client, p.d, splits);
+    blueprint.trigger =
+        crate::caps::has_launch_dependents(client) && rows_out <= crate::caps::num_sms(client) as usize;
     unsafe {
         merge_kernel::launch_unchecked::<R>(
             client,

@@ -27,6 +27,11 @@ pub(crate) struct SplitKvMmaBlueprint {
     pub causal: bool,
     pub device_len: bool,
     pub partial: bool,
+    /// Signal `griddepcontrol.launch_dependents` first: set for a launch whose cubes all fit on
+    /// the GPU at once (decode), so that the merge and, through its own early signal, the output
+    /// projection launch during this kernel (the projection then streams its weights while the
+    /// attention runs).
+    pub trigger: bool,
 }
 
 impl SplitKvMmaBlueprint {
@@ -38,6 +43,7 @@ impl SplitKvMmaBlueprint {
             causal,
             device_len,
             partial: false,
+            trigger: false,
         }
     }
 
@@ -77,6 +83,9 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
+    if comptime![blueprint.trigger] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
     let d = comptime![blueprint.d];
     let bk = comptime![blueprint.bk];
     let wk = comptime![blueprint.wk()];
@@ -285,6 +294,9 @@ pub(crate) fn launch<R: Runtime>(
 ) -> Result<()> {
     let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
     blueprint.partial = split.partial();
+    let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
+    blueprint.trigger =
+        crate::caps::has_launch_dependents(client) && cubes <= crate::caps::num_sms(client) as usize;
     unsafe {
         split_kv_mma_kernel::launch_unchecked::<R>(
             client,
