@@ -29,14 +29,3 @@ pub use linear8::{gemm8_into, w8a8_linear, w8a8_linear_into, ActScratch, Fp8Line
 pub use rowquant::{quantize_per_row, quantize_per_row_into};
 pub use w4a16::{w4a16_linear, w4a16_linear_into, W4a16Kernel};
 pub use w4a16_layer::W4A16Linear;
-
-/// What the quantized decode kernels need of a split-K scratch
-/// ([`ops::gemm::SplitScratch`], kept in a [`ops::linear::LinearWorkspace`]) for a `[n_rows, k]`
-/// weight: the 8-bit skinny kernel splits a long K across cubes (the int4 GEMV needs none).
-pub fn split_k_need<R: cubecl::prelude::Runtime>(
-    client: &cubecl::prelude::ComputeClient<R>,
-    n_rows: usize,
-    k: usize,
-) -> ops::gemm::SplitNeed {
-    gemm8::scratch_need(client, n_rows, k)
-}

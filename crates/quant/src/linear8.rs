@@ -11,7 +11,6 @@
 //! bytes), which saves a launch per projection for `N / 8` redundant passes over a few KB.
 
 use cubecl::prelude::*;
-use ops::gemm::SplitScratch;
 use ops::launch::check_same_dtype;
 use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
@@ -67,7 +66,6 @@ pub fn gemm8_into<R: Runtime>(
     let sb_scalar = check_scales(OP, "sb", sb, n, true)?;
     check_output(client, OP, out, &[m, n], bias)?;
     Gemm8 {
-        split: None,
         a,
         a_pitch,
         b,
@@ -205,7 +203,6 @@ impl<R: Runtime> Weight8<R> {
         };
         let (w, ws, choice) = (&self.q, &self.scales, self.choice);
         let (bias, residual) = (epilogue.bias, epilogue.residual);
-        let split = workspace.map(LinearWorkspace::split_k);
         let call = |bias, residual, out, gate| Call {
             x,
             qweight: w,
@@ -217,7 +214,6 @@ impl<R: Runtime> Weight8<R> {
             choice,
             gate,
             norm,
-            split,
         };
         if epilogue.activation.is_none() {
             return linear8_into(client, call(bias, residual, out, None));
@@ -243,7 +239,6 @@ impl<R: Runtime> Weight8<R> {
                 choice,
                 gate: None,
                 norm,
-                split,
             };
             linear8_into(client, call)
         })
@@ -283,8 +278,6 @@ struct Call<'a, R: Runtime> {
     choice: KernelChoice,
     gate: Option<Activation>,
     norm: Option<InputNorm<'a, R>>,
-    /// Room for the decode kernel to split K across cubes.
-    split: Option<&'a SplitScratch<R>>,
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
@@ -302,7 +295,6 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         choice,
         gate,
         norm,
-        split,
     } = call;
     let format = match qweight.dtype() {
         DType::I8 => QuantFormat::Int8,
@@ -384,7 +376,6 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         fp8,
         gate,
         norm,
-        split,
     };
     let fused = choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n);
     if let Some(nm) = norm {
@@ -453,7 +444,6 @@ pub fn w8a8_linear_into<R: Runtime>(
         choice: KernelChoice::default(),
         gate: None,
         norm: None,
-        split: None,
     };
     linear8_into(client, call)
 }

@@ -71,14 +71,8 @@ fn quantize_rows_kernel<F: Float, N: Size>(
     k: usize,
     pitch_words: usize,
     #[comptime] plan: RowQuantPlan,
-    #[comptime] trigger: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    if comptime![trigger] {
-        // A decode-sized launch (every cube on the GPU at once): let the GEMM that consumes the
-        // codes launch now and stream its weights while the rows are quantized.
-        gpu_asm!("griddepcontrol.launch_dependents;");
-    }
     let row = CUBE_POS;
     if row < rows {
         quantize_row::<F, N>(x, q, scales, row, k, pitch_words, plan);
@@ -232,7 +226,6 @@ pub(crate) fn launch_rows<R: Runtime>(
             k,
             pitch_words,
             plan,
-            caps::has_launch_dependents(client) && rows <= caps::num_sms(client) as usize,
             x.dtype().elem_type(),
         );
     }

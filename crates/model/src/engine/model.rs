@@ -16,7 +16,7 @@
 use std::path::{Path, PathBuf};
 
 use cubecl::prelude::*;
-use ops::matmul::linear_into;
+use ops::matmul::{linear_opts_into, ProductOptions};
 use ops::qkv::HeadShape;
 use ops::rope::RopeCache;
 use ops::{DType, DeviceTensor};
@@ -276,8 +276,16 @@ impl<R: Runtime> Model<R> {
         match &self.lm_head {
             Some(head) => head.forward_into(&self.client, x, None, out, scratch),
             None => {
+                // The tied head runs on the embedding table with the scratch's options, so that
+                // a batched step's logits do not depend on its row count either.
                 let table = &self.embed_tokens.tensor;
-                linear_into(&self.client, x, table, None, None, out)?;
+                let linear = scratch.map(|s| &s.linear);
+                let opts = ProductOptions {
+                    split_k: linear.map(|w| w.split_k()),
+                    rows_invariant: linear.is_some_and(|w| w.is_rows_invariant()),
+                    ..Default::default()
+                };
+                linear_opts_into(&self.client, x, None, table, None, None, out, opts)?;
                 Ok(())
             }
         }

@@ -86,7 +86,7 @@ impl<R: Runtime> ProjectionScratch<R> {
         ];
         let need = products
             .iter()
-            .map(|&[n, k]| ops::matmul::scratch_need(client, n, k).max(quant::split_k_need(client, n, k)))
+            .map(|&[n, k]| ops::matmul::scratch_need(client, n, k))
             .fold(SplitNeed::default(), SplitNeed::max);
         Self {
             linear: LinearWorkspace::with_split_need(

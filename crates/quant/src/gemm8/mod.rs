@@ -30,7 +30,6 @@ mod epilogue;
 mod mma;
 mod portable;
 mod skinny;
-pub use skinny::scratch_need;
 mod tiled;
 mod words;
 
@@ -79,8 +78,6 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     /// An RMSNorm of the float activation, applied by the fused skinny kernel before it
     /// quantizes (only with [`Gemm8::launch_fused`]).
     pub norm: Option<ops::matmul::InputNorm<'a, R>>,
-    /// Room for the skinny kernel to split K across cubes (`None`: K stays in one cube).
-    pub split: Option<&'a ops::gemm::SplitScratch<R>>,
 }
 
 impl<R: Runtime> Gemm8<'_, R> {
