@@ -7,9 +7,9 @@
 use cubecl::prelude::*;
 use ops::gemm::{SplitNeed, SplitScratch};
 use ops::matmul::{
-    fused_gated_mlp_into_with, fused_gated_mlp_opts_into,
-    linear_into_with, linear_opts_into, plan, Activation, CmmaTile, GatedWeights, InputNorm,
-    Kernel, MatmulStrategy, ProductOptions, TensorGemvShape, MAX_CUBE_SPLITS,
+    fused_gated_mlp_into_with, fused_gated_mlp_opts_into, linear_into_with, linear_opts_into, plan,
+    Activation, CmmaTile, GatedWeights, InputNorm, Kernel, MatmulStrategy, ProductOptions,
+    TensorGemvShape, MAX_CUBE_SPLITS,
 };
 use ops::{caps, DType, DeviceTensor};
 
@@ -186,9 +186,9 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                     }
                 }
             }
-            let need = shapes
-                .iter()
-                .fold(SplitNeed::default(), |a, s| a.max(s.split_need(cols, gated, gated)));
+            let need = shapes.iter().fold(SplitNeed::default(), |a, s| {
+                a.max(s.split_need(cols, gated, gated))
+            });
             let x = filled(client, &[m, k], dtype);
             let copies = (SWEEP_WEIGHT_POOL / (n * k * dtype.size())).max(1);
             let w: Vec<DeviceTensor<R>> = (0..copies)

@@ -381,7 +381,9 @@ pub(crate) fn gemv_nk<R: Runtime>(
     let halves = if epilogue.gate.is_some() { 2 } else { 1 };
     // Every vector of a lane in one pass where that is at most 12 loads (the 1.5B model's
     // shapes: K = 1536 at 8 lanes is 6 vectors, K = 8960 at 32 lanes 9), else passes of 12.
-    let batch = w_vectors.div_ceil(lanes as usize).clamp(1, MAX_LOADS / halves) as u32;
+    let batch = w_vectors
+        .div_ceil(lanes as usize)
+        .clamp(1, MAX_LOADS / halves) as u32;
     let plan = NkPlan {
         m: m as u32,
         lanes,

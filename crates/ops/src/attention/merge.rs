@@ -156,8 +156,8 @@ pub(crate) fn launch<R: Runtime>(
 ) {
     let rows_out = p.rows_out();
     let mut blueprint = MergeBlueprint::new(client, p.d, splits);
-    blueprint.trigger =
-        crate::caps::has_launch_dependents(client) && rows_out <= crate::caps::num_sms(client) as usize;
+    blueprint.trigger = crate::caps::has_launch_dependents(client)
+        && rows_out <= crate::caps::num_sms(client) as usize;
     unsafe {
         merge_kernel::launch_unchecked::<R>(
             client,

@@ -295,8 +295,8 @@ pub(crate) fn launch<R: Runtime>(
     let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
     blueprint.partial = split.partial();
     let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
-    blueprint.trigger =
-        crate::caps::has_launch_dependents(client) && cubes <= crate::caps::num_sms(client) as usize;
+    blueprint.trigger = crate::caps::has_launch_dependents(client)
+        && cubes <= crate::caps::num_sms(client) as usize;
     unsafe {
         split_kv_mma_kernel::launch_unchecked::<R>(
             client,

@@ -473,13 +473,22 @@ pub(crate) fn tensor_gemv_kernel<F: Float, N: Size>(
                     total_up = plane_sum(&red, gl * splits, e % per_group, up_off, plan);
                 }
                 if normed {
-                    let inv_rms =
-                        f32::inverse_sqrt(plane_squares(&red, gl * splits, row, plan) * inv_k + eps);
+                    let inv_rms = f32::inverse_sqrt(
+                        plane_squares(&red, gl * splits, row, plan) * inv_k + eps,
+                    );
                     total *= inv_rms;
                     total_up *= inv_rms;
                 }
                 write_epilogue::<F>(
-                    out, total, total_up, row, col, n_cols, bias, residual, plan.epilogue,
+                    out,
+                    total,
+                    total_up,
+                    row,
+                    col,
+                    n_cols,
+                    bias,
+                    residual,
+                    plan.epilogue,
                 );
             }
         }
@@ -526,7 +535,15 @@ pub(crate) fn tensor_gemv_kernel<F: Float, N: Size>(
                         total_up *= inv_rms;
                     }
                     write_epilogue::<F>(
-                        out, total, total_up, row, col, n_cols, bias, residual, plan.epilogue,
+                        out,
+                        total,
+                        total_up,
+                        row,
+                        col,
+                        n_cols,
+                        bias,
+                        residual,
+                        plan.epilogue,
                     );
                 }
             }
@@ -551,7 +568,8 @@ fn plane_sum(
     let mut total = 0f32;
     #[unroll]
     for s in 0..comptime![plan.splits as usize] {
-        total += red[offset + (first_plane + s) * plane_block + row * comptime![plan.width()] + col];
+        total +=
+            red[offset + (first_plane + s) * plane_block + row * comptime![plan.width()] + col];
     }
     total
 }
@@ -604,7 +622,8 @@ pub(super) fn launch<R: Runtime>(
 ) -> Result<()> {
     let sms = caps::num_sms(client) as usize;
     let (gated, norm) = (p.gated.is_some(), p.norm.is_some());
-    let fits = |s: TensorGemvShape| scratch.is_some_and(|x| x.fits(split_need(s, p.n, gated, norm)));
+    let fits =
+        |s: TensorGemvShape| scratch.is_some_and(|x| x.fits(split_need(s, p.n, gated, norm)));
     let shape = match shape {
         Some(s) => s,
         None => {
@@ -663,8 +682,7 @@ pub(super) fn launch<R: Runtime>(
         Some(s) => unsafe { (s.partials_arg(), s.counters_arg()) },
         None => unsafe { (p.x.as_buffer_arg(), p.x.as_buffer_arg()) },
     };
-    let cubes =
-        (shape.groups(p.n).div_ceil(groups as usize) * shape.cube_splits as usize) as u32;
+    let cubes = (shape.groups(p.n).div_ceil(groups as usize) * shape.cube_splits as usize) as u32;
     launch_dense!(tensor_gemv_kernel::<R>(
         client,
         crate::launch::cube_count_1d(client, cubes),

@@ -477,7 +477,15 @@ pub fn fused_gated_mlp_into<R: Runtime>(
     act: Activation,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, None, MatmulStrategy::Auto.into())
+    gated_impl(
+        client,
+        x,
+        weights,
+        act,
+        out,
+        None,
+        MatmulStrategy::Auto.into(),
+    )
 }
 
 /// [`fused_gated_mlp_into`] of `rms_norm(x, norm.weight, norm.eps)` (see [`InputNorm`] and
@@ -492,7 +500,15 @@ pub fn fused_gated_mlp_normed_into<R: Runtime>(
     out: &DeviceTensor<R>,
 ) -> Result<()> {
     let norm = Some((norm, normed));
-    gated_impl(client, x, weights, act, out, norm, MatmulStrategy::Auto.into())
+    gated_impl(
+        client,
+        x,
+        weights,
+        act,
+        out,
+        norm,
+        MatmulStrategy::Auto.into(),
+    )
 }
 
 /// [`fused_gated_mlp_normed_into`] on the kernel `strategy` asks for.
@@ -507,7 +523,15 @@ pub fn fused_gated_mlp_normed_into_with<R: Runtime>(
     out: &DeviceTensor<R>,
     strategy: MatmulStrategy,
 ) -> Result<()> {
-    gated_impl(client, x, weights, act, out, Some((norm, normed)), strategy.into())
+    gated_impl(
+        client,
+        x,
+        weights,
+        act,
+        out,
+        Some((norm, normed)),
+        strategy.into(),
+    )
 }
 
 /// [`fused_gated_mlp_into`] on the kernel `strategy` asks for (errors: see

@@ -6,8 +6,8 @@ use cubecl::prelude::*;
 use ops::gemm::SplitScratch;
 use ops::matmul::{
     fused_gated_mlp_normed_into, fused_gated_mlp_normed_into_with, fused_gated_mlp_opts_into,
-    linear_normed_into, linear_normed_into_with, linear_opts_into, plan, Activation,
-    GatedWeights, InputNorm, Kernel, MatmulStrategy, ProductOptions, GEMV_MAX_M,
+    linear_normed_into, linear_normed_into_with, linear_opts_into, plan, Activation, GatedWeights,
+    InputNorm, Kernel, MatmulStrategy, ProductOptions, GEMV_MAX_M,
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};

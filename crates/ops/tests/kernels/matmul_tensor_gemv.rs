@@ -134,7 +134,10 @@ fn tensor_gemv_case<R: Runtime>(client: &ComputeClient<R>) {
                     split_k: scratch,
                     rows_invariant: false,
                 };
-                let what = format!("{dtype} {m}x{n}x{k} {shape:?} scratch={}", scratch.is_some());
+                let what = format!(
+                    "{dtype} {m}x{n}x{k} {shape:?} scratch={}",
+                    scratch.is_some()
+                );
                 for (bias, res) in [(false, false), (true, false), (false, true), (true, true)] {
                     let out = poisoned(client, &[m, 2 * n], dtype);
                     let (bo, ro) = (bias.then_some(&b), res.then_some(&r));
@@ -216,12 +219,28 @@ fn tensor_gemv_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     };
     let (x, w, out) = (t(&[3, 64], dtype), t(&[5, 64], dtype), t(&[3, 5], dtype));
     assert!(run(&x, &w, &out, None).is_ok());
-    assert_err("splits 17", run(&x, &w, &out, shape(17, 2, 1, 1)), "argument");
-    assert_err("vectors 3", run(&x, &w, &out, shape(1, 3, 1, 1)), "argument");
+    assert_err(
+        "splits 17",
+        run(&x, &w, &out, shape(17, 2, 1, 1)),
+        "argument",
+    );
+    assert_err(
+        "vectors 3",
+        run(&x, &w, &out, shape(1, 3, 1, 1)),
+        "argument",
+    );
     assert_err("tiles 4", run(&x, &w, &out, shape(1, 2, 4, 1)), "argument");
-    assert_err("cube_splits 65", run(&x, &w, &out, shape(1, 2, 1, 65)), "argument");
+    assert_err(
+        "cube_splits 65",
+        run(&x, &w, &out, shape(1, 2, 1, 65)),
+        "argument",
+    );
     // A split across cubes needs a scratch, and one large enough.
-    assert_err("no scratch", run(&x, &w, &out, shape(1, 1, 1, 2)), "argument");
+    assert_err(
+        "no scratch",
+        run(&x, &w, &out, shape(1, 1, 1, 2)),
+        "argument",
+    );
     let small = SplitScratch::new(client, SplitNeed::default());
     let opts = ProductOptions {
         strategy: MatmulStrategy::TensorGemv(shape(1, 1, 1, 2)),

@@ -73,7 +73,10 @@ mod tests {
             "int x = 0;",
             "int x = 0;\nasm volatile(\"griddepcontrol.wait;\" ::: \"memory\");",
         );
-        assert_eq!(with_prologue(&own, "add_kernel_f16").as_deref(), Some(own.as_str()));
+        assert_eq!(
+            with_prologue(&own, "add_kernel_f16").as_deref(),
+            Some(own.as_str())
+        );
     }
 
     #[test]
