@@ -477,8 +477,9 @@ impl<'t> Sequence<'t> {
         &self.context[..self.prompt_len]
     }
 
-    /// Whether the next token is the plain argmax of the logits (which a model can compute on
-    /// the device and read back as one id).
+    /// Whether the next token is the plain argmax of the logits (which a model computes on the
+    /// device and reads back as one id; the other choices go through [`Self::choose`], on the
+    /// device where the model samples there, or [`Self::sample`] on the host).
     pub fn greedy_on_device(&self) -> bool {
         self.greedy
     }

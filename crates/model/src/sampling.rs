@@ -83,8 +83,9 @@ impl SamplingParams {
         Ok(())
     }
 
-    /// True when the choice is the plain argmax of the logits (no penalty, no randomness), so
-    /// that it can be made on the device without reading the logits back.
+    /// True when the choice is the plain argmax of the logits (no penalty, no randomness): the
+    /// decode step's own device argmax makes it. Other parameters sample on the device where the
+    /// model offers it ([`crate::CausalLm::sample_on_device`]), else on the host.
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature == 0.0 && self.repetition_penalty == 1.0
     }
