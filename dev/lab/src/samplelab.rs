@@ -73,7 +73,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 });
             }
             for (label, p) in params() {
-                let inputs = SamplingInputs::new(client, rows, VOCAB).unwrap();
+                let mut inputs = SamplingInputs::new(client, rows, VOCAB).unwrap();
                 inputs.write_params(client, &vec![p; rows]).unwrap();
                 inputs.write_uniforms(client, &vec![0.37; rows]).unwrap();
                 let context: Vec<u32> = (0..512u32).map(|i| i * 97 % VOCAB as u32).collect();

@@ -3,7 +3,7 @@
 //! and the model allow it.
 
 use cubecl::prelude::*;
-use ops::sampling::{RowParams, SamplingInputs, SamplingWorkspace};
+use ops::sampling::{RowParams, SamplingInputs, SamplingPlan, SamplingWorkspace};
 use ops::{caps, DType, DeviceTensor};
 
 use crate::engine::buffers::DecodeBuffers;
@@ -107,6 +107,11 @@ impl<R: Runtime> StepGraph<R> {
     }
 }
 
+/// The slot of a plan's graph in [`DeviceSampler::graphs`].
+fn plan_index(plan: SamplingPlan) -> usize {
+    usize::from(plan.top_k) | usize::from(plan.top_p) << 1
+}
+
 /// How a [`Session`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionOptions {
@@ -131,8 +136,9 @@ impl Default for SessionOptions {
 /// The device sampler of a session ([`ops::sampling`] for one row), allocated at its first use.
 struct DeviceSampler<R: Runtime> {
     /// The decode step's sampling (the presence mark of the step's token, then the draw),
-    /// captured as a CUDA graph like the step. Declared first: dropped before the buffers.
-    graph: StepGraph<R>,
+    /// captured as a CUDA graph like the step, one per [`SamplingPlan`] (the launches differ).
+    /// Declared first: dropped before the buffers.
+    graphs: [StepGraph<R>; 4],
     inputs: SamplingInputs<R>,
     workspace: SamplingWorkspace<R>,
     out: DeviceTensor<R>,
@@ -198,9 +204,12 @@ impl<R: Runtime> Session<R> {
         self.graph.ready()
     }
 
-    /// Whether the decode steps' device sampling currently replays a captured graph.
+    /// Whether the decode steps' device sampling with the parameters written last replays a
+    /// captured graph.
     pub fn sampling_uses_graph(&self) -> bool {
-        self.sampler.as_ref().is_some_and(|s| s.graph.ready())
+        self.sampler
+            .as_ref()
+            .is_some_and(|s| s.graphs[plan_index(s.inputs.plan())].ready())
     }
 
     /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
@@ -219,8 +228,9 @@ impl<R: Runtime> Session<R> {
         if self.sampler.is_none() {
             let c = self.model.client();
             let vocab = self.model.config().vocab_size;
+            let graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
             self.sampler = Some(DeviceSampler {
-                graph: StepGraph::new(c, self.options.cuda_graphs),
+                graphs,
                 inputs: SamplingInputs::new(c, 1, vocab)?,
                 workspace: SamplingWorkspace::new(c, 1, vocab)?,
                 out: DeviceTensor::empty(c, &[1], DType::U32),
@@ -341,10 +351,15 @@ impl<R: Runtime> CausalLm for Session<R> {
         let last_decoded = self.last_decoded;
         let vocab = self.model.config().vocab_size;
         let c = self.model.client().clone();
-        let capturing = decode && self.sampler.as_ref().is_some_and(|s| s.graph.capturing());
+        let row = params.row_params();
+        let graph = plan_index(SamplingPlan::for_params(&[row]));
+        let capturing = decode
+            && self
+                .sampler
+                .as_ref()
+                .is_some_and(|s| s.graphs[graph].capturing());
         // A capture keeps every other session's device work out of its window.
         let _device = device_lock::for_step(capturing);
-        let row = params.row_params();
         let sampler = self.sampler()?;
         if sampler.params != Some(row) {
             sampler.inputs.write_params(&c, &[row])?;
@@ -388,7 +403,7 @@ impl<R: Runtime> CausalLm for Session<R> {
                 // SAFETY: the graph reads and writes only buffers owned by this session (the
                 // decode buffers and the sampler's), which live as long as the graph, on the
                 // one client's stream.
-                unsafe { sampler.graph.run(&c, run)? };
+                unsafe { sampler.graphs[graph].run(&c, run)? };
             }
         }
         let token = out.to_vec::<u32>(&c)?[0];

@@ -1,12 +1,12 @@
-//! The sampler's kernels: `prepare` (penalty, keys, the row maximum), the `stage` kernel run
-//! `STAGES + 1` times (one radix pass of the top-k or top-p search each, the last one the kept
-//! set's per-cube masses), and `draw` (the inverse-CDF draw in id order). `presence_mark` adds
-//! the step's token to the penalty's presence mask.
+//! The sampler's kernels: `prepare` (penalty, keys, the row maximum), the `stage` kernel (one
+//! radix pass of the top-k or top-p search per launch, then a final launch for the kept set's
+//! per-cube masses), and `draw` (the inverse-CDF draw in id order). `presence_mark` adds the
+//! step's token to the penalty's presence mask.
 //!
 //! Every multi-cube kernel handles `CHUNK` consecutive ids of one row per cube (`CUBE_POS_X`) and
-//! one row per `CUBE_POS_Y`. The searches' state lives in a record per stage and row: every cube
-//! of a stage recomputes it from the previous stage's record and histogram (the same integers,
-//! so the same result), cube 0 stores it for the next stage.
+//! one row per `CUBE_POS_Y`. The searches' state lives in a record per launch and row: every
+//! cube of a launch recomputes it from the previous launch's record and histogram (the same
+//! integers, so the same result), cube 0 stores it for the next launch.
 
 use cubecl::prelude::*;
 
@@ -34,8 +34,14 @@ const P_TOP_K: u32 = 1;
 const P_TOP_P: u32 = 2;
 const P_PENALTY: u32 = 3;
 
-/// Record words (u32) per stage and row.
-pub(crate) const REC: u32 = 18;
+/// The kind of the final launch of the stage kernel (after the histogram passes `0..PASSES` of
+/// the top-k search and `PASSES..STAGES` of the top-p search).
+pub(crate) const FINAL: u32 = STAGES;
+/// The `prev` of the first launch.
+pub(crate) const NO_STAGE: u32 = u32::MAX;
+
+/// Record words (u32) per launch and row.
+pub(crate) const REC: u32 = 15;
 const R_T_MAX: u32 = 0;
 const R_MODE: u32 = 1;
 /// The top-k boundary key (the kept set's boundary key in the last record).
@@ -53,14 +59,11 @@ const R_TGT: u32 = 10;
 /// The bin chosen by the last pass: count and mass.
 const R_BIN_C: u32 = 12;
 const R_BIN_M: u32 = 13;
-/// Count and mass of every candidate (from the first histogram).
-const R_TOT_C: u32 = 15;
-const R_TOT_M: u32 = 16;
 
 /// Modes (bits).
 const MODE_GREEDY: u32 = 1;
-const MODE_TOPK: u32 = 2;
-const MODE_TOPP: u32 = 4;
+pub(crate) const MODE_TOPK: u32 = 2;
+pub(crate) const MODE_TOPP: u32 = 4;
 const MODE_NONE: u32 = 8;
 
 /// Penalty, keys and each cube's smallest key; zeroes the row's histograms for the stages.
@@ -113,13 +116,20 @@ pub(crate) fn prepare_kernel<F: Float>(
     }
 }
 
-/// One stage of the selection. Stage 0 starts the row's record (the maximum, the mode); every
-/// stage first applies the previous stage's histogram to the record (the bin where the search's
-/// target falls), then, if its search is on, histograms its pass: count and mass per digit of
-/// the keys in the current prefix's range. Stage `PASSES` also finishes the top-k search and
-/// starts the top-p one; stage `STAGES` finishes the top-p search, stores the kept set
-/// (boundary key, ties kept) and writes each cube's mass below the boundary and ties at it.
+/// One launch of the selection, `stage` of the launch list (see `sampling::SamplingPlan`):
+/// `kind` is a histogram pass of the top-k search (`pass`), of the top-p search
+/// (`PASSES + pass`) or the final stage (`FINAL`); `prev` is the kind of the launch before
+/// (`NO_STAGE` for the first); `searches` has the mode bits of the searches the list has.
+///
+/// The first launch starts the row's record (the maximum, the mode). Every launch first applies
+/// the previous launch's histogram to the record (the bin where the search's target falls; a
+/// search's first histogram also gives its totals), finishes the top-k search after its last
+/// pass, starts the top-p search at its first, then, if its search is on for the row,
+/// histograms its pass: count and mass per digit of the keys in the current prefix's range.
+/// The final stage finishes the top-p search, stores the kept set (boundary key, ties kept at
+/// it) and writes each cube's mass below the boundary and ties at it.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn stage_kernel(
     keys: &[u32],
     params: &[u32],
@@ -130,6 +140,9 @@ pub(crate) fn stage_kernel(
     vocab: usize,
     cubes: usize,
     stage: u32,
+    kind: u32,
+    prev: u32,
+    searches: u32,
     scale: f32,
 ) {
     let row = CUBE_POS_Y as usize;
@@ -146,9 +159,8 @@ pub(crate) fn stage_kernel(
     let mut sc = Shared::<[u32]>::new_slice(CUBE as usize);
     let mut pick = Shared::<[u32]>::new_slice(8usize);
 
-    // The record this stage starts from.
-    let prev = select(stage == 0u32, 0u32, stage - 1u32) as usize;
-    let from = rec_row + prev * REC as usize;
+    // The record this launch starts from.
+    let from = rec_row + select(stage == 0u32, 0u32, stage - 1u32) as usize * REC as usize;
     let mut t_max = records[from + R_T_MAX as usize];
     let mut mode = records[from + R_MODE as usize];
     let mut tk = records[from + R_TK as usize];
@@ -164,9 +176,6 @@ pub(crate) fn stage_kernel(
     let mut bin_c = records[from + R_BIN_C as usize];
     let mut bin_h = records[from + R_BIN_M as usize];
     let mut bin_l = records[from + R_BIN_M as usize + 1];
-    let mut tot_c = records[from + R_TOT_C as usize];
-    let mut tot_h = records[from + R_TOT_M as usize];
-    let mut tot_l = records[from + R_TOT_M as usize + 1];
 
     if stage == 0u32 {
         // The row's maximum: the smallest key of all cubes.
@@ -187,6 +196,9 @@ pub(crate) fn stage_kernel(
             if top_p < 1f32 {
                 mode |= MODE_TOPP;
             }
+            // Only the searches the launch list has (the host plans them from the same
+            // parameters).
+            mode &= searches;
         }
         tk = u32::new(EXCLUDED as i64);
         jk = 0u32;
@@ -201,24 +213,17 @@ pub(crate) fn stage_kernel(
         bin_c = 0u32;
         bin_h = 0u32;
         bin_l = 0u32;
-        tot_c = 0u32;
-        tot_h = 0u32;
-        tot_l = 0u32;
     } else {
-        // Apply the previous stage's histogram.
-        let prev_topk = (prev as u32) < PASSES;
-        let ran_first = (mode & (MODE_TOPK | MODE_TOPP)) != 0u32;
+        // Apply the previous launch's histogram.
+        let prev_topk = prev < PASSES;
+        let prev_pass = prev % PASSES;
         let prev_ran = select(
-            prev == 0,
-            ran_first,
-            select(
-                prev_topk,
-                (mode & MODE_TOPK) != 0u32,
-                (mode & MODE_TOPP) != 0u32,
-            ),
+            prev_topk,
+            (mode & MODE_TOPK) != 0u32,
+            prev < FINAL && (mode & MODE_TOPP) != 0u32,
         );
         if prev_ran {
-            let base = hist_row + prev * 3 * BINS as usize;
+            let base = hist_row + (stage as usize - 1) * 3 * BINS as usize;
             let mut c = hist[base + u].load();
             let (h0, l0) = normalize(
                 hist[base + BINS as usize + u].load(),
@@ -226,13 +231,12 @@ pub(crate) fn stage_kernel(
             );
             let mut h = h0;
             let mut l = l0;
-            let pass = prev as u32 % PASSES;
-            let shift = 32u32 - BITS * (pass + 1u32);
-            let hi_shift = select(pass == 0u32, 0u32, shift + BITS);
+            let shift = 32u32 - BITS * (prev_pass + 1u32);
+            let hi_shift = select(prev_pass == 0u32, 0u32, shift + BITS);
             if !prev_topk && jk > 0u32 {
                 // The ties kept at the top-k boundary are counted here, not by the histogram
                 // (which only sees keys below it): `jk` of them, each of the same mass.
-                let in_range = pass == 0u32 || (tk >> hi_shift) == prefix;
+                let in_range = prev_pass == 0u32 || (tk >> hi_shift) == prefix;
                 if in_range && ((tk >> shift) & (BINS - 1u32)) == u as u32 {
                     let (qh, ql) = mass_of(tk, t_max, temperature, scale);
                     let (xh, xl) = mass_mul(qh, ql, jk);
@@ -244,14 +248,20 @@ pub(crate) fn stage_kernel(
             }
             let (ec, eh0, el0, tc, th0, tl0) = scan3(c, h, l, &mut sa, &mut sb, &mut sc, CUBE);
             let (eh, el) = normalize(eh0, el0);
-            if prev == 0 {
-                let (th, tl) = normalize(th0, tl0);
-                tot_c = tc;
-                tot_h = th;
-                tot_l = tl;
-                if top_k >= tc {
-                    // Top-k keeps every candidate.
-                    mode &= MODE_TOPK ^ 0xFFFF_FFFFu32;
+            if prev_pass == 0u32 {
+                // A search's first histogram holds its whole domain.
+                if prev_topk {
+                    if top_k >= tc {
+                        // Top-k keeps every candidate.
+                        mode &= MODE_TOPK ^ 0xFFFF_FFFFu32;
+                    }
+                } else if tk == EXCLUDED {
+                    // Top-p over every candidate: its target is `top_p` of their mass (with
+                    // top-k it was set from the top-k set's mass when the search started).
+                    let (th, tl) = normalize(th0, tl0);
+                    let (gh, gl) = top_p_target(top_p, th, tl);
+                    tgt_h = gh;
+                    tgt_l = gl;
                 }
             }
             let searching = select(
@@ -288,11 +298,8 @@ pub(crate) fn stage_kernel(
                 bin_l = pick[6];
             }
         }
-    }
-
-    if stage == PASSES {
-        // The top-k set: the keys below the boundary and the first `jk` ids at it.
-        if (mode & MODE_TOPK) != 0u32 {
+        if prev == PASSES - 1u32 && (mode & MODE_TOPK) != 0u32 {
+            // The top-k set: the keys below the boundary and the first `jk` ids at it.
             tk = prefix;
             jk = top_k - cb;
             let (qh, ql) = mass_of(tk, t_max, temperature, scale);
@@ -300,30 +307,23 @@ pub(crate) fn stage_kernel(
             let (zh, zl) = mass_add(mb_h, mb_l, xh, xl);
             zk_h = zh;
             zk_l = zl;
-        } else {
-            tk = u32::new(EXCLUDED as i64);
-            jk = 0u32;
-            zk_h = tot_h;
-            zk_l = tot_l;
         }
+    }
+
+    if kind == PASSES {
+        // The top-p search starts (below the top-k boundary when there is one).
         prefix = 0u32;
         cb = 0u32;
         mb_h = 0u32;
         mb_l = 0u32;
-        // Top-p's target, at least one unit and at most the whole set.
-        let (th, tl) = mass_from_f32(top_p * mass_to_f32(zk_h, zk_l));
-        tgt_h = th;
-        tgt_l = tl;
-        if th == 0u32 && tl == 0u32 {
-            tgt_l = 1u32;
-        }
-        if mass_lt(zk_h, zk_l, tgt_h, tgt_l) {
-            tgt_h = zk_h;
-            tgt_l = zk_l;
+        if tk != EXCLUDED {
+            let (gh, gl) = top_p_target(top_p, zk_h, zk_l);
+            tgt_h = gh;
+            tgt_l = gl;
         }
     }
 
-    if stage == STAGES {
+    if kind == FINAL {
         // The kept set: keys below `tk` and the first `jk` ids at it.
         if (mode & MODE_NONE) != 0u32 {
             tk = u32::new(EXCLUDED as i64);
@@ -384,25 +384,18 @@ pub(crate) fn stage_kernel(
         records[to + R_BIN_C as usize] = bin_c;
         records[to + R_BIN_M as usize] = bin_h;
         records[to + R_BIN_M as usize + 1] = bin_l;
-        records[to + R_TOT_C as usize] = tot_c;
-        records[to + R_TOT_M as usize] = tot_h;
-        records[to + R_TOT_M as usize + 1] = tot_l;
     }
 
-    let topk_stage = stage < PASSES;
+    let topk_stage = kind < PASSES;
     let run = select(
-        stage == 0u32,
-        (mode & (MODE_TOPK | MODE_TOPP)) != 0u32,
-        select(
-            topk_stage,
-            (mode & MODE_TOPK) != 0u32,
-            (mode & MODE_TOPP) != 0u32,
-        ),
+        topk_stage,
+        (mode & MODE_TOPK) != 0u32,
+        (mode & MODE_TOPP) != 0u32,
     );
     let s_cnt = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
     let s_h = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
     let s_l = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
-    if stage == STAGES {
+    if kind == FINAL {
         // Each cube's mass below the boundary and ties at it.
         if u < 3 {
             s_cnt[u].store(0u32);
@@ -437,7 +430,7 @@ pub(crate) fn stage_kernel(
             partials[at + 2] = l;
         }
     } else if run {
-        let pass = stage % PASSES;
+        let pass = kind % PASSES;
         s_cnt[u].store(0u32);
         s_h[u].store(0u32);
         s_l[u].store(0u32);
@@ -473,9 +466,25 @@ pub(crate) fn stage_kernel(
     }
 }
 
-/// The draw of each row (one cube per row): the kept set's mass `Z` per cube (the ties at the
-/// boundary kept in id order), the cube whose ids hold the target `u * Z`, then the id inside
-/// that cube.
+/// Top-p's target mass: `top_p` of `z`, at least one unit and at most `z`.
+#[cube]
+fn top_p_target(top_p: f32, zh: u32, zl: u32) -> (u32, u32) {
+    let (th, tl) = mass_from_f32(top_p * mass_to_f32(zh, zl));
+    let mut h = th;
+    let mut l = tl;
+    if h == 0u32 && l == 0u32 {
+        l = 1u32;
+    }
+    if mass_lt(zh, zl, h, l) {
+        h = zh;
+        l = zl;
+    }
+    (h, l)
+}
+
+/// The draw of each row (one cube per row), from the final stage's record (launch `last`): the
+/// kept set's mass `Z` per cube (the ties at the boundary kept in id order), the cube whose ids
+/// hold the target `u * Z`, then the id inside that cube.
 /// Writes `u32::MAX` for a row without candidates.
 #[cube(launch_unchecked)]
 pub(crate) fn draw_kernel(
@@ -487,12 +496,13 @@ pub(crate) fn draw_kernel(
     out: &mut [u32],
     vocab: usize,
     cubes: usize,
+    last: u32,
     scale: f32,
 ) {
     let row = CUBE_POS_Y as usize;
     let u = UNIT_POS as usize;
     let temperature = f32::reinterpret(params[row * PARAM_WORDS as usize + P_TEMPERATURE as usize]);
-    let at = row * (STAGES as usize + 1) * REC as usize + STAGES as usize * REC as usize;
+    let at = row * (STAGES as usize + 1) * REC as usize + last as usize * REC as usize;
     let t_max = records[at + R_T_MAX as usize];
     let mode = records[at + R_MODE as usize];
     let t = records[at + R_TK as usize];

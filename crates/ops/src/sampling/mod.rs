@@ -34,10 +34,12 @@
 //! kept set beyond ids: one kernel sums each cube's kept mass, a last one-cube kernel finds the
 //! cube and then the id where `u * Z` falls.
 //!
-//! Per row that is 11 launches (`prepare`, 8 histogram stages, the per-cube masses, the draw);
-//! stages whose search is off (top-k 0, top-p 1, temperature 0) return after reading the
-//! record. Each multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for
-//! Qwen2's vocabulary).
+//! That is `prepare`, the histogram passes of the searches some row needs ([`SamplingPlan`]: 4
+//! for top-k, 4 for top-p), a final stage that sums each cube's kept mass, and the draw: 11
+//! launches with top-k and top-p, 7 with one of them, 3 for temperature alone or greedy with
+//! the penalty. A row whose parameters switch a launched search off skips its passes. Each
+//! multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for Qwen2's
+//! vocabulary).
 //!
 //! # Determinism
 //!
@@ -55,7 +57,7 @@
 //! host, [`SamplingInputs::fill_presence`], or bit by bit on the device,
 //! [`presence_mark_into`]) are device buffers, not launch arguments, and [`sample_into`] uses
 //! only the preallocated [`SamplingWorkspace`]: a captured CUDA graph of it replays with new
-//! values.
+//! values (of the same [`SamplingPlan`]).
 
 mod fixed;
 mod kernels;
@@ -65,7 +67,10 @@ use cubecl::prelude::*;
 
 use crate::launch::validate_rows;
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
-use kernels::{CHUNK, CUBE, HIST_WORDS, PARAM_WORDS, REC, STAGES};
+use kernels::{
+    CHUNK, CUBE, FINAL, HIST_WORDS, MODE_TOPK, MODE_TOPP, NO_STAGE, PARAM_WORDS, PASSES, REC,
+    STAGES,
+};
 
 /// The largest vocabulary the fixed-point sums are sized for.
 pub const MAX_VOCAB: usize = 1 << 20;
@@ -132,6 +137,45 @@ impl RowParams {
     }
 }
 
+/// Which searches a launch of the sampler runs: the top-k and top-p searches are 4 histogram
+/// passes each, launched only when a row may need them (a row whose parameters switch one off
+/// skips its passes on the device, which still costs the launches). The plan follows from the
+/// parameters the host wrote ([`SamplingInputs::plan`]); a captured graph of [`sample_into`]
+/// replays with any parameters of the same plan.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct SamplingPlan {
+    pub top_k: bool,
+    pub top_p: bool,
+}
+
+impl SamplingPlan {
+    /// The searches some row of `params` needs (none for greedy rows, temperature 0 or top-k 1).
+    pub fn for_params(params: &[RowParams]) -> Self {
+        let sampled = |p: &&RowParams| p.temperature > 0.0 && p.top_k != 1;
+        Self {
+            top_k: params.iter().filter(sampled).any(|p| p.top_k > 0),
+            top_p: params.iter().filter(sampled).any(|p| p.top_p < 1.0),
+        }
+    }
+
+    /// The stage kernel's launches: each top-k pass, each top-p pass, then the final stage.
+    fn stages(self) -> Vec<u32> {
+        let mut kinds = Vec::with_capacity(STAGES as usize + 1);
+        if self.top_k {
+            kinds.extend(0..PASSES);
+        }
+        if self.top_p {
+            kinds.extend(PASSES..STAGES);
+        }
+        kinds.push(FINAL);
+        kinds
+    }
+
+    fn mode_bits(self) -> u32 {
+        (if self.top_k { MODE_TOPK } else { 0 }) | (if self.top_p { MODE_TOPP } else { 0 })
+    }
+}
+
 /// u32 words of a presence mask row.
 fn mask_words(vocab: usize) -> usize {
     vocab.div_ceil(32)
@@ -167,6 +211,7 @@ pub struct SamplingInputs<R: Runtime> {
     pub presence: DeviceTensor<R>,
     rows: usize,
     vocab: usize,
+    plan: SamplingPlan,
 }
 
 impl<R: Runtime> SamplingInputs<R> {
@@ -184,6 +229,7 @@ impl<R: Runtime> SamplingInputs<R> {
             )?,
             rows,
             vocab,
+            plan: SamplingPlan::default(),
         })
     }
 
@@ -191,12 +237,17 @@ impl<R: Runtime> SamplingInputs<R> {
         self.rows
     }
 
+    /// The searches the parameters written last need ([`SamplingPlan::for_params`]).
+    pub fn plan(&self) -> SamplingPlan {
+        self.plan
+    }
+
     pub fn vocab(&self) -> usize {
         self.vocab
     }
 
-    /// Writes every row's parameters (one per row, validated).
-    pub fn write_params(&self, client: &ComputeClient<R>, params: &[RowParams]) -> Result<()> {
+    /// Writes every row's parameters (one per row, validated) and plans the launches for them.
+    pub fn write_params(&mut self, client: &ComputeClient<R>, params: &[RowParams]) -> Result<()> {
         const OP: &str = "SamplingInputs::write_params";
         if params.len() != self.rows {
             return Err(OpsError::shape(
@@ -209,7 +260,9 @@ impl<R: Runtime> SamplingInputs<R> {
         }
         let words: Vec<u32> = params.iter().flat_map(RowParams::words).collect();
         self.params
-            .write_bytes(client, bytemuck::cast_slice(&words))
+            .write_bytes(client, bytemuck::cast_slice(&words))?;
+        self.plan = SamplingPlan::for_params(params);
+        Ok(())
     }
 
     /// Writes every row's uniform in `[0, 1)` (rounded down to f32, so it stays below 1).
@@ -271,7 +324,7 @@ impl<R: Runtime> SamplingInputs<R> {
 /// | `keys` | `[rows, V]` | each logit's order-preserving key after the penalty |
 /// | `partial_min` | `[rows, cubes]` | each cube's smallest key (the row's maximum) |
 /// | `hist` | `[rows, 8, 3, 256]` | the stages' histograms: count and mass per bin |
-/// | `records` | `[rows, 9, 18]` | the searches' state after each stage, then the kept set |
+/// | `records` | `[rows, 9, 15]` | the searches' state after each launch, then the kept set |
 /// | `partials` | `[rows, cubes, 3]` | each cube's ties at the kept set's boundary and mass below it |
 pub struct SamplingWorkspace<R: Runtime> {
     keys: DeviceTensor<R>,
@@ -400,6 +453,8 @@ pub fn sample_into<R: Runtime>(
     let dim = CubeDim::new_1d(CUBE);
     let scale = (1u64 << scale_bits(vocab)) as f32;
     let ws = workspace;
+    let plan = inputs.plan;
+    let stages = plan.stages();
     // SAFETY: every buffer was checked (or allocated) above for the sizes the kernels index:
     // logits and keys `[rows, vocab]`, params `[rows, 4]`, presence `[rows, ceil(vocab / 32)]`,
     // partial minima `[rows, cubes]`, histograms `[rows, HIST_WORDS]`, records
@@ -420,7 +475,12 @@ pub fn sample_into<R: Runtime>(
             cubes,
             logits.dtype().elem_type(),
         );
-        for stage in 0..=STAGES {
+        for (stage, &kind) in stages.iter().enumerate() {
+            let prev = if stage == 0 {
+                NO_STAGE
+            } else {
+                stages[stage - 1]
+            };
             kernels::stage_kernel::launch_unchecked::<R>(
                 client,
                 grid.clone(),
@@ -433,7 +493,10 @@ pub fn sample_into<R: Runtime>(
                 ws.partials.as_buffer_arg(),
                 vocab,
                 cubes,
-                stage,
+                stage as u32,
+                kind,
+                prev,
+                plan.mode_bits(),
                 scale,
             );
         }
@@ -449,6 +512,7 @@ pub fn sample_into<R: Runtime>(
             out.as_buffer_arg(),
             vocab,
             cubes,
+            (stages.len() - 1) as u32,
             scale,
         );
     }

@@ -22,11 +22,23 @@ const TOL: f64 = 2e-5;
 
 const UNIFORMS: [f64; 8] = [0.0, 1e-9, 0.013, 0.3, 0.5, 0.77, 0.999_999, 1.0 - 1e-12];
 
-fn param_grid(vocab: usize) -> Vec<RowParams> {
+/// Parameter rows of one launch. `family` picks which searches the launch has (its
+/// `SamplingPlan`): both, top-k only, top-p only, neither.
+fn param_grid(vocab: usize, family: usize) -> Vec<RowParams> {
+    let ks: &[u32] = if family % 4 < 2 {
+        &[0, 1, 5, 50, vocab as u32 + 10]
+    } else {
+        &[0, 1]
+    };
+    let ps: &[f32] = if family.is_multiple_of(2) {
+        &[1.0, 0.9, 0.5, 1e-6]
+    } else {
+        &[1.0]
+    };
     let mut out = Vec::new();
     for &temperature in &[0.0f32, 0.7, 1.0, 1.6] {
-        for &top_k in &[0u32, 1, 5, 50, vocab as u32 + 10] {
-            for &top_p in &[1.0f32, 0.9, 0.5, 1e-6] {
+        for &top_k in ks {
+            for &top_p in ps {
                 for &repetition_penalty in &[1.0f32, 1.3] {
                     out.push(RowParams {
                         temperature,
@@ -140,18 +152,21 @@ fn sampling_case<R: Runtime>(client: &ComputeClient<R>) {
         loose: 0,
     };
     for dtype in float_dtypes(client) {
+        // Every launch of a size has its own family of parameters (see `param_grid`).
         for &(vocab, rows, launches) in &[
-            (1usize, 8usize, 1usize),
-            (3, 64, 3),
-            (17, 160, 2),
-            (1000, 160, 1),
-            (4099, 24, 1),
-            (151_936, 4, 1),
+            (1usize, 8usize, 4usize),
+            (3, 64, 8),
+            (17, 160, 4),
+            (1000, 160, 4),
+            (4099, 24, 4),
+            (151_936, 4, 4),
+            // More cubes than the draw's units: each unit of the draw scans several cubes.
+            (300_007, 2, 2),
         ] {
-            let grid = param_grid(vocab);
-            let inputs = SamplingInputs::new(client, rows, vocab).unwrap();
+            let mut inputs = SamplingInputs::new(client, rows, vocab).unwrap();
             let workspace = SamplingWorkspace::new(client, rows, vocab).unwrap();
             for launch in 0..launches {
+                let grid = param_grid(vocab, launch);
                 let mut values = Vec::with_capacity(rows * vocab);
                 let mut params = Vec::with_capacity(rows);
                 let mut uniforms = Vec::with_capacity(rows);
@@ -293,7 +308,7 @@ fn exact_cases_case<R: Runtime>(client: &ComputeClient<R>) {
     for dtype in float_dtypes(client) {
         for (i, (logits, context, params, u, want)) in cases.iter().enumerate() {
             let vocab = logits.len();
-            let inputs = SamplingInputs::new(client, 1, vocab).unwrap();
+            let mut inputs = SamplingInputs::new(client, 1, vocab).unwrap();
             inputs.write_params(client, &[*params]).unwrap();
             inputs.write_uniforms(client, &[*u]).unwrap();
             inputs.fill_presence(client, &[context]).unwrap();
@@ -318,7 +333,7 @@ fn exact_cases_case<R: Runtime>(client: &ComputeClient<R>) {
 /// The device mark adds each row's token to its mask, as a context refill would.
 fn presence_case<R: Runtime>(client: &ComputeClient<R>) {
     let (rows, vocab) = (3, 100);
-    let inputs = SamplingInputs::new(client, rows, vocab).unwrap();
+    let mut inputs = SamplingInputs::new(client, rows, vocab).unwrap();
     let contexts: [&[u32]; 3] = [&[1, 2, 99], &[], &[64, 500]];
     inputs.fill_presence(client, &contexts).unwrap();
     let tokens = DeviceTensor::from_slice(client, &[33u32, 0, 1000], &[rows]).unwrap();
@@ -353,7 +368,7 @@ fn presence_case<R: Runtime>(client: &ComputeClient<R>) {
 }
 
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
-    let inputs = SamplingInputs::new(client, 2, 10).unwrap();
+    let mut inputs = SamplingInputs::new(client, 2, 10).unwrap();
     let workspace = SamplingWorkspace::new(client, 2, 10).unwrap();
     let out = DeviceTensor::empty(client, &[2], DType::U32);
     let x = DeviceTensor::from_f32(client, &[0.0; 20], &[2, 10], DType::F32).unwrap();
