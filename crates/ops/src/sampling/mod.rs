@@ -65,7 +65,7 @@ mod kernels;
 use cubecl::ir::features::AtomicUsage;
 use cubecl::prelude::*;
 
-use crate::launch::validate_rows;
+use crate::launch::{check_u32_ids, validate_rows};
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
 use kernels::{
     CHUNK, CUBE, FINAL, HIST_WORDS, MODE_TOPK, MODE_TOPP, NO_STAGE, PARAM_WORDS, PASSES, REC,
@@ -416,38 +416,21 @@ pub fn sample_into<R: Runtime>(
     validate_rows(client, OP, logits, &[])?;
     check_atomics(client, OP)?;
     let (rows, vocab) = (logits.rows(), logits.last_dim());
-    if rows != inputs.rows || vocab != inputs.vocab {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "logits {:?} do not match inputs for {} rows of {}",
-                logits.shape(),
-                inputs.rows,
-                inputs.vocab
-            ),
-        ));
+    for (what, r, v) in [
+        ("inputs", inputs.rows, inputs.vocab),
+        ("a workspace", workspace.rows, workspace.vocab),
+    ] {
+        if (rows, vocab) != (r, v) {
+            return Err(OpsError::shape(
+                OP,
+                format!(
+                    "logits {:?} do not match {what} for {r} rows of {v}",
+                    logits.shape()
+                ),
+            ));
+        }
     }
-    if rows != workspace.rows || vocab != workspace.vocab {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "logits {:?} do not match a workspace for {} rows of {}",
-                logits.shape(),
-                workspace.rows,
-                workspace.vocab
-            ),
-        ));
-    }
-    if out.dtype() != DType::U32 || out.numel() != rows || !out.is_contiguous() {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "out must be a contiguous u32 tensor of {rows} elements, got {:?} {}",
-                out.shape(),
-                out.dtype()
-            ),
-        ));
-    }
+    check_u32_ids(OP, "out", out, rows)?;
     let cubes = workspace.cubes;
     let grid = CubeCount::Static(cubes as u32, rows as u32, 1);
     let dim = CubeDim::new_1d(CUBE);
@@ -526,18 +509,7 @@ pub fn presence_mark_into<R: Runtime>(
     tokens: &DeviceTensor<R>,
     inputs: &SamplingInputs<R>,
 ) -> Result<()> {
-    const OP: &str = "presence_mark";
-    if tokens.dtype() != DType::U32 || tokens.numel() != inputs.rows || !tokens.is_contiguous() {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "tokens must be a contiguous u32 tensor of {} elements, got {:?} {}",
-                inputs.rows,
-                tokens.shape(),
-                tokens.dtype()
-            ),
-        ));
-    }
+    check_u32_ids("presence_mark", "tokens", tokens, inputs.rows)?;
     let units = (inputs.rows as u32).next_power_of_two().clamp(32, 256);
     // SAFETY: tokens holds `rows` u32 and presence `[rows, words]`; the kernel checks the row.
     unsafe {
