@@ -214,11 +214,13 @@ pub fn bench_generate<R: Runtime>(
             sampling.repetition_penalty,
             tok_s / decode
         );
+        // f32 flags as written (0.7, not 0.699999988).
+        let flag = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::NAN);
         serde_json::json!({
-            "temperature": sampling.temperature,
+            "temperature": flag(sampling.temperature),
             "top_k": sampling.top_k,
-            "top_p": sampling.top_p,
-            "repetition_penalty": sampling.repetition_penalty,
+            "top_p": flag(sampling.top_p),
+            "repetition_penalty": flag(sampling.repetition_penalty),
             "on": place,
             "decode_tok_s": (tok_s * 100.0).round() / 100.0,
             "vs_greedy": (tok_s / decode * 1000.0).round() / 1000.0,
