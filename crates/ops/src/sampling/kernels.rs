@@ -396,11 +396,8 @@ pub(crate) fn stage_kernel(
     let s_h = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
     let s_l = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
     if kind == FINAL {
-        // Each cube's mass below the boundary and ties at it.
-        if u < 3 {
-            s_cnt[u].store(0u32);
-        }
-        sync_cube();
+        // Each cube's mass below the boundary and ties at it (summed by a tree: shared atomics
+        // of every unit on one address would serialise).
         let mut ties = 0u32;
         let mut mh = 0u32;
         let mut ml = 0u32;
@@ -418,14 +415,11 @@ pub(crate) fn stage_kernel(
                 }
             }
         }
-        s_cnt[0].fetch_add(ties);
-        s_cnt[1].fetch_add(mh);
-        s_cnt[2].fetch_add(ml);
-        sync_cube();
+        let (_e0, _e1, _e2, tt, th, tl) = scan3(ties, mh, ml, &mut sa, &mut sb, &mut sc, CUBE);
         if u == 0 {
-            let (h, l) = normalize(s_cnt[1].load(), s_cnt[2].load());
+            let (h, l) = normalize(th, tl);
             let at = (row * cubes + cube) * 3;
-            partials[at] = s_cnt[0].load();
+            partials[at] = tt;
             partials[at + 1] = h;
             partials[at + 2] = l;
         }
