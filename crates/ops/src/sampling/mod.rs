@@ -5,9 +5,10 @@
 //!
 //! Greedy decoding already ends on the device ([`crate::argmax`]); sampling used to read the
 //! logits back and sort them on the host: for a 151,936-token vocabulary that is 304 KB of bf16
-//! logits copied and converted every token, then a partial sort (top-p over a large nucleus
-//! took about 10 ms a token, top-k 50 about 2 ms, against 1.4 ms for the whole decode step of a
-//! 1.5B model on an H100). Here the choice stays on the device and the host reads one u32.
+//! logits copied and converted every token, then a partial sort. Sampled decode of the 1.5B
+//! shape on an H100 ran 79 tok/s with top-p 0.95 and 289 tok/s with top-k 50 against about
+//! 700 greedy: 11 ms and 2 ms a token outside the model, whose step takes 1.4 ms. Here the
+//! choice stays on the device and the host reads one u32.
 //!
 //! # Semantics
 //!
@@ -28,8 +29,9 @@
 //! `exp((l - max) / T)` held as a fixed-point mass (two u32 limbs, about 2^-35 of the maximum's
 //! weight per unit). The top-k and top-p boundaries are found by radix selection: 4 passes of 8
 //! bits each, every pass one multi-cube kernel that histograms the keys in the current prefix's
-//! range (count and mass per bin, shared-memory atomics, then global atomics), the next kernel
-//! finding the bin where the target count (`k`) or mass (`top_p * Z`) falls. Ties at a
+//! range (count and mass per bin, shared-memory atomics, then global atomics); the next launch
+//! finds (in every cube, from the same integers) the bin where the target count (`k`) or mass
+//! (`top_p * Z`) falls, and narrows the prefix to it. Ties at a
 //! boundary are kept in id order, counted arithmetically. The draw then needs no order of the
 //! kept set beyond ids: one kernel sums each cube's kept mass, a last one-cube kernel finds the
 //! cube and then the id where `u * Z` falls.
@@ -48,7 +50,8 @@
 //! the same logits and the same `u` give the same token on a runtime, every run. The only
 //! rounding is the weight's (f32 `exp`, then to fixed point) and the targets' (`top_p * Z`,
 //! `u * Z` in f32): a token is chosen differently from an f64 computation only when `u` (or
-//! `top_p`) is within about 1e-6 of a boundary of the cumulative distribution.
+//! `top_p`) is within rounding (a few 1e-6 at most; the tests allow 2e-5) of a boundary of the
+//! cumulative distribution.
 //!
 //! # Device buffers
 //!
