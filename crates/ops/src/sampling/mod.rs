@@ -43,6 +43,12 @@
 //! multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for Qwen2's
 //! vocabulary).
 //!
+//! Measured on an H200 (`lab samplelab`, one row of 151,936 bf16 logits, replayed from a CUDA
+//! graph): 13 µs for temperature alone or greedy with the penalty, 27 µs with top-k, 30 µs with
+//! top-p, 41 µs with both (the argmax: 9 µs; copying the logits to the host: 560 µs). Sampled
+//! decode of the 1.5B shape runs at 0.97 to 0.99 of greedy's tok/s, against 0.10 with the
+//! host sampler (top-p 0.95); the raw lines are in `dev/results/sampling-h200/`.
+//!
 //! # Determinism
 //!
 //! Every sum is an integer sum (counts and fixed-point masses), exact whatever order the
