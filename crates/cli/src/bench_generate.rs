@@ -3,6 +3,12 @@
 //! the first greedy tokens with it. One JSON line on stdout, a readable summary on stderr; with
 //! `--record FILE` the same line, with the device, date, commit and the peer's numbers of the
 //! same call (`--peer`), is appended to FILE (e.g. `benchmarks/e2e.jsonl`).
+//!
+//! With sampling flags (`--temperature`, `--top-k`, `--top-p`, `--repeat-penalty`) the same runs
+//! are repeated sampled, and the line gains a `sampled` object: the parameters, where the
+//! tokens were drawn (on the device, or on the host with `--host-sampling`, which copies the
+//! logits back every token as generation did before the device sampler), the sampled decode
+//! tok/s and its ratio to greedy's.
 
 use std::ops::ControlFlow;
 use std::path::PathBuf;
@@ -53,6 +59,13 @@ pub struct BenchGenerateArgs {
     /// line per count with the aggregate decode tok/s and the time of one step.
     #[arg(long, value_delimiter = ',')]
     pub batch: Vec<usize>,
+    /// Also time sampled decoding with these parameters (top-k or top-p alone sample at
+    /// temperature 1; the model's generation_config.json is not consulted).
+    #[command(flatten)]
+    pub sampling: crate::load::SamplingArgs,
+    /// Sample on the host (the logits copied back every token) instead of on the device.
+    #[arg(long)]
+    pub host_sampling: bool,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -95,13 +108,18 @@ pub fn bench_generate<R: Runtime>(
     if let Some(line) = crate::weight_args::memory_line(&report, compression) {
         eprintln!("{line}");
     }
+    // Explicit flags only: the checkpoint's sampling defaults do not turn sampling on here.
+    let sampling = args.sampling.params(&model::GenerationConfig::default())?;
+    let sampled = !sampling.is_plain_greedy();
     if !args.batch.is_empty() {
+        anyhow::ensure!(!sampled, "--batch times greedy decoding only");
         return bench_batch(client, m, &report, args);
     }
     let session = Session::with_options(
         m,
         SessionOptions {
             cuda_graphs: !args.no_cuda_graph,
+            device_sampling: !args.host_sampling,
         },
     )?;
     let mut g = Generator::new(session, tokenizer);
@@ -111,9 +129,13 @@ pub fn bench_generate<R: Runtime>(
     let prompt: Vec<u32> = (0..args.prompt_len as u32)
         .map(|i| (i * 7 + 3) % shown)
         .collect();
-    let run = |g: &mut Generator<Session<R>>, prompt: &[u32], n: usize| {
+    let run_with = |g: &mut Generator<Session<R>>,
+                    prompt: &[u32],
+                    n: usize,
+                    sampling: model::SamplingParams| {
         let opts = GenerateOptions {
             max_new_tokens: n,
+            sampling,
             eos_token_ids: Some(Vec::new()),
             ..GenerateOptions::default()
         };
@@ -121,14 +143,27 @@ pub fn bench_generate<R: Runtime>(
             ControlFlow::Continue(())
         })
     };
-    run(&mut g, &prompt, 8)?; // warm-up: compiles every kernel
-    let (mut prefill, mut decode) = (Vec::new(), Vec::new());
-    for _ in 0..args.runs {
-        let out = run(&mut g, &prompt, args.new_tokens)?;
-        prefill.push(out.stats.prefill_tokens_per_sec());
-        decode.push(out.stats.decode_tokens_per_sec());
-    }
-    let (prefill, decode) = (median(prefill), median(decode));
+    let greedy = model::SamplingParams::greedy();
+    let run =
+        |g: &mut Generator<Session<R>>, prompt: &[u32], n: usize| run_with(g, prompt, n, greedy);
+    // Timed runs after a warm-up that compiles every kernel (and captures the graphs): the
+    // medians of prefill and decode tok/s.
+    let timed = |g: &mut Generator<Session<R>>, params| -> anyhow::Result<(f64, f64)> {
+        run_with(g, &prompt, 8, params)?;
+        let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+        for _ in 0..args.runs {
+            let out = run_with(g, &prompt, args.new_tokens, params)?;
+            prefill.push(out.stats.prefill_tokens_per_sec());
+            decode.push(out.stats.decode_tokens_per_sec());
+        }
+        Ok((median(prefill), median(decode)))
+    };
+    let (prefill, decode) = timed(&mut g, greedy)?;
+    let sampled_decode = if sampled {
+        Some(timed(&mut g, sampling)?.1)
+    } else {
+        None
+    };
 
     // Agreement with transformers' greedy continuation, when the directory has one.
     let mut agreement = String::from("null");
@@ -169,6 +204,28 @@ pub fn bench_generate<R: Runtime>(
         R::name(client),
         if graph { ", decode step replayed as a CUDA graph" } else { "" }
     );
+    let sampled = sampled_decode.map(|tok_s| {
+        let place = if args.host_sampling { "host" } else { "device" };
+        eprintln!(
+            "sampled decode (temperature {}, top-k {}, top-p {}, repeat-penalty {}, on the {place}): {tok_s:.1} tok/s, {:.3} of greedy",
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            sampling.repetition_penalty,
+            tok_s / decode
+        );
+        // f32 flags as written (0.7, not 0.699999988).
+        let flag = |x: f32| x.to_string().parse::<f64>().unwrap_or(f64::NAN);
+        serde_json::json!({
+            "temperature": flag(sampling.temperature),
+            "top_k": sampling.top_k,
+            "top_p": flag(sampling.top_p),
+            "repetition_penalty": flag(sampling.repetition_penalty),
+            "on": place,
+            "decode_tok_s": (tok_s * 100.0).round() / 100.0,
+            "vs_greedy": (tok_s / decode * 1000.0).round() / 1000.0,
+        })
+    });
     let agreement: serde_json::Value = serde_json::from_str(&agreement)?;
     let line = serde_json::json!({
         "impl": "cubellm",
@@ -183,6 +240,7 @@ pub fn bench_generate<R: Runtime>(
         "weights": format!("{compression:?}"),
         "weight_bytes": report.weight_bytes,
         "greedy_agreement": agreement,
+        "sampled": sampled,
     });
     println!("{line}");
     if let Some(path) = &args.record {

@@ -141,6 +141,7 @@ pub fn load_session<R: Runtime>(
         model,
         SessionOptions {
             cuda_graphs: !args.no_cuda_graph,
+            ..SessionOptions::default()
         },
     )?)
 }

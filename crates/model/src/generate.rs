@@ -3,6 +3,12 @@
 //!
 //! The loop talks to the model through [`CausalLm`], so it is tested on the host with a small
 //! scripted model and runs unchanged on [`crate::Session`].
+//!
+//! Each token is chosen where the logits are when the model allows it: greedy generations
+//! (temperature 0, no penalty) read back the device's argmax ([`CausalLm::argmax`]), sampled
+//! ones the device's draw ([`CausalLm::sample_on_device`], one id per token); a model that
+//! offers neither has its logits copied to the host and sampled there ([`Sampler`]), with the
+//! same uniform of the seeded stream.
 
 use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
@@ -47,6 +53,21 @@ pub trait CausalLm {
             step: self.len(),
             detail: "no finite value".into(),
         })
+    }
+    /// Samples the next token from the current logits where they are, with `params` (the
+    /// seed aside), the repetition penalty's `context` (every token the model has seen, prompt
+    /// and chosen) and the draw's uniform `u` in `[0, 1)`, reading back one id. `Ok(None)` (the
+    /// default) when the model cannot: the caller then copies the logits and samples on the
+    /// host with the same `u` ([`Sampler::sample_with`]), which chooses the same token up to
+    /// rounding.
+    fn sample_on_device(
+        &mut self,
+        params: &SamplingParams,
+        context: &[u32],
+        u: f64,
+    ) -> Result<Option<u32>> {
+        let _ = (params, context, u);
+        Ok(None)
     }
 }
 
@@ -334,16 +355,7 @@ impl<M: CausalLm> Generator<M> {
         }
         let prompt_tokens = seq.prompt_tokens().to_vec();
 
-        let mut logits = Vec::with_capacity(vocab);
-        let greedy_on_device = seq.greedy_on_device();
-        let choose = |model: &mut M, seq: &mut Sequence<'_>, logits: &mut Vec<f32>| {
-            if greedy_on_device {
-                model.argmax()
-            } else {
-                model.logits(logits)?;
-                seq.sample(logits)
-            }
-        };
+        let mut logits = Vec::new();
 
         // Reuse the cached prefix, leaving at least one prompt token to compute (its logits
         // choose the first token).
@@ -362,7 +374,7 @@ impl<M: CausalLm> Generator<M> {
             .prefill(&prompt_tokens[seq.stats.cached_prompt_tokens..])?;
         // Launches are asynchronous: the prefill is done when its first token is read back, so
         // both figures are taken there.
-        let mut token = choose(&mut self.model, &mut seq, &mut logits)?;
+        let mut token = seq.choose(&mut self.model, &mut logits)?;
         seq.first_token_chosen();
 
         let reason = loop {
@@ -370,7 +382,7 @@ impl<M: CausalLm> Generator<M> {
                 break reason;
             }
             self.model.decode(token)?;
-            token = choose(&mut self.model, &mut seq, &mut logits)?;
+            token = seq.choose(&mut self.model, &mut logits)?;
         };
         let output = seq.finish(reason, &mut on_text)?;
         if self.prefix_reuse {
@@ -465,16 +477,35 @@ impl<'t> Sequence<'t> {
         &self.context[..self.prompt_len]
     }
 
-    /// Whether the next token is the plain argmax of the logits (which a model can compute on
-    /// the device and read back as one id).
+    /// Whether the next token is the plain argmax of the logits (which a model computes on the
+    /// device and reads back as one id; the other choices go through [`Self::choose`], on the
+    /// device where the model samples there, or [`Self::sample`] on the host).
     pub fn greedy_on_device(&self) -> bool {
         self.greedy
     }
 
     /// Chooses the next token from `logits` (f32, the vocabulary wide; modified in place) with
-    /// the sampling options and the context so far.
+    /// the sampling options and the context so far, on the host.
     pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32> {
         self.sampler.sample(logits, &self.context)
+    }
+
+    /// Chooses the next token from `model`'s current logits: its device argmax for plain greedy
+    /// generations, its device draw for the others where it has one
+    /// ([`CausalLm::sample_on_device`]), else the host sampler on its logits (read into
+    /// `logits`, a scratch buffer). Either way the draw takes the next uniform of the seeded
+    /// stream, so the tokens do not depend on where they were drawn (up to rounding).
+    pub fn choose<M: CausalLm>(&mut self, model: &mut M, logits: &mut Vec<f32>) -> Result<u32> {
+        if self.greedy {
+            return model.argmax();
+        }
+        let u = self.sampler.next_uniform();
+        let params = *self.sampler.params();
+        if let Some(token) = model.sample_on_device(&params, &self.context, u)? {
+            return Ok(token);
+        }
+        model.logits(logits)?;
+        self.sampler.sample_with(logits, &self.context, u)
     }
 
     /// Records that the first token was chosen (the prefill's logits were read back): the time

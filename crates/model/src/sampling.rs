@@ -2,7 +2,15 @@
 //! repetition penalty, with a seeded generator so that a seed always gives the same text.
 //!
 //! The order is transformers': repetition penalty, then temperature, top-k, top-p, then a draw
-//! from the renormalised distribution.
+//! from the renormalised distribution. The draw walks the kept ids in ascending id order and
+//! takes the first whose cumulative probability exceeds a uniform `u` of the seeded stream (one
+//! per sampled token): the order `ops::sampling` draws in on the device, so that the host and
+//! the device choose the same token for the same `u` (up to rounding: f64 here, f32 weights and
+//! fixed-point sums there).
+//!
+//! [`crate::Session`] samples on the device and reads back one id
+//! ([`crate::CausalLm::sample_on_device`]); [`Sampler`] is the host fallback for models that do
+//! not, and the server's batched decode samples its sampled requests here from the logits.
 //!
 //! - `temperature == 0` means greedy (argmax; transformers calls that `do_sample=False`).
 //! - `top_k == 0` disables top-k (as in transformers); `top_p == 1` disables top-p.
@@ -75,10 +83,21 @@ impl SamplingParams {
         Ok(())
     }
 
-    /// True when the choice is the plain argmax of the logits (no penalty, no randomness), so
-    /// that it can be made on the device without reading the logits back.
+    /// True when the choice is the plain argmax of the logits (no penalty, no randomness): the
+    /// decode step's own device argmax makes it. Other parameters sample on the device where the
+    /// model offers it ([`crate::CausalLm::sample_on_device`]), else on the host.
     pub fn is_plain_greedy(&self) -> bool {
         self.temperature == 0.0 && self.repetition_penalty == 1.0
+    }
+
+    /// The parameters of `ops::sampling` (a top-k beyond u32 keeps everything, as it does here).
+    pub fn row_params(&self) -> ops::sampling::RowParams {
+        ops::sampling::RowParams {
+            temperature: self.temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(0),
+            top_p: self.top_p,
+            repetition_penalty: self.repetition_penalty,
+        }
     }
 }
 
@@ -316,9 +335,26 @@ impl Sampler {
         &self.params
     }
 
+    /// The uniform of the next draw, from the seeded stream: one value per sampled token, none
+    /// (0) when the temperature is 0 (greedy, with or without the penalty, draws nothing).
+    pub fn next_uniform(&mut self) -> f64 {
+        if self.params.temperature == 0.0 {
+            0.0
+        } else {
+            self.rng.next_f64()
+        }
+    }
+
     /// Chooses a token from `logits` (modified in place: penalty, temperature, masks).
     /// `context` is every token the model has seen (prompt and generated), for the penalty.
     pub fn sample(&mut self, logits: &mut [f32], context: &[u32]) -> Result<u32> {
+        let u = self.next_uniform();
+        self.sample_with(logits, context, u)
+    }
+
+    /// [`Self::sample`] with the uniform already drawn ([`Self::next_uniform`]): the host
+    /// fallback of a draw first offered to the device.
+    pub fn sample_with(&mut self, logits: &mut [f32], context: &[u32], u: f64) -> Result<u32> {
         let step = self.step;
         self.step += 1;
         if logits.is_empty() {
@@ -344,15 +380,16 @@ impl Sampler {
         for l in logits.iter_mut() {
             *l /= p.temperature;
         }
-        let ids = candidates(logits, p.top_k, p.top_p);
+        let mut ids = candidates(logits, p.top_k, p.top_p);
         if ids.is_empty() {
             return Err(ModelError::BadLogits {
                 step,
                 detail: "every logit is -inf".into(),
             });
         }
+        // The draw's order: ascending ids (see the module docs).
+        ids.sort_unstable();
         let probs = softmax_of(logits, &ids);
-        let u = self.rng.next_f64();
         let mut cum = 0.0;
         for (&id, &prob) in ids.iter().zip(&probs) {
             cum += prob;

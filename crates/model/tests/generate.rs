@@ -25,6 +25,11 @@ struct Scripted {
     noisy: bool,
     /// Whether `truncate` keeps a prefix (as a session does) or refuses (the trait's default).
     truncates: bool,
+    /// Samples "on the device" ([`CausalLm::sample_on_device`], here the host sampler on its
+    /// own logits) instead of returning `None`; records the uniforms and contexts it was given.
+    samples: bool,
+    uniforms: Vec<f64>,
+    contexts: Vec<Vec<u32>>,
 }
 
 impl Scripted {
@@ -41,6 +46,19 @@ impl Scripted {
             logits_calls: 0,
             noisy: false,
             truncates: false,
+            samples: false,
+            uniforms: Vec::new(),
+            contexts: Vec::new(),
+        }
+    }
+    fn current_logits(&self) -> Vec<f32> {
+        if self.noisy {
+            let mut rng = model::sampling::Rng::new(self.len as u64);
+            (0..self.vocab).map(|_| rng.next_signed_f32()).collect()
+        } else {
+            let mut out = vec![0.0; self.vocab];
+            out[self.script[self.step() % self.script.len()] as usize] = 10.0;
+            out
         }
     }
     fn step(&self) -> usize {
@@ -86,14 +104,24 @@ impl CausalLm for Scripted {
     }
     fn logits(&mut self, out: &mut Vec<f32>) -> model::Result<()> {
         self.logits_calls += 1;
-        if self.noisy {
-            let mut rng = model::sampling::Rng::new(self.len as u64);
-            *out = (0..self.vocab).map(|_| rng.next_signed_f32()).collect();
-        } else {
-            *out = vec![0.0; self.vocab];
-            out[self.script[self.step() % self.script.len()] as usize] = 10.0;
-        }
+        *out = self.current_logits();
         Ok(())
+    }
+    fn sample_on_device(
+        &mut self,
+        params: &SamplingParams,
+        context: &[u32],
+        u: f64,
+    ) -> model::Result<Option<u32>> {
+        if !self.samples {
+            return Ok(None);
+        }
+        self.uniforms.push(u);
+        self.contexts.push(context.to_vec());
+        let mut logits = self.current_logits();
+        model::Sampler::new(*params)?
+            .sample_with(&mut logits, context, u)
+            .map(Some)
     }
     fn argmax(&mut self) -> model::Result<u32> {
         self.argmax_calls += 1;
@@ -407,6 +435,65 @@ fn sampling_through_the_generator_is_deterministic_for_a_seed() {
     assert_eq!(a, run(5));
     assert_eq!(a.1, a.2);
     assert_ne!(a.0, run(6).0);
+}
+
+/// A model that samples on its device gets the draws of the host sampler's seeded stream (one
+/// uniform per sampled token, none at temperature 0) and the context so far, never has its
+/// logits read, and gives the tokens the host sampler gives for the same seed.
+#[test]
+fn sampling_on_the_device_takes_the_seeded_uniforms() {
+    let s = setup();
+    let run = |samples: bool, sampling: SamplingParams| {
+        let mut m = Scripted::new(1024, 512, vec![0]);
+        m.noisy = true;
+        m.samples = samples;
+        let mut g = Generator::new(m, clone_tokenizer(&s.tokenizer));
+        let options = GenerateOptions {
+            sampling,
+            ..opts(30)
+        };
+        let out = gen(&mut g, &Prompt::Text("seeded".into()), &options)
+            .0
+            .unwrap();
+        let (m, _) = g.into_parts();
+        (out, m)
+    };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 50,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        seed: 9,
+    };
+    let greedy_penalised = SamplingParams {
+        temperature: 0.0,
+        repetition_penalty: 1.3,
+        ..sampled
+    };
+    for params in [sampled, greedy_penalised] {
+        let (device, dm) = run(true, params);
+        let (host, hm) = run(false, params);
+        assert_eq!(device.tokens, host.tokens, "{params:?}");
+        assert_eq!((dm.logits_calls, dm.argmax_calls), (0, 0));
+        assert_eq!(hm.logits_calls, host.tokens.len());
+        let mut rng = model::sampling::Rng::new(params.seed);
+        let want: Vec<f64> = (0..device.tokens.len())
+            .map(|_| {
+                if params.temperature == 0.0 {
+                    0.0
+                } else {
+                    rng.next_f64()
+                }
+            })
+            .collect();
+        assert_eq!(dm.uniforms, want);
+        // The context of the i-th draw: the prompt and the tokens before it.
+        for (i, ctx) in dm.contexts.iter().enumerate() {
+            let mut expected = device.prompt_tokens.clone();
+            expected.extend_from_slice(&device.tokens[..i]);
+            assert_eq!(ctx, &expected, "draw {i}");
+        }
+    }
 }
 
 /// With prefix reuse on, a prompt that starts with the previous prompt and its answer is

@@ -2,6 +2,7 @@
 
 use model::sampling::{apply_repetition_penalty, argmax, candidates, softmax_of, Rng};
 use model::{ModelError, Sampler, SamplingParams};
+use ops::reference::sampling as device_reference;
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = Rng::new(seed);
@@ -259,4 +260,72 @@ fn invalid_parameters_are_rejected_by_name() {
     }
     // The edges that are allowed: temperature 0 (greedy), top_p 1, top_k 0.
     Sampler::new(params(0.0, 0, 1.0, 0)).unwrap();
+}
+
+/// The draw walks the kept ids in ascending id order (the device sampler's order): of ids 1 and
+/// 2 kept by top-k 2, id 1 (the less likely, probability 1 / (1 + e)) covers `u` in
+/// `[0, 0.269)`.
+#[test]
+fn the_draw_walks_the_kept_ids_in_ascending_order() {
+    let mut s = Sampler::new(params(1.0, 2, 1.0, 0)).unwrap();
+    let logits = [0.0f32, 1.0, 2.0];
+    let p1 = 1.0 / (1.0 + std::f64::consts::E);
+    for (u, want) in [(0.0, 1), (p1 - 1e-6, 1), (p1 + 1e-6, 2), (0.999, 2)] {
+        assert_eq!(
+            s.sample_with(&mut logits.clone(), &[], u).unwrap(),
+            want,
+            "u {u}"
+        );
+    }
+    // The uniforms are the seeded stream's, one per sampled token, none when greedy.
+    let mut s = Sampler::new(params(0.7, 0, 1.0, 3)).unwrap();
+    let mut rng = Rng::new(3);
+    assert_eq!(s.next_uniform(), rng.next_f64());
+    let mut greedy = Sampler::new(SamplingParams {
+        repetition_penalty: 1.2,
+        ..params(0.0, 0, 1.0, 3)
+    })
+    .unwrap();
+    assert_eq!(greedy.next_uniform(), 0.0);
+}
+
+/// The host sampler makes the choice `ops::reference::sampling` (the device sampler's f64
+/// statement) makes, wherever `u` and top-p are not within rounding of a boundary.
+#[test]
+fn the_host_sampler_follows_the_device_samplers_reference() {
+    let mut compared = 0;
+    for seed in 0..400u64 {
+        let mut rng = Rng::new(seed);
+        let n = [1usize, 3, 17, 257, 1000][seed as usize % 5];
+        let scale = [1.0f32, 4.0, 12.0][seed as usize % 3];
+        let mut logits: Vec<f32> = (0..n).map(|_| rng.next_signed_f32() * scale).collect();
+        if seed % 7 == 0 && n > 2 {
+            logits[n / 2] = f32::NEG_INFINITY;
+        }
+        let context: Vec<u32> = (0..(seed % 20))
+            .map(|i| ((i * 31 + seed) % n as u64) as u32)
+            .collect();
+        let p = SamplingParams {
+            temperature: [0.0, 0.5, 1.0, 1.7][seed as usize % 4],
+            top_k: [0, 1, 5, 40, 5000][(seed / 4) as usize % 5],
+            top_p: [1.0, 0.9, 0.3][(seed / 3) as usize % 3],
+            repetition_penalty: [1.0, 1.25][(seed / 2) as usize % 2],
+            seed,
+        };
+        let u = rng.next_f64();
+        let host = Sampler::new(p)
+            .unwrap()
+            .sample_with(&mut logits.clone(), &context, u)
+            .unwrap();
+        let present: Vec<bool> = (0..n as u32).map(|i| context.contains(&i)).collect();
+        let values: Vec<f64> = logits.iter().map(|&v| v as f64).collect();
+        let kept = device_reference::kept(&values, &present, p.row_params());
+        let (before, after) = kept.interval(kept.choose(u).unwrap()).unwrap();
+        if kept.top_p_margin < 1e-6 || u - before < 1e-6 || after - u < 1e-6 {
+            continue;
+        }
+        assert_eq!(Some(host), kept.choose(u), "seed {seed}: {p:?} u {u}");
+        compared += 1;
+    }
+    assert!(compared > 350, "only {compared} draws compared");
 }

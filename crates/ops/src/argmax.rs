@@ -3,8 +3,8 @@
 
 use cubecl::prelude::*;
 
-use crate::launch::{cube_count_1d, validate_rows};
-use crate::{caps, DType, DeviceTensor, OpsError, Result};
+use crate::launch::{check_u32_ids, cube_count_1d, validate_rows};
+use crate::{caps, DType, DeviceTensor, Result};
 
 /// Units per cube: one cube per row, a shared-memory tree over the units' candidates.
 const CUBE: u32 = 512;
@@ -106,17 +106,7 @@ pub fn argmax_into<R: Runtime>(
 ) -> Result<()> {
     const OP: &str = "argmax";
     validate_rows(client, OP, x, &[])?;
-    if out.dtype() != DType::U32 || out.numel() != x.rows() || !out.is_contiguous() {
-        return Err(OpsError::shape(
-            OP,
-            format!(
-                "out must be a contiguous u32 tensor of {} elements, got {:?} {}",
-                x.rows(),
-                out.shape(),
-                out.dtype()
-            ),
-        ));
-    }
+    check_u32_ids(OP, "out", out, x.rows())?;
     let vector = caps::vector_size_for(client, x.dtype(), x.last_dim());
     unsafe {
         argmax_kernel::launch_unchecked::<R>(

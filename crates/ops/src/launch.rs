@@ -58,6 +58,27 @@ pub fn validate_rows<R: Runtime>(
     Ok(())
 }
 
+/// Checks that `t` (the operand called `what`) is a contiguous u32 tensor of `n` elements (an
+/// output of token ids, one per row, or such an input).
+pub fn check_u32_ids<R: Runtime>(
+    op: &'static str,
+    what: &str,
+    t: &DeviceTensor<R>,
+    n: usize,
+) -> Result<()> {
+    if t.dtype() != crate::DType::U32 || t.numel() != n || !t.is_contiguous() {
+        return Err(OpsError::shape(
+            op,
+            format!(
+                "{what} must be a contiguous u32 tensor of {n} elements, got {:?} {}",
+                t.shape(),
+                t.dtype()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Geometry of a one-cube-per-row launch.
 pub struct RowLaunch {
     pub cube_count: CubeCount,

@@ -23,6 +23,7 @@ pub mod qkv;
 pub mod reduce;
 pub mod reference;
 pub mod rope;
+pub mod sampling;
 pub mod softmax;
 pub mod tensor;
 

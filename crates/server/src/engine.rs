@@ -15,6 +15,12 @@
 //! A request's text does not depend on what it is batched with: each one has its own sampler
 //! and seed, and the batched step computes each sequence as it would alone (see
 //! [`model::BatchSession`]).
+//!
+//! Greedy requests take the step's device argmax; sampled ones are sampled here on the host
+//! from the step's logits (read back whenever one of the running requests samples), unlike a
+//! single [`model::Session`], which samples on the device. The host sampler draws as the device
+//! one does (same seeded uniforms, kept ids in ascending order), so a request's text is the
+//! same as `generate`'s for the same seed up to rounding.
 
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;

@@ -5,7 +5,10 @@
 //!   operators;
 //! - [`addlab`]: the add investigation's benchmark cases (the `lab` binary prints them as JSON
 //!   lines, as `cubellm bench` does; `scripts/bench_torch.py --family addlab` times PyTorch's
-//!   counterparts).
+//!   counterparts);
+//! - [`samplelab`]: the device sampler's kernels against the argmax and the logits' copy they
+//!   replace.
 
 pub mod add_variants;
 pub mod addlab;
+pub mod samplelab;

@@ -3,6 +3,7 @@
 //! ```text
 //! lab [--runtime cuda|wgpu|auto] addlab [FILTER]          # the add investigation's cases
 //! lab [--runtime cuda|wgpu|auto] sparse-tune FILTER[,..]  # every launch shape of the BSR cases
+//! lab [--runtime cuda|wgpu|auto] samplelab [FILTER]       # the device sampler's kernels
 //! ```
 //!
 //! `sparse-tune` times every launch shape of the block-sparse benchmark cases whose names
@@ -24,11 +25,11 @@ fn run(args: &[String]) -> Result<(), String> {
             rest.push(a.as_str());
         }
     }
-    let usage =
-        "usage: lab [--runtime cuda|wgpu|auto] addlab [FILTER] | sparse-tune FILTER[,FILTER..]";
+    let usage = "usage: lab [--runtime cuda|wgpu|auto] addlab [FILTER] | samplelab [FILTER] | sparse-tune FILTER[,FILTER..]";
     let (family, filter) = match rest[..] {
         ["addlab"] => ("addlab", ""),
-        ["addlab", filter] | ["sparse-tune", filter] => (rest[0], filter),
+        ["samplelab"] => ("samplelab", ""),
+        ["addlab", filter] | ["samplelab", filter] | ["sparse-tune", filter] => (rest[0], filter),
         _ => return Err(usage.into()),
     };
     let backend = runtime::resolve(choice).map_err(|e| e.to_string())?;
@@ -37,6 +38,9 @@ fn run(args: &[String]) -> Result<(), String> {
         if family == "addlab" {
             let cases = lab::addlab::cases::<R>(&client);
             bench::measure(&client, "addlab", cases, filter);
+        } else if family == "samplelab" {
+            let cases = lab::samplelab::cases::<R>(&client);
+            bench::measure(&client, "samplelab", cases, filter);
         } else {
             let filters: Vec<&str> = filter.split(',').collect();
             let cases = bench::sparse::tune_cases(&client, &filters);

@@ -126,7 +126,7 @@ pub struct StepContext<'a, R: Runtime> {
 /// | `token` | `[1]` | u32 | the input token id (host-written) |
 /// | `act` | `[1, ..]` | compute | the layer activations ([`Activations`]; `normed` also takes the final norm) |
 /// | `logits` | `[1, V]` | compute | output of the LM head |
-/// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without reading the logits) |
+/// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without reading the logits; sampled steps use the session's device sampler) |
 /// | `workspace` | | f32 | split-KV attention partials, sized for the cache's capacity |
 /// | `scratch` | | compute | intermediates of compressed projections |
 pub struct DecodeBuffers<R: Runtime> {

@@ -3,7 +3,8 @@
 //! and the model allow it.
 
 use cubecl::prelude::*;
-use ops::{caps, DeviceTensor};
+use ops::sampling::{RowParams, SamplingInputs, SamplingPlan, SamplingWorkspace};
+use ops::{caps, DType, DeviceTensor};
 
 use crate::engine::buffers::DecodeBuffers;
 use crate::engine::device_lock;
@@ -12,6 +13,7 @@ use crate::engine::model::{Logits, Model};
 use crate::engine::projection::Projection;
 use crate::error::{ModelError, Result};
 use crate::generate::CausalLm;
+use crate::sampling::SamplingParams;
 
 /// Where the current logits are.
 enum Current<R: Runtime> {
@@ -105,18 +107,46 @@ impl<R: Runtime> StepGraph<R> {
     }
 }
 
+/// The slot of a plan's graph in [`DeviceSampler::graphs`].
+fn plan_index(plan: SamplingPlan) -> usize {
+    usize::from(plan.top_k) | usize::from(plan.top_p) << 1
+}
+
 /// How a [`Session`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionOptions {
     /// Capture the decode step as a CUDA graph and replay it (CUDA only; models with
     /// block-sparse projections always run eagerly).
     pub cuda_graphs: bool,
+    /// Sample on the device ([`CausalLm::sample_on_device`]); off, sampled generations copy the
+    /// logits to the host and sample there (the comparison `bench-generate --host-sampling`
+    /// makes).
+    pub device_sampling: bool,
 }
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        Self { cuda_graphs: true }
+        Self {
+            cuda_graphs: true,
+            device_sampling: true,
+        }
     }
+}
+
+/// The device sampler of a session ([`ops::sampling`] for one row), allocated at its first use.
+struct DeviceSampler<R: Runtime> {
+    /// The decode step's sampling (the presence mark of the step's token, then the draw),
+    /// captured as a CUDA graph like the step, one per [`SamplingPlan`] (the launches differ).
+    /// Declared first: dropped before the buffers.
+    graphs: [StepGraph<R>; 4],
+    inputs: SamplingInputs<R>,
+    workspace: SamplingWorkspace<R>,
+    out: DeviceTensor<R>,
+    /// What the parameter buffer holds.
+    params: Option<RowParams>,
+    /// The context whose distinct tokens the presence mask holds; `None` when unknown (it is
+    /// then filled again from the host before a penalised draw).
+    marked: Option<Vec<u32>>,
 }
 
 /// A model with its KV cache and decode buffers: what [`crate::Generator`] drives.
@@ -126,12 +156,22 @@ impl Default for SessionOptions {
 /// scalars (the token, and the cache's position and length) and launches one graph instead of
 /// ~9 kernels per layer. The graph reads the same buffers every time (the decode buffers, the
 /// cache, the weights), all owned by the session, so they outlive it.
+///
+/// Sampled generations draw on the device too ([`CausalLm::sample_on_device`]): the sampler's
+/// kernels run on the current logits (after a decode step, as a second captured graph) and the
+/// host reads back one id instead of the vocabulary's logits. The repetition penalty's
+/// presence mask is filled from the context at the first token and then updated on the device
+/// with each step's input token.
 pub struct Session<R: Runtime> {
     model: Model<R>,
     cache: KvCache<R>,
     step: DecodeBuffers<R>,
     current: Current<R>,
     graph: StepGraph<R>,
+    options: SessionOptions,
+    sampler: Option<DeviceSampler<R>>,
+    /// The input token of the last decode step (what the step's presence mark adds).
+    last_decoded: Option<u32>,
 }
 
 impl<R: Runtime> Session<R> {
@@ -153,12 +193,23 @@ impl<R: Runtime> Session<R> {
             step,
             current: Current::None,
             graph,
+            options,
+            sampler: None,
+            last_decoded: None,
         })
     }
 
     /// Whether decode steps currently replay a captured graph.
     pub fn uses_graph(&self) -> bool {
         self.graph.ready()
+    }
+
+    /// Whether the decode steps' device sampling with the parameters written last replays a
+    /// captured graph.
+    pub fn sampling_uses_graph(&self) -> bool {
+        self.sampler
+            .as_ref()
+            .is_some_and(|s| s.graphs[plan_index(s.inputs.plan())].ready())
     }
 
     /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
@@ -170,6 +221,24 @@ impl<R: Runtime> Session<R> {
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
         unsafe { self.graph.run(&c, || model.decode_step(cache, step)) }
+    }
+
+    /// The device sampler, allocated on first use.
+    fn sampler(&mut self) -> Result<&mut DeviceSampler<R>> {
+        if self.sampler.is_none() {
+            let c = self.model.client();
+            let vocab = self.model.config().vocab_size;
+            let graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
+            self.sampler = Some(DeviceSampler {
+                graphs,
+                inputs: SamplingInputs::new(c, 1, vocab)?,
+                workspace: SamplingWorkspace::new(c, 1, vocab)?,
+                out: DeviceTensor::empty(c, &[1], DType::U32),
+                params: None,
+                marked: None,
+            });
+        }
+        Ok(self.sampler.as_mut().expect("allocated above"))
     }
 
     pub fn model(&self) -> &Model<R> {
@@ -242,6 +311,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         self.run_step()?;
         self.cache.commit_append()?;
         self.current = Current::Decode;
+        self.last_decoded = Some(token);
         Ok(())
     }
 
@@ -260,6 +330,90 @@ impl<R: Runtime> CausalLm for Session<R> {
             step: self.cache.len(),
             detail: "empty logits".into(),
         })
+    }
+
+    fn sample_on_device(
+        &mut self,
+        params: &SamplingParams,
+        context: &[u32],
+        u: f64,
+    ) -> Result<Option<u32>> {
+        if !self.options.device_sampling {
+            return Ok(None);
+        }
+        let decode = match &self.current {
+            Current::Prefill(_) => false,
+            Current::Decode => true,
+            Current::None => {
+                return Err(ModelError::param("sample", "no forward pass has run yet"))
+            }
+        };
+        let last_decoded = self.last_decoded;
+        let vocab = self.model.config().vocab_size;
+        let c = self.model.client().clone();
+        let row = params.row_params();
+        let graph = plan_index(SamplingPlan::for_params(&[row]));
+        let capturing = decode
+            && self
+                .sampler
+                .as_ref()
+                .is_some_and(|s| s.graphs[graph].capturing());
+        // A capture keeps every other session's device work out of its window.
+        let _device = device_lock::for_step(capturing);
+        let sampler = self.sampler()?;
+        if sampler.params != Some(row) {
+            sampler.inputs.write_params(&c, &[row])?;
+            sampler.params = Some(row);
+        }
+        sampler.inputs.write_uniforms(&c, &[u])?;
+        if row.repetition_penalty == 1.0 {
+            // The mask is unused (and the steps' marks no longer follow a context).
+            sampler.marked = None;
+        } else {
+            // After a decode step the step's input token is marked on the device: the mask is
+            // current if it held the context up to that token.
+            let current = decode
+                && sampler.marked.as_ref().is_some_and(|m| {
+                    context.len() == m.len() + 1
+                        && context.starts_with(m)
+                        && context.last().copied() == last_decoded
+                });
+            if current {
+                if let Some(m) = sampler.marked.as_mut() {
+                    m.push(context[context.len() - 1]);
+                }
+            } else {
+                sampler.inputs.fill_presence(&c, &[context])?;
+                sampler.marked = Some(context.to_vec());
+            }
+        }
+        let sampler = self.sampler.as_mut().expect("allocated above");
+        let (inputs, workspace, out) = (&sampler.inputs, &sampler.workspace, &sampler.out);
+        match &self.current {
+            Current::Prefill(logits) => {
+                ops::sampling::sample_into(&c, logits, inputs, workspace, out)?;
+            }
+            _ => {
+                let step = &self.step;
+                let run = || -> Result<()> {
+                    ops::sampling::presence_mark_into(&c, &step.token, inputs)?;
+                    ops::sampling::sample_into(&c, &step.logits, inputs, workspace, out)?;
+                    Ok(())
+                };
+                // SAFETY: the graph reads and writes only buffers owned by this session (the
+                // decode buffers and the sampler's), which live as long as the graph, on the
+                // one client's stream.
+                unsafe { sampler.graphs[graph].run(&c, run)? };
+            }
+        }
+        let token = out.to_vec::<u32>(&c)?[0];
+        if token as usize >= vocab {
+            return Err(ModelError::BadLogits {
+                step: self.cache.len(),
+                detail: "no candidate to sample (every logit is NaN or -inf)".into(),
+            });
+        }
+        Ok(Some(token))
     }
 
     fn logits(&mut self, out: &mut Vec<f32>) -> Result<()> {

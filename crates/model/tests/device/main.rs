@@ -11,6 +11,7 @@ mod common;
 mod compressed;
 mod loading;
 mod long_context;
+mod sampling;
 mod session;
 mod transformers;
 

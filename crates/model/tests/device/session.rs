@@ -180,7 +180,14 @@ fn graph_option<R: Runtime>(client: &ComputeClient<R>) {
     let mut runs = Vec::new();
     for cuda_graphs in [true, false] {
         let (m, _) = load(client, &dir, &opts).unwrap();
-        let mut session = Session::with_options(m, SessionOptions { cuda_graphs }).unwrap();
+        let mut session = Session::with_options(
+            m,
+            SessionOptions {
+                cuda_graphs,
+                ..SessionOptions::default()
+            },
+        )
+        .unwrap();
         session.prefill(&r.prompt).unwrap();
         let (mut tokens, mut logits, mut row) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..6 {
@@ -282,7 +289,14 @@ fn prefix_kept<R: Runtime>(client: &ComputeClient<R>) {
         };
         let (m, _) = load(client, &demo.0, &options).unwrap();
         let vocab = m.config().vocab_size;
-        let mut s = Session::with_options(m, SessionOptions { cuda_graphs: false }).unwrap();
+        let mut s = Session::with_options(
+            m,
+            SessionOptions {
+                cuda_graphs: false,
+                ..SessionOptions::default()
+            },
+        )
+        .unwrap();
         let prompt: Vec<u32> = (0..23).map(|i| (i * 37 % 300) as u32 + 5).collect();
         let logits = |s: &mut Session<R>| {
             let mut out = Vec::new();

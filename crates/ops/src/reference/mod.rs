@@ -7,3 +7,4 @@ pub mod matmul;
 pub mod norm;
 pub mod qkv;
 pub mod rope;
+pub mod sampling;

@@ -13,4 +13,5 @@ mod matmul_tensor_gemv;
 mod norm;
 mod qkv;
 mod rope;
+mod sampling;
 mod softmax;
