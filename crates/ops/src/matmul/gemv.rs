@@ -95,6 +95,42 @@ fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
     s
 }
 
+/// Adds one K vector's products to every row's accumulators: `w`'s (and the gated `u`'s) dot
+/// products with x, scaled on the fly by the norm weight `g`, and x's squares for the norm.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate_vector<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    wv: Vector<F, N>,
+    uv: Vector<F, N>,
+    gv: Vector<F, N>,
+    kv: usize,
+    k_vectors: usize,
+    acc: &mut Array<f32>,
+    acc_up: &mut Array<f32>,
+    squares: &mut Array<f32>,
+    #[comptime] m_rows: usize,
+    #[comptime] normed: bool,
+    #[comptime] gated: bool,
+) {
+    #[unroll]
+    for m in 0..m_rows {
+        let xv = x[m * k_vectors + kv];
+        if normed {
+            squares[m] += sum_squares(xv);
+            acc[m] += dot3(xv, gv, wv);
+            if gated {
+                acc_up[m] += dot3(xv, gv, uv);
+            }
+        } else {
+            acc[m] += dot(xv, wv);
+            if gated {
+                acc_up[m] += dot(xv, uv);
+            }
+        }
+    }
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemv_kernel<F: Float, N: Size>(
@@ -136,48 +172,67 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     let w_base = row * k_vectors;
     let up_base = (up_row_offset + row) * k_vectors;
     let first = UNIT_POS_X as usize;
-    let mut w0 = Vector::<F, N>::new(F::new(0.0));
-    let mut u0 = w0;
+    let mut start = first;
     if comptime![plan.early_wait] {
         // Weights are never written by a kernel: the first vectors load while the kernel
-        // before this one finishes; x and the outputs wait for it.
-        if first < k_vectors {
+        // before this one finishes; x and the outputs wait for it. The first vector is
+        // consumed outside the loop so that the loop body stays branch-free.
+        let mut w0 = Vector::<F, N>::new(F::new(0.0));
+        let mut u0 = w0;
+        let mut g0 = w0;
+        let has_first = first < k_vectors;
+        if has_first {
             w0 = w[w_base + first];
             if gated {
                 u0 = w_up[up_base + first];
             }
+            if normed {
+                g0 = norm_weight[first];
+            }
         }
         gpu_asm!("griddepcontrol.wait;");
+        if has_first {
+            accumulate_vector::<F, N>(
+                x,
+                w0,
+                u0,
+                g0,
+                first,
+                k_vectors,
+                &mut acc,
+                &mut acc_up,
+                &mut squares,
+                m_rows,
+                normed,
+                gated,
+            );
+        }
+        start = first + lanes;
     }
-    for kv in range_stepped(first, k_vectors, lanes) {
-        let mut wv = w0;
-        let mut uv = u0;
-        if !comptime![plan.early_wait] || kv != first {
-            wv = w[w_base + kv];
-            if gated {
-                uv = w_up[up_base + kv];
-            }
+    for kv in range_stepped(start, k_vectors, lanes) {
+        let wv = w[w_base + kv];
+        let mut uv = wv;
+        if gated {
+            uv = w_up[up_base + kv];
         }
         let mut gv = wv;
         if normed {
             gv = norm_weight[kv];
         }
-        #[unroll]
-        for m in 0..m_rows {
-            let xv = x[m * k_vectors + kv];
-            if normed {
-                squares[m] += sum_squares(xv);
-                acc[m] += dot3(xv, gv, wv);
-                if gated {
-                    acc_up[m] += dot3(xv, gv, uv);
-                }
-            } else {
-                acc[m] += dot(xv, wv);
-                if gated {
-                    acc_up[m] += dot(xv, uv);
-                }
-            }
-        }
+        accumulate_vector::<F, N>(
+            x,
+            wv,
+            uv,
+            gv,
+            kv,
+            k_vectors,
+            &mut acc,
+            &mut acc_up,
+            &mut squares,
+            m_rows,
+            normed,
+            gated,
+        );
     }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
