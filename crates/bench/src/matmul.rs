@@ -145,7 +145,8 @@ pub const SWEEP_WEIGHT_POOL: usize = 256 << 20;
 /// bf16: `cubellm bench --family gemv-sweep`. For 4 and 8 vectors per lane and one or two
 /// column tiles per plane, K is cut into slices of `32 · vectors` elements and spread over cubes
 /// of about 4, 8 or 16 slices each (split across cubes through a scratch when K has more), plus
-/// the scratch-less form whose planes loop over K, and [`TensorGemvShape::auto`]'s shape. gate_up
+/// the scratch-less form whose planes loop over K, and [`TensorGemvShape::auto`]'s shape; at one
+/// row also the CUDA-core GEMV with its own K split and each of 1, 2, 4 and 8. gate_up
 /// runs as the model runs it, gated with the input norm; the others as plain products. Each case
 /// cycles through copies of its weight filling [`SWEEP_WEIGHT_POOL`] bytes, so that the weights
 /// stream from DRAM as in the decode step (one copy of qkv, o or down would stay in a 50 MB L2
@@ -206,13 +207,29 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 Rc::new(y),
                 Rc::new(split),
             );
-            for shape in shapes {
-                let TensorGemvShape {
-                    splits: s,
-                    vectors,
-                    tiles,
-                    cube_splits: c,
-                } = shape;
+            let mut strategies: Vec<(String, MatmulStrategy)> = shapes
+                .into_iter()
+                .map(|shape| {
+                    let TensorGemvShape {
+                        splits: s,
+                        vectors,
+                        tiles,
+                        cube_splits: c,
+                    } = shape;
+                    (
+                        format!("s{s} v{vectors} t{tiles} c{c}"),
+                        MatmulStrategy::TensorGemv(Some(shape)),
+                    )
+                })
+                .collect();
+            if m == 1 {
+                // The CUDA-core GEMV, which one row runs on: its own choice and each K split.
+                strategies.push(("gemv auto".to_string(), MatmulStrategy::Gemv));
+                for s in [1u32, 2, 4, 8] {
+                    strategies.push((format!("gemv s{s}"), MatmulStrategy::GemvSplit(s)));
+                }
+            }
+            for (label, strategy) in strategies {
                 let (x, ws, g, normed, y, split) = (
                     x.clone(),
                     w.clone(),
@@ -223,7 +240,7 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 );
                 let next = Cell::new(0usize);
                 out.push(Case {
-                    name: format!("sweep {name} {m}x{k}x{n} s{s} v{vectors} t{tiles} c{c}"),
+                    name: format!("sweep {name} {m}x{k}x{n} {label}"),
                     dtype,
                     bytes: e * (m * k + n * k + m * cols) as f64,
                     flops: 2.0 * (m * n * k) as f64,
@@ -231,7 +248,7 @@ pub fn gemv_sweep<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                         let w = &ws[next.get() % ws.len()];
                         next.set(next.get() + 1);
                         let opts = ProductOptions {
-                            strategy: MatmulStrategy::TensorGemv(Some(shape)),
+                            strategy,
                             split_k: Some(&*split),
                             rows_invariant: true,
                         };
