@@ -106,8 +106,8 @@ pub fn has_pdl<R: Runtime>(client: &ComputeClient<R>) -> bool {
 /// fence). On unless `CUBELLM_FUSED_MERGE` is `0`, the switch for measuring one against the other.
 pub fn fused_attention_merge<R: Runtime>(client: &ComputeClient<R>) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF
-        .get_or_init(|| std::env::var("CUBELLM_FUSED_MERGE").is_ok_and(|v| v.trim() == "0"));
+    let off =
+        *OFF.get_or_init(|| std::env::var("CUBELLM_FUSED_MERGE").is_ok_and(|v| v.trim() == "0"));
     runtime_name(client).contains("cuda") && !off
 }
 

@@ -290,7 +290,16 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     if comptime![blueprint.fused_merge] {
         let tile = (CUBE_POS_Z * geo.hkv + hk) as usize;
         if last_to_finish(counters, tile, geo.splits) {
-            merge_tile::<F>(&io.part_acc, &io.part_stats, &mut io.out, &geo, b, first_rho, hk, blueprint);
+            merge_tile::<F>(
+                &io.part_acc,
+                &io.part_stats,
+                &mut io.out,
+                &geo,
+                b,
+                first_rho,
+                hk,
+                blueprint,
+            );
         }
     }
 }
@@ -383,4 +392,48 @@ fn merge_tile<F: Float>(
             }
         }
     }
+}
+
+/// Launches [`split_kv_mma_kernel`] on cubes of `(split, KV head, sequence x 16-row block)`, the
+/// keys split for about `target` cubes; when they are split, the last cube of each tile merges
+/// them (or, with [`crate::caps::fused_attention_merge`] off, a merge kernel after it).
+pub(crate) fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    len_t: &DeviceTensor<R>,
+    mut blueprint: SplitKvMmaBlueprint,
+    target: usize,
+) -> Result<()> {
+    let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
+    blueprint.partial = split.partial();
+    blueprint.fused_merge = blueprint.partial && crate::caps::fused_attention_merge(client);
+    let tiles = p.hkv * p.batch * split.row_blocks;
+    let cubes = split.splits * tiles;
+    blueprint.trigger = crate::caps::has_launch_dependents(client)
+        && cubes <= crate::caps::num_sms(client) as usize;
+    // SAFETY: the kernel indexes the counters by tile (below `tiles`) and its last cube per tile
+    // resets its counter.
+    let counters =
+        unsafe { split.counters_arg(op, if blueprint.fused_merge { tiles } else { 0 })? };
+    unsafe {
+        split_kv_mma_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(
+                split.splits as u32,
+                p.hkv as u32,
+                (p.batch * split.row_blocks) as u32,
+            ),
+            CubeDim::new_1d((32 * blueprint.warps) as u32),
+            split.buffers(p, len_t),
+            split.geometry(p),
+            counters,
+            blueprint,
+            p.q.dtype().elem_type(),
+        );
+    }
+    if !blueprint.fused_merge {
+        split.finish(client, p);
+    }
+    Ok(())
 }
