@@ -101,16 +101,6 @@ pub fn has_pdl<R: Runtime>(client: &ComputeClient<R>) -> bool {
     has_launch_dependents(client) && !off
 }
 
-/// Whether the tensor-core decode attention combines its key splits in the last cube of each
-/// tile rather than in a merge kernel after it (CUDA: the last-cube protocol needs a device-scope
-/// fence). On unless `CUBELLM_FUSED_MERGE` is `0`, the switch for measuring one against the other.
-pub fn fused_attention_merge<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off =
-        *OFF.get_or_init(|| std::env::var("CUBELLM_FUSED_MERGE").is_ok_and(|v| v.trim() == "0"));
-    runtime_name(client).contains("cuda") && !off
-}
-
 /// Number of streaming multiprocessors (or a guess of 32 when the runtime does not say).
 pub fn num_sms<R: Runtime>(client: &ComputeClient<R>) -> u32 {
     client

@@ -26,11 +26,8 @@
 //!   flash-attention kernel (`tiled.rs`), which also splits long key ranges.
 //!
 //! The two tensor-core kernels run the same FlashAttention step (`flash_step.rs`: S = Q·Kᵀ with
-//! `mma`, the online-softmax update on `ex2`, P repacked in registers, O += P·V). A split launch
-//! combines its per-split partials in `merge.rs`, a kernel after it; on CUDA the tensor-core
-//! decode kernel does it itself instead: the last cube to finish a tile (an atomic counter per
-//! tile, the protocol of [`crate::gemm::last_to_finish`]) merges the tile's splits in split
-//! order, which saves a launch per layer (`CUBELLM_FUSED_MERGE=0` restores the merge kernel).
+//! `mma`, the online-softmax update on `ex2`, P repacked in registers, O += P·V); split launches
+//! end with `merge.rs`, which combines the per-split partials.
 //!
 //! **Tuning.** The tensor-core tile shapes are the caller's: [`AttentionStrategy::Auto`] uses
 //! [`FlashTiling::default`] and [`SplitKvTiling::default`] (measured best on an H100), and a forced
@@ -38,7 +35,7 @@
 //! (benchmark sweeps pass theirs this way).
 //!
 //! **Workspace.** When the keys are split, the partials live in a small f32 workspace
-//! (`splits x Lq x Hq x (D + 2)`, and a u32 tile counter per row, zero between launches). [`attention_into`] allocates it per call;
+//! (`splits x Lq x Hq x (D + 2)`). [`attention_into`] allocates it per call;
 //! [`attention_cached_into`] uses the [`AttentionWorkspace`] it is given (an
 //! [`OpsError::InvalidArgument`] if too small; `None` allocates per call). The model's decode step
 //! passes one, so that it allocates nothing and can be captured as a CUDA graph.

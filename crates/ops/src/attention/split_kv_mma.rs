@@ -13,8 +13,7 @@ use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers
 use super::plan::Problem;
 use super::workspace::Split;
 use super::SplitKvTiling;
-use crate::gemm::last_to_finish;
-use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
+use crate::online_softmax::EMPTY_MAX;
 use crate::{DeviceTensor, Result};
 
 /// The comptime shape of [`split_kv_mma_kernel`].
@@ -33,9 +32,6 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// projection launch during this kernel (the projection then streams its weights while the
     /// attention runs).
     pub trigger: bool,
-    /// With `partial`: the last cube to finish a (sequence, row block, KV head) tile combines
-    /// the tile's partials itself (an atomic counter per tile), so no merge kernel follows.
-    pub fused_merge: bool,
 }
 
 impl SplitKvMmaBlueprint {
@@ -48,7 +44,6 @@ impl SplitKvMmaBlueprint {
             device_len,
             partial: false,
             trigger: false,
-            fused_merge: false,
         }
     }
 
@@ -85,7 +80,6 @@ impl SplitKvMmaBlueprint {
 pub(crate) fn split_kv_mma_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
     geo: Geometry,
-    counters: &[Atomic<u32>],
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -286,117 +280,10 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
             }
         }
     }
-
-    if comptime![blueprint.fused_merge] {
-        let tile = (CUBE_POS_Z * geo.hkv + hk) as usize;
-        if last_to_finish(counters, tile, geo.splits) {
-            merge_tile::<F>(
-                &io.part_acc,
-                &io.part_stats,
-                &mut io.out,
-                &geo,
-                b,
-                first_rho,
-                hk,
-                blueprint,
-            );
-        }
-    }
-}
-
-/// Splits whose partials [`merge_tile`] loads together.
-const MERGE_UNROLL: usize = 4;
-
-/// Combines the `geo.splits` partials of the 16 rows from `first_rho` into the output, in the
-/// cube that finished the tile last: `out = Σ_s w_s acc_s / Σ_s w_s sum_s` with
-/// `w_s = exp(max_s - max)`, splits that saw no key weighing 0. Every unit takes one or more
-/// head-dimension columns and walks the splits in order (so the sum does not depend on which
-/// cube finished last), `MERGE_UNROLL` splits' loads in flight at a time; the per-row
-/// statistics are read by every unit (the same addresses across the cube).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn merge_tile<F: Float>(
-    part_acc: &[f32],
-    part_stats: &[f32],
-    out: &mut [F],
-    geo: &Geometry,
-    b: u32,
-    first_rho: u32,
-    hk: u32,
-    #[comptime] blueprint: SplitKvMmaBlueprint,
-) {
-    let d = comptime![blueprint.d];
-    let lanes = comptime![blueprint.d.min(32 * blueprint.warps)];
-    let unroll = comptime![MERGE_UNROLL];
-    let rows_valid = min(geo.lq * geo.group - first_rho, 16u32);
-    let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
-    let splits = geo.splits as usize;
-    // Row r of the tile is query first_rho + r of the group: its output row.
-    let head0 = hk * geo.group;
-    let mut m = Array::<f32>::new(16usize);
-    let mut l = Array::<f32>::new(16usize);
-    let mut acc = Array::<f32>::new(16usize);
-    #[unroll]
-    for r in 0..16usize {
-        m[r] = f32::new(EMPTY_MAX);
-    }
-    // The rows' maxima over the splits.
-    for s0 in range_stepped(0usize, splits, unroll) {
-        #[unroll]
-        for u in 0..unroll {
-            let s = s0 + u;
-            #[unroll]
-            for r in 0..16usize {
-                if s < splits && (r as u32) < rows_valid {
-                    let rho = first_rho + r as u32;
-                    let orow = ((b * geo.lq + rho / geo.group) * geo.hq + head0 + rho % geo.group)
-                        as usize;
-                    m[r] = max(m[r], part_stats[(s * rows_out + orow) * 2]);
-                }
-            }
-        }
-    }
-    for dd in range_stepped(UNIT_POS as usize, d, lanes) {
-        #[unroll]
-        for r in 0..16usize {
-            l[r] = 0f32;
-            acc[r] = 0f32;
-        }
-        for s0 in range_stepped(0usize, splits, unroll) {
-            #[unroll]
-            for u in 0..unroll {
-                let s = s0 + u;
-                #[unroll]
-                for r in 0..16usize {
-                    if s < splits && (r as u32) < rows_valid {
-                        let rho = first_rho + r as u32;
-                        let orow = ((b * geo.lq + rho / geo.group) * geo.hq
-                            + head0
-                            + rho % geo.group) as usize;
-                        let prow = s * rows_out + orow;
-                        let w = exp_or_zero(part_stats[prow * 2], m[r]);
-                        l[r] += part_stats[prow * 2 + 1] * w;
-                        acc[r] += part_acc[prow * d + dd] * w;
-                    }
-                }
-            }
-        }
-        #[unroll]
-        for r in 0..16usize {
-            if (r as u32) < rows_valid {
-                let rho = first_rho + r as u32;
-                let orow =
-                    ((b * geo.lq + rho / geo.group) * geo.hq + head0 + rho % geo.group) as usize;
-                let inv = select(l[r] > 0f32, 1f32 / l[r], 0f32);
-                out[orow * d + dd] = F::cast_from(acc[r] * inv);
-            }
-        }
-    }
 }
 
 /// Launches [`split_kv_mma_kernel`] on cubes of `(split, KV head, sequence x 16-row block)`, the
-/// keys split for about `target` cubes; when they are split, the last cube of each tile merges
-/// them (or, with [`crate::caps::fused_attention_merge`] off, a merge kernel after it).
+/// keys split for about `target` cubes, then the merge when they are split.
 pub(crate) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
@@ -407,15 +294,9 @@ pub(crate) fn launch<R: Runtime>(
 ) -> Result<()> {
     let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
     blueprint.partial = split.partial();
-    blueprint.fused_merge = blueprint.partial && crate::caps::fused_attention_merge(client);
-    let tiles = p.hkv * p.batch * split.row_blocks;
-    let cubes = split.splits * tiles;
+    let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
     blueprint.trigger = crate::caps::has_launch_dependents(client)
         && cubes <= crate::caps::num_sms(client) as usize;
-    // SAFETY: the kernel indexes the counters by tile (below `tiles`) and its last cube per tile
-    // resets its counter.
-    let counters =
-        unsafe { split.counters_arg(op, if blueprint.fused_merge { tiles } else { 0 })? };
     unsafe {
         split_kv_mma_kernel::launch_unchecked::<R>(
             client,
@@ -427,13 +308,10 @@ pub(crate) fn launch<R: Runtime>(
             CubeDim::new_1d((32 * blueprint.warps) as u32),
             split.buffers(p, len_t),
             split.geometry(p),
-            counters,
             blueprint,
             p.q.dtype().elem_type(),
         );
     }
-    if !blueprint.fused_merge {
-        split.finish(client, p);
-    }
+    split.finish(client, p);
     Ok(())
 }

@@ -1,7 +1,6 @@
 //! The key split of the split launches and where their f32 partials `(acc, max, sum)` live.
 
 use cubecl::prelude::*;
-use cubecl::server::Handle;
 
 use super::geometry::{GeometryLaunch, SplitBuffersLaunch};
 use super::merge;
@@ -13,9 +12,6 @@ use crate::{caps, DType, DeviceTensor, OpsError, Result};
 pub struct AttentionWorkspace<R: Runtime> {
     acc: DeviceTensor<R>,
     stats: DeviceTensor<R>,
-    /// One u32 per tile of a launch that merges its splits in the last cube (zero between
-    /// launches; the kernel leaves them zeroed). A launch has at most one tile per output row.
-    counters: Handle,
     rows: usize,
     d: usize,
 }
@@ -27,7 +23,6 @@ impl<R: Runtime> AttentionWorkspace<R> {
         Self {
             acc: DeviceTensor::empty(client, &[rows * d.max(1)], DType::F32),
             stats: DeviceTensor::empty(client, &[rows * 2], DType::F32),
-            counters: zeroed_counters(client, rows),
             rows,
             d,
         }
@@ -53,10 +48,6 @@ impl<R: Runtime> AttentionWorkspace<R> {
     }
 }
 
-fn zeroed_counters<R: Runtime>(client: &ComputeClient<R>, len: usize) -> Handle {
-    client.create_from_slice(&vec![0u8; 4 * len.max(1)])
-}
-
 /// How many cubes share the keys of one (sequence, row block, KV head): enough cubes to cover the
 /// device (`target`), never a chunk shorter than one step of the kernel.
 fn split_plan(max_len: usize, step: usize, cubes: usize, target: usize) -> (usize, usize) {
@@ -73,8 +64,6 @@ pub(crate) enum Partials<'a, R: Runtime> {
     Owned {
         acc: DeviceTensor<R>,
         stats: DeviceTensor<R>,
-        counters: Handle,
-        counter_len: usize,
     },
     Borrowed(&'a AttentionWorkspace<R>),
 }
@@ -104,13 +93,9 @@ impl<'a, R: Runtime> Partials<'a, R> {
         } else {
             (1, 1)
         };
-        // Tiles of a launch: at most one per output row.
-        let counter_len = if splits > 1 { p.rows_out() } else { 1 };
         Ok(Partials::Owned {
             acc: DeviceTensor::empty(client, &[acc], DType::F32),
             stats: DeviceTensor::empty(client, &[stats], DType::F32),
-            counters: zeroed_counters(client, counter_len),
-            counter_len,
         })
     }
 
@@ -125,18 +110,6 @@ impl<'a, R: Runtime> Partials<'a, R> {
         match self {
             Partials::Owned { stats, .. } => stats,
             Partials::Borrowed(ws) => &ws.stats,
-        }
-    }
-
-    /// The tile counters and how many there are.
-    fn counters(&self) -> (&Handle, usize) {
-        match self {
-            Partials::Owned {
-                counters,
-                counter_len,
-                ..
-            } => (counters, *counter_len),
-            Partials::Borrowed(ws) => (&ws.counters, ws.rows.max(1)),
         }
     }
 }
@@ -221,22 +194,6 @@ impl<'a, R: Runtime> Split<'a, R> {
             p.slots.is_some() as u32,
             p.slots.unwrap_or(1) as u32,
         )
-    }
-
-    /// The tile counters of a kernel that merges in its last cube, for `tiles` tiles.
-    ///
-    /// # Safety
-    /// The kernel must index them below `tiles` and leave every one at zero.
-    pub unsafe fn counters_arg(&self, op: &'static str, tiles: usize) -> Result<BufferArg<R>> {
-        let (handle, len) = self.parts.counters();
-        if tiles > len {
-            return Err(OpsError::invalid(
-                op,
-                format!("workspace has {len} tile counters, the launch needs {tiles}"),
-            ));
-        }
-        // SAFETY: the caller's contract; `tiles` fit.
-        Ok(unsafe { BufferArg::from_raw_parts(handle.clone(), len) })
     }
 
     /// Combines the partials into the output (nothing to do with one split).

@@ -32,7 +32,7 @@ pub fn fence_device() {
 /// finished last (which has reset the counter). Every unit of the cube must call it once, after
 /// writing its partials; after it returns true the other cubes' partials are visible.
 #[cube]
-pub fn last_to_finish(counters: &[Atomic<u32>], slot: usize, splits: u32) -> bool {
+pub fn last_to_finish(counters: &[Atomic<u32>], slot: usize, #[comptime] splits: u32) -> bool {
     fence_device();
     sync_cube();
     let mut flag = Shared::<[u32]>::new_slice(1usize);
