@@ -54,7 +54,7 @@ struct NkPlan {
     /// Lanes per column (4..=32): a short K gives each column fewer lanes, so that every lane
     /// still has several loads to issue.
     lanes: u32,
-    /// Columns per cube (`CUBE_UNITS / lanes`).
+    /// Columns per cube (`CUBE_UNITS / lanes`, fewer where that leaves SMs without two cubes).
     cols: u32,
     use_plane: bool,
     /// Every weight vector lies in one scale group (one scale load per vector, not per word).
@@ -384,10 +384,17 @@ pub(crate) fn gemv_nk<R: Runtime>(
     let batch = w_vectors
         .div_ceil(lanes as usize)
         .clamp(1, MAX_LOADS / halves) as u32;
+    // Fewer columns per cube where the columns would not give every SM two cubes (the 1.5B
+    // model's qkv and o: 64 and 48 cubes of 32 columns, half the GPU idle).
+    let sms = caps::num_sms(client) as usize;
+    let mut cols = CUBE_UNITS / lanes;
+    while cols > 1 && n.div_ceil(cols as usize) < 2 * sms {
+        cols /= 2;
+    }
     let plan = NkPlan {
         m: m as u32,
         lanes,
-        cols: CUBE_UNITS / lanes,
+        cols,
         use_plane,
         scale_per_vector: words_per_group.is_multiple_of(nw),
         epilogue: EpilogueBlueprint {
@@ -395,7 +402,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
             has_residual: epilogue.residual.is_some(),
             gate: epilogue.gate,
         },
-        norm: epilogue.norm.map(|_| ReducePlan::new(client, CUBE_UNITS)),
+        norm: epilogue.norm.map(|_| ReducePlan::new(client, lanes * cols)),
         batch,
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
