@@ -35,69 +35,6 @@ pub(crate) struct SkinnyPlan {
     pub fused: bool,
     /// How the fused kernel reads and encodes x.
     pub rows: RowQuantPlan,
-    /// Load each warp's first step of weights before `griddepcontrol.wait`
-    /// (`ops::caps::has_pdl`): they stream while the kernel before finishes and while the fused
-    /// kernel quantizes x.
-    pub early_wait: bool,
-    /// Signal `griddepcontrol.launch_dependents` once the weights are read, so that the next
-    /// kernel launches (and loads its own weights) while this one reduces.
-    pub trigger: bool,
-}
-
-/// Loads the activation bytes `byte..byte + 16` of rows `gid` and `gid + 8` into `words[at]`
-/// and `words[at + 1]`: the codes the fused kernel staged, or the quantized activation `a`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn load_activation(
-    a: &[Vector<i32, Const<4>>],
-    codes: &[i32],
-    words: &mut Array<Vector<i32, Const<4>>>,
-    #[comptime] at: usize,
-    gid: usize,
-    lo_ok: bool,
-    hi_ok: bool,
-    byte: usize,
-    k: usize,
-    a_pv: usize,
-    pitch_words: usize,
-    #[comptime] fused: bool,
-) {
-    if fused {
-        words[at] = load_staged(codes, gid, lo_ok, byte, k, pitch_words);
-        words[at + 1] = load_staged(codes, gid + 8, hi_ok, byte, k, pitch_words);
-    } else {
-        words[at] = load_vec(a, gid, lo_ok, byte, k, a_pv);
-        words[at + 1] = load_vec(a, gid + 8, hi_ok, byte, k, a_pv);
-    }
-}
-
-/// One step's MMAs: `words` holds, per chunk `h`, the weight vector at `3 h` and the two
-/// activation vectors after it.
-#[cube]
-fn multiply_step<Acc: Numeric>(
-    words: &Array<Vector<i32, Const<4>>>,
-    acc: &mut Array<Vector<Acc, Const<4>>>,
-    #[comptime] fp8: bool,
-) {
-    #[unroll]
-    for h in 0..CHUNKS_PER_STEP {
-        let bw = words[3 * h];
-        let lo = words[3 * h + 1];
-        let hi = words[3 * h + 2];
-        #[unroll]
-        for half in 0..2usize {
-            acc[0] = mma_m16n8k32::<Acc>(
-                lo.extract(2 * half),
-                hi.extract(2 * half),
-                lo.extract(2 * half + 1),
-                hi.extract(2 * half + 1),
-                bw.extract(2 * half),
-                bw.extract(2 * half + 1),
-                acc[0],
-                fp8,
-            );
-        }
-    }
 }
 
 /// The same 16 bytes from the codes the fused kernel staged (already zero past K).
@@ -168,19 +105,6 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let hi_ok = gid + 8 < m;
 
     let pitch_words = a_pv * 4;
-    let step = comptime![CHUNKS_PER_STEP] * warps;
-    let chunks = k.div_ceil(64);
-    let mut words = Array::<Vector<i32, Const<4>>>::new(comptime![3 * CHUNKS_PER_STEP]);
-    if comptime![plan.early_wait] {
-        // Weights are never written by a kernel: the first step's load while the kernel before
-        // this one finishes; x and the outputs wait for it.
-        #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            let byte = (warp + h * warps) * 64 + tig * 16;
-            words[3 * h] = load_vec(b, col, col_ok, byte, k, b_pv);
-        }
-        gpu_asm!("griddepcontrol.wait;");
-    }
     let mut codes = Shared::<[i32]>::new_slice(comptime![if plan.fused {
         FUSED_MAX_CODE_BYTES / 4
     } else {
@@ -213,56 +137,42 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
 
     let mut acc = Array::<Vector<Acc, Const<4>>>::new(1usize);
     acc[0] = Vector::<Acc, Const<4>>::new(Acc::from_int(0));
-    let mut first = warp;
-    if comptime![plan.early_wait] {
-        // The first step, its weights loaded above (zeros past K, which add nothing).
-        #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            let byte = (warp + h * warps) * 64 + tig * 16;
-            load_activation(
-                a,
-                &codes,
-                &mut words,
-                3 * h + 1,
-                gid,
-                lo_ok,
-                hi_ok,
-                byte,
-                k,
-                a_pv,
-                pitch_words,
-                plan.fused,
-            );
-        }
-        multiply_step::<Acc>(&words, &mut acc, plan.epi.fp8);
-        first += step;
-    }
+    let chunks = k.div_ceil(64);
     // CHUNKS_PER_STEP chunks per step, all loaded before any is multiplied: more bytes in
     // flight (a loop iteration's loads are otherwise one memory latency each).
-    for c in range_stepped(first, chunks, step) {
+    for c in range_stepped(warp, chunks, CHUNKS_PER_STEP * warps) {
+        let mut words = Array::<Vector<i32, Const<4>>>::new(comptime![3 * CHUNKS_PER_STEP]);
         #[unroll]
         for h in 0..CHUNKS_PER_STEP {
             let byte = (c + h * warps) * 64 + tig * 16;
             words[3 * h] = load_vec(b, col, col_ok, byte, k, b_pv);
-            load_activation(
-                a,
-                &codes,
-                &mut words,
-                3 * h + 1,
-                gid,
-                lo_ok,
-                hi_ok,
-                byte,
-                k,
-                a_pv,
-                pitch_words,
-                plan.fused,
-            );
+            if comptime![plan.fused] {
+                words[3 * h + 1] = load_staged(&codes, gid, lo_ok, byte, k, pitch_words);
+                words[3 * h + 2] = load_staged(&codes, gid + 8, hi_ok, byte, k, pitch_words);
+            } else {
+                words[3 * h + 1] = load_vec(a, gid, lo_ok, byte, k, a_pv);
+                words[3 * h + 2] = load_vec(a, gid + 8, hi_ok, byte, k, a_pv);
+            }
         }
-        multiply_step::<Acc>(&words, &mut acc, plan.epi.fp8);
-    }
-    if comptime![plan.trigger] {
-        gpu_asm!("griddepcontrol.launch_dependents;");
+        #[unroll]
+        for h in 0..CHUNKS_PER_STEP {
+            let bw = words[3 * h];
+            let lo = words[3 * h + 1];
+            let hi = words[3 * h + 2];
+            #[unroll]
+            for half in 0..2usize {
+                acc[0] = mma_m16n8k32::<Acc>(
+                    lo.extract(2 * half),
+                    hi.extract(2 * half),
+                    lo.extract(2 * half + 1),
+                    hi.extract(2 * half + 1),
+                    bw.extract(2 * half),
+                    bw.extract(2 * half + 1),
+                    acc[0],
+                    plan.epi.fp8,
+                );
+            }
+        }
     }
 
     // acc[0] holds C[gid][2 tig + e] (e = 0, 1) and C[gid + 8][2 tig + e] (e = 2, 3).
@@ -421,8 +331,6 @@ impl<R: Runtime> Gemm8<'_, R> {
             tiles,
             fused: x.is_some(),
             rows,
-            early_wait: caps::has_pdl(client),
-            trigger: caps::has_launch_dependents(client),
         };
         // Without a norm its weight is never read: bind x.
         let (norm_w, norm_eps) = match self.norm {
