@@ -9,7 +9,7 @@
 #   sweep    `cubellm bench --family gemv-sweep` (launch shapes of the tensor-core GEMV, weights
 #            streamed from DRAM) into $OUT/r/sweep.jsonl
 #   bench    scripts/bench_e2e.sh at 512 tokens: the PyTorch CUDA-graph peer, then every weight
-#            format (MODES), recorded in $OUT/r/e2e.jsonl; then bf16 with CUBELLM_PDL=0
+#            format (MODES), recorded in $OUT/r/e2e.jsonl; then bf16 with --no-pdl
 #   profile  dev/profile/decode_profile.sh (CUPTI trace of the graph replays) for PROFILE_MODES
 #   long     scripts/bench_e2e.sh at LONG contexts (bf16 only), recorded in $OUT/r/e2e.jsonl
 #   bash dev/decode_device_run.sh "tests sweep"
@@ -54,7 +54,7 @@ fi
 if has bench; then
   MODES=${MODES:-none w8a8 fp8 w4a16} RUNS=${RUNS:-3} timeout 500 bash scripts/bench_e2e.sh $C /tmp/big $R/e2e.jsonl 512 \
     > $R/bench.out 2> $R/bench.err
-  CUBELLM_PDL=0 timeout 60 $C --runtime cuda bench-generate --model /tmp/big --prompt-len 512 \
+  timeout 60 $C --runtime cuda --no-pdl bench-generate --model /tmp/big --prompt-len 512 \
     --new-tokens 128 --runs 3 >> $R/bench.out 2>> $R/bench.err
   grep -h "decode\|prefill" $R/bench.out | tail -12
 fi

@@ -44,6 +44,10 @@ struct Cli {
     /// Compile every kernel afresh instead of using the persistent kernel cache.
     #[arg(long, global = true, conflicts_with = "kernel_cache")]
     no_kernel_cache: bool,
+    /// Launch kernels without programmatic dependent launch (CUDA on Hopper and newer, where it
+    /// is on by default): for measuring what it gains.
+    #[arg(long, global = true)]
+    no_pdl: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -160,6 +164,10 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
             .unwrap_or_else(KernelCache::default_location)
     };
     runtime::kernel_cache::configure(&cache);
+    if cli.no_pdl {
+        runtime::set_programmatic_launch(false);
+        ops::caps::set_programmatic_launch(false);
+    }
     let backend = runtime::resolve(cli.runtime)?;
     eprintln!("runtime: {backend}");
     runtime::with_runtime!(backend, |client: R| match &cli.command {

@@ -5,6 +5,8 @@
 //! operations (and `plane_sum` silently returns wrong values there). Ops therefore check dtype
 //! support before launching and pick a shared-memory reduction when plane ops are missing.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use cubecl::features::Plane;
 use cubecl::prelude::*;
 
@@ -91,14 +93,21 @@ pub fn has_launch_dependents<R: Runtime>(client: &ComputeClient<R>) -> bool {
 }
 
 /// Whether kernels are launched with programmatic dependent launch ([`has_launch_dependents`],
-/// and `CUBELLM_PDL` is not `0`, the switch of the runtime's PDL patch). Such a kernel may load
-/// what no kernel writes (a decode product's weights) before its own `griddepcontrol.wait`, so
-/// that those loads overlap the end of the kernel before it; the runtime then places no wait
-/// of its own at the top.
+/// unless [`set_programmatic_launch`] turned it off, as the CLI's `--no-pdl` does together with
+/// the runtime's own switch). Such a kernel may load what no kernel writes (a decode product's
+/// weights) before its own `griddepcontrol.wait`, so that those loads overlap the end of the
+/// kernel before it; the runtime then places no wait of its own at the top.
 pub fn has_pdl<R: Runtime>(client: &ComputeClient<R>) -> bool {
-    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("CUBELLM_PDL").is_ok_and(|v| v.trim() == "0"));
-    has_launch_dependents(client) && !off
+    has_launch_dependents(client) && !PDL_OFF.load(Ordering::Relaxed)
+}
+
+static PDL_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Tells the kernels whether the runtime launches them with programmatic dependent launch (on by
+/// default). Switch the runtime's launches the same way (`runtime::set_programmatic_launch`)
+/// before the first kernel compiles; a mismatch stays correct but loses the early weight loads.
+pub fn set_programmatic_launch(enabled: bool) {
+    PDL_OFF.store(!enabled, Ordering::Relaxed);
 }
 
 /// Number of streaming multiprocessors (or a guess of 32 when the runtime does not say).

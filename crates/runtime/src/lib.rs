@@ -239,3 +239,13 @@ macro_rules! __with_wgpu {
 pub type Cuda = cubecl::cuda::CudaRuntime;
 #[cfg(feature = "wgpu")]
 pub type Wgpu = cubecl::wgpu::WgpuRuntime;
+
+/// Turns the CUDA runtime's programmatic dependent launch (Hopper and newer) on (the default) or
+/// off for the whole process, for comparing the two. Call it before the first client is created;
+/// pair it with `ops::caps::set_programmatic_launch` so that the kernels know. No effect on wgpu.
+pub fn set_programmatic_launch(enabled: bool) {
+    #[cfg(feature = "cuda")]
+    cubecl::cuda::set_programmatic_launch(enabled);
+    #[cfg(not(feature = "cuda"))]
+    let _ = enabled;
+}

@@ -8,6 +8,7 @@ mod device;
 mod runtime;
 
 pub use device::*;
+pub use pdl::set_programmatic_launch;
 pub use runtime::*;
 
 pub mod install {

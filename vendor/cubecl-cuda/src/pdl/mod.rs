@@ -19,21 +19,28 @@
 //! their resources there, while the previous grid still ran, so one-wave GEMM and attention grids
 //! were spread unevenly.
 //!
-//! `CUBELLM_PDL=0` in the environment turns it off (for comparisons).
+//! [`set_programmatic_launch`] turns it off (for comparisons); call it before the first kernel is
+//! compiled.
 
 use std::ffi::{c_uint, c_void};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{DriverError, sys};
 
 mod prologue;
 pub(crate) use prologue::{waits_first, with_prologue};
 
+static OFF: AtomicBool = AtomicBool::new(false);
+
+/// Turns programmatic dependent launch on (the default) or off for the whole process. Kernels
+/// compiled before the call keep the mode they were compiled in.
+pub fn set_programmatic_launch(enabled: bool) {
+    OFF.store(!enabled, Ordering::Relaxed);
+}
+
 /// Whether kernels for this architecture (`sm_XY` as `XY`) get the prologue.
 pub(crate) fn enabled(arch_version: u32) -> bool {
-    static OFF: OnceLock<bool> = OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var("CUBELLM_PDL").is_ok_and(|v| v.trim() == "0"));
-    arch_version >= 90 && !off
+    arch_version >= 90 && !OFF.load(Ordering::Relaxed)
 }
 
 /// `cuLaunchKernelEx` with programmatic stream serialization allowed.
