@@ -467,28 +467,17 @@ pub(crate) fn tensor_gemv_kernel<F: Float, N: Size>(
             let row = (e % per_group) / width;
             let col = (block * groups + gl) * width + e % width;
             if col < n_cols {
-                let mut total = plane_sum(&red, gl * splits, e % per_group, 0usize, plan);
+                let total = plane_sum(&red, gl * splits, e % per_group, 0usize, plan);
                 let mut total_up = 0f32;
                 if gated {
                     total_up = plane_sum(&red, gl * splits, e % per_group, up_off, plan);
                 }
+                let mut sq = 0f32;
                 if normed {
-                    let inv_rms = f32::inverse_sqrt(
-                        plane_squares(&red, gl * splits, row, plan) * inv_k + eps,
-                    );
-                    total *= inv_rms;
-                    total_up *= inv_rms;
+                    sq = plane_squares(&red, gl * splits, row, plan);
                 }
-                write_epilogue::<F>(
-                    out,
-                    total,
-                    total_up,
-                    row,
-                    col,
-                    n_cols,
-                    bias,
-                    residual,
-                    plan.epilogue,
+                write_normed::<F>(
+                    out, total, total_up, sq, inv_k, eps, row, col, n_cols, bias, residual, plan,
                 );
             }
         }
@@ -529,26 +518,52 @@ pub(crate) fn tensor_gemv_kernel<F: Float, N: Size>(
                             sq += partials[slot + sq_at + row];
                         }
                     }
-                    if normed {
-                        let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
-                        total *= inv_rms;
-                        total_up *= inv_rms;
-                    }
-                    write_epilogue::<F>(
-                        out,
-                        total,
-                        total_up,
-                        row,
-                        col,
-                        n_cols,
-                        bias,
-                        residual,
-                        plan.epilogue,
+                    write_normed::<F>(
+                        out, total, total_up, sq, inv_k, eps, row, col, n_cols, bias, residual,
+                        plan,
                     );
                 }
             }
         }
     }
+}
+
+/// Writes one output element: the product (and the gated up product) scaled by the input norm's
+/// `1 / rms` from the summed squares `sq` when the plan has the norm, then the epilogue.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn write_normed<F: Float>(
+    out: &mut [F],
+    total: f32,
+    total_up: f32,
+    sq: f32,
+    inv_k: f32,
+    eps: f32,
+    row: usize,
+    col: usize,
+    n_cols: usize,
+    bias: &[F],
+    residual: &[F],
+    #[comptime] plan: TensorGemvBlueprint,
+) {
+    let mut total = total;
+    let mut total_up = total_up;
+    if comptime![plan.norm] {
+        let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
+        total *= inv_rms;
+        total_up *= inv_rms;
+    }
+    write_epilogue::<F>(
+        out,
+        total,
+        total_up,
+        row,
+        col,
+        n_cols,
+        bias,
+        residual,
+        plan.epilogue,
+    );
 }
 
 /// Output element `e` (`row * width + col`) of a column group summed over its planes
