@@ -168,6 +168,16 @@ impl<R: Runtime> LinearWorkspace<R> {
         &self.split_k
     }
 
+    /// How the dense products run with `workspace`: its split-K scratch and row invariance
+    /// (none and off without one).
+    pub fn product_options(workspace: Option<&Self>) -> ProductOptions<'_, R> {
+        ProductOptions {
+            split_k: workspace.map(Self::split_k),
+            rows_invariant: workspace.is_some_and(Self::is_rows_invariant),
+            ..Default::default()
+        }
+    }
+
     fn check(
         &self,
         op: &'static str,
@@ -413,11 +423,7 @@ impl<R: Runtime> DenseLinear<R> {
         workspace: Option<&LinearWorkspace<R>>,
     ) -> Result<()> {
         let (w, bias, residual) = (&self.weight, epilogue.bias, epilogue.residual);
-        let opts = ProductOptions {
-            split_k: workspace.map(LinearWorkspace::split_k),
-            rows_invariant: workspace.is_some_and(LinearWorkspace::is_rows_invariant),
-            ..Default::default()
-        };
+        let opts = LinearWorkspace::product_options(workspace);
         let Some(act) = epilogue.activation else {
             return linear_opts_into(client, x, norm, w, bias, residual, out, opts);
         };

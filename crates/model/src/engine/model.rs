@@ -16,7 +16,8 @@
 use std::path::{Path, PathBuf};
 
 use cubecl::prelude::*;
-use ops::matmul::{linear_opts_into, ProductOptions};
+use ops::linear::LinearWorkspace;
+use ops::matmul::linear_opts_into;
 use ops::qkv::HeadShape;
 use ops::rope::RopeCache;
 use ops::{DType, DeviceTensor};
@@ -279,12 +280,7 @@ impl<R: Runtime> Model<R> {
                 // The tied head runs on the embedding table with the scratch's options, so that
                 // a batched step's logits do not depend on its row count either.
                 let table = &self.embed_tokens.tensor;
-                let linear = scratch.map(|s| &s.linear);
-                let opts = ProductOptions {
-                    split_k: linear.map(|w| w.split_k()),
-                    rows_invariant: linear.is_some_and(|w| w.is_rows_invariant()),
-                    ..Default::default()
-                };
+                let opts = LinearWorkspace::product_options(scratch.map(|s| &s.linear));
                 linear_opts_into(&self.client, x, None, table, None, None, out, opts)?;
                 Ok(())
             }
