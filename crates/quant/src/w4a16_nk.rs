@@ -8,9 +8,17 @@
 //! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (a plane for a long
 //! K, 8 lanes for K = 1536), striding over K with 16-byte loads (32 weights each), a reduction at
 //! the end; 1536 columns are 1536 groups, enough loads in flight to approach the bandwidth. The
-//! nibbles become floats without int-to-float conversions ([`crate::codec::nibble_f32`]). The
+//! nibbles become floats in two instructions each ([`crate::codec::nibble_exact`]). The
 //! kernel applies the dense kernels' epilogue (bias, residual, the gated MLP's `act(g) * u` over
 //! a `[2I, K/8]` gate-then-up weight), so a decode step needs no element-wise kernel after it.
+//!
+//! The GEMV is ALU-bound unless the work per weight stays a few instructions: every column reads
+//! all of x, so converting x to f32 (and applying the input norm, `F(F(x · rstd) · g)`) per
+//! column costs more than the nibble decoding. Where x fits (see [`stage_chunks`]), each cube
+//! therefore converts (and normalises) x once into shared memory as f32 and the columns read it
+//! from there; the values are the ones the per-column path computes, so both paths give the same
+//! bits. The staged row is swizzled in 16-byte chunks so that the 8 lanes of a column, which
+//! read chunks 128 bytes apart, hit different banks.
 
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
@@ -20,13 +28,46 @@ use ops::reduce::row_sum_split_in;
 use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
-use crate::codec::{nibble_f32, nibbles_offset};
+use crate::codec::nibble_exact;
 use crate::host::Int4Weight;
 
 /// Units per cube.
 const CUBE_UNITS: u32 = 256;
 /// Weight loads a lane keeps in flight per pass.
 const MAX_LOADS: usize = 12;
+/// Most bytes of shared memory the staged f32 copy of x may take (the 1.5B model's down
+/// projection at one row: 35 KB).
+const STAGE_MAX_BYTES: usize = 40 * 1024;
+
+/// 16-byte chunks (4 f32) per staged row of x, or `None` where x is read from global memory per
+/// column: x vectors of 4 or 8 elements (a staged chunk is whole vector lanes), and `m` rows
+/// within [`STAGE_MAX_BYTES`] and the runtime's shared memory. Rows are padded to whole 8-chunk
+/// swizzle blocks.
+fn stage_chunks<R: Runtime>(
+    client: &ComputeClient<R>,
+    m: usize,
+    k: usize,
+    nx: usize,
+) -> Option<u32> {
+    let chunks = k.div_ceil(32) * 8;
+    let bytes = m * chunks * 16;
+    // Room for the reductions' buffers besides the staged rows.
+    let room = client
+        .properties()
+        .hardware
+        .max_shared_memory_size
+        .saturating_sub(4096);
+    (matches!(nx, 4 | 8) && bytes <= STAGE_MAX_BYTES.min(room)).then_some(chunks as u32)
+}
+
+/// Where 16-byte chunk `c` of a staged row lives: the chunk's position in its block of 8
+/// (128 bytes, all 32 banks) xor the block's index, so that consecutive blocks start at
+/// different banks.
+#[cube]
+fn swizzle(c: usize) -> usize {
+    let block = c >> 3usize;
+    (block << 3usize) | ((c & 7usize) ^ (block & 7usize))
+}
 
 /// `[K/8, N]` words and `[groups, N]` scales of `w`, transposed to `[N, K/8]` and `[N, groups]`.
 pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
@@ -67,6 +108,9 @@ struct NkPlan {
     norm: Option<ReducePlan>,
     /// Weight vectors a lane loads per pass (all issued before the first is used).
     batch: u32,
+    /// `Some(chunks)`: x (normalised, with the input norm) staged as f32 in shared memory, rows
+    /// of `chunks` swizzled 16-byte chunks ([`stage_chunks`]).
+    stage: Option<u32>,
     /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
     early_wait: bool,
     /// Signal `griddepcontrol.launch_dependents` once the weights are read.
@@ -90,6 +134,7 @@ impl NkPlan {
 #[allow(clippy::too_many_arguments)]
 fn accumulate<F: Float, NW: Size, NX: Size>(
     x: &[Vector<F, NX>],
+    xs: &[Vector<f32, Const<4>>],
     wv: Vector<i32, NW>,
     scales: &[f32],
     s_vec: f32,
@@ -116,24 +161,36 @@ fn accumulate<F: Float, NW: Size, NX: Size>(
         if !comptime![plan.scale_per_vector] {
             s = scales[row * groups + kw / words_per_group];
         }
-        let u = nibbles_offset(wv.extract(wi));
+        let word = wv.extract(wi);
         #[unroll]
         for j in 0..8u32 {
-            q[j as usize] = nibble_f32(u, j);
+            q[j as usize] = nibble_exact(word, j);
         }
         #[unroll]
         for m in 0..comptime![plan.m as usize] {
-            let base = (m * k + kw * 8) / nx;
             let mut d = 0f32;
-            #[unroll]
-            for xi in 0..x_loads {
-                let mut xv = x[base + xi];
-                if comptime![plan.norm.is_some()] {
-                    xv = scale_by_weight(xv, norm_w[kw * 8 / nx + xi], inv_rms[m]);
-                }
+            if comptime![plan.stage.is_some()] {
+                let row = m * comptime![plan.stage.unwrap_or(0) as usize];
                 #[unroll]
-                for l in 0..nx {
-                    d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
+                for h in 0..2usize {
+                    let xv = xs[row + swizzle(2 * kw + h)];
+                    #[unroll]
+                    for l in 0..4usize {
+                        d += q[4 * h + l] * xv.extract(l);
+                    }
+                }
+            } else {
+                let base = (m * k + kw * 8) / nx;
+                #[unroll]
+                for xi in 0..x_loads {
+                    let mut xv = x[base + xi];
+                    if comptime![plan.norm.is_some()] {
+                        xv = scale_by_weight(xv, norm_w[kw * 8 / nx + xi], inv_rms[m]);
+                    }
+                    #[unroll]
+                    for l in 0..nx {
+                        d += q[xi * nx + l] * f32::cast_from(xv.extract(l));
+                    }
                 }
             }
             acc[acc_base + m] += d * s;
@@ -249,6 +306,35 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
         inv_rms =
             row_inv_rms::<F, NX>(x, k / nx, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
     }
+    // The staged copy of x: converted (and normalised) once per cube instead of once per column.
+    let mut xs = Shared::<[Vector<f32, Const<4>>]>::new_slice(comptime![
+        (plan.m * plan.stage.unwrap_or(1)) as usize
+    ]);
+    if comptime![plan.stage.is_some()] {
+        let nx = x[0].vector_size();
+        let per_vector = comptime![nx / 4];
+        let row_vectors = k / nx;
+        #[unroll]
+        for m in 0..m_rows {
+            let row = m * comptime![plan.stage.unwrap_or(0) as usize];
+            for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+                let mut xv = x[m * row_vectors + i];
+                if comptime![plan.norm.is_some()] {
+                    xv = scale_by_weight(xv, norm_w[i], inv_rms[m]);
+                }
+                #[unroll]
+                for t in 0..per_vector {
+                    let mut c = Vector::<f32, Const<4>>::new(0f32);
+                    #[unroll]
+                    for l in 0..4usize {
+                        c.insert(l, f32::cast_from(xv.extract(4 * t + l)));
+                    }
+                    xs[row + swizzle(i * per_vector + t)] = c;
+                }
+            }
+        }
+        sync_cube();
+    }
     let pass = lanes * batch;
     let passes = w_vectors.div_ceil(pass);
     for p in 0..passes {
@@ -276,6 +362,7 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
                     let row = c + half * up_offset;
                     accumulate::<F, NW, NX>(
                         x,
+                        &xs,
                         wr[j * halves + half],
                         scales,
                         sr[j * halves + half],
@@ -404,6 +491,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         },
         norm: epilogue.norm.map(|_| ReducePlan::new(client, lanes * cols)),
         batch,
+        stage: stage_chunks(client, m, k, nx),
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
@@ -462,7 +550,7 @@ fn dequantize_nk_kernel<F: Float, NV: Size>(
         let col = w / k_words;
         let kw = w % k_words;
         let s = scales[col * groups + kw / words_per_group];
-        let u = nibbles_offset(qweight[w]);
+        let word = qweight[w];
         let nv = out[0].vector_size();
         let per_word = comptime![8 / nv];
         #[unroll]
@@ -472,7 +560,7 @@ fn dequantize_nk_kernel<F: Float, NV: Size>(
             for l in 0..nv {
                 v.insert(
                     l,
-                    F::cast_from(nibble_f32(u, comptime![(vi * nv + l) as u32]) * s),
+                    F::cast_from(nibble_exact(word, comptime![(vi * nv + l) as u32]) * s),
                 );
             }
             out[w * per_word + vi] = v;

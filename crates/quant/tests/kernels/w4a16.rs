@@ -3,7 +3,9 @@
 //! within the int4 bound, the layer, and every validation error.
 
 use cubecl::prelude::*;
-use ops::linear::{Epilogue, Linear};
+use ops::linear::{Epilogue, Linear, NormedInput};
+use ops::matmul::InputNorm;
+use ops::reference::norm::rms_norm;
 use ops::{caps, DType, DeviceTensor};
 use quant::host::{self, Int4Weight};
 use quant::reference as qref;
@@ -326,6 +328,98 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The input RMSNorm applied by the GEMV (x staged in shared memory where it fits, read per
+/// column where not), plain and gated, against the f64 norm rounded to the dtype followed by the
+/// reference product; and the staged and per-column paths giving the same bits: one row alone
+/// (staged) equals the same row among 4 rows of K = 2816 (too many bytes to stage; the lanes,
+/// and so the summation order, are the same at 1 and 4 rows).
+fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
+    const EPS: f32 = 1e-6;
+    let mut rng = rng(402);
+    for dtype in float_dtypes(client) {
+        // K/8 odd (one word per load), group 8, a gated case, rows of different scales.
+        for (m, k, n, group, gated) in [
+            (1usize, 96usize, 33usize, Some(32), false),
+            (3, 264, 40, Some(8), false),
+            (2, 256, 34, Some(128), true),
+            (4, 2816, 18, Some(128), false),
+        ] {
+            let mut x = random(&mut rng, m * k, 1.0);
+            for (r, row) in x.chunks_mut(k).enumerate() {
+                row.iter_mut().for_each(|v| *v *= 0.5 + r as f32);
+            }
+            let (xt, xh) = upload(client, &x, &[m, k], dtype);
+            let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let w = random(&mut rng, n * k, 0.5);
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let normed = poisoned(client, &[m, k], dtype);
+            let input = NormedInput {
+                x: &xt,
+                norm: InputNorm {
+                    weight: &g,
+                    eps: EPS,
+                },
+                normed: &normed,
+            };
+            let h: Vec<f32> = rms_norm(&xh, &gh, EPS as f64)
+                .iter()
+                .map(|&v| v as f32)
+                .collect();
+            let product = qref::w4a16(&round_to(&h, dtype), m, &qw, None);
+            let what = format!("normed {dtype} {m}x{k}x{n} group {group:?} gated {gated}");
+            let (out, want, tol) = if gated {
+                let i = n / 2;
+                let out = poisoned(client, &[m, i], dtype);
+                let epilogue = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
+                layer
+                    .forward_normed_into(client, input, epilogue, &out, None)
+                    .unwrap();
+                let want: Vec<f64> = (0..m * i)
+                    .map(|e| {
+                        let (row, col) = (e / i, e % i);
+                        let gate = product[row * n + col];
+                        ops::reference::matmul::silu(gate) * product[row * n + i + col]
+                    })
+                    .collect();
+                (out, want, 2.0 * tolerance(dtype))
+            } else {
+                let out = poisoned(client, &[m, n], dtype);
+                layer
+                    .forward_normed_into(client, input, Epilogue::NONE, &out, None)
+                    .unwrap();
+                (out, product, tolerance(dtype))
+            };
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(&what, &got, &want, tol);
+
+            if k == 2816 {
+                let r = 2;
+                let (x1, _) = upload(client, &x[r * k..(r + 1) * k], &[1, k], dtype);
+                let normed1 = poisoned(client, &[1, k], dtype);
+                let input = NormedInput {
+                    x: &x1,
+                    norm: InputNorm {
+                        weight: &g,
+                        eps: EPS,
+                    },
+                    normed: &normed1,
+                };
+                let out1 = poisoned(client, &[1, n], dtype);
+                layer
+                    .forward_normed_into(client, input, Epilogue::NONE, &out1, None)
+                    .unwrap();
+                let one = out1.to_f64_vec(client).unwrap();
+                assert_eq!(
+                    one[..],
+                    got[r * n..(r + 1) * n],
+                    "{what}: row {r} alone (x staged) differs from the same row among 4 (x read per column)"
+                );
+            }
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let (m, k, n) = (2usize, 128usize, 16usize);
     let f = DType::F32;
@@ -480,6 +574,11 @@ fn layer() {
 #[test]
 fn layer_epilogues() {
     on_each_runtime!(layer_epilogues_case);
+}
+
+#[test]
+fn input_norm_matches_reference() {
+    on_each_runtime!(normed_case);
 }
 
 #[test]
