@@ -5,9 +5,9 @@
 //! when N is small (1536 columns fill 48 cubes of 32 columns), so the layer stores its weight
 //! transposed instead: `qweight_nk[N, K/8]` (each output channel's packed words contiguous, still
 //! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the
-//! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (a plane for a long
-//! K, 8 lanes for K = 1536), striding over K with 16-byte loads (32 weights each), a reduction at
-//! the end; 1536 columns are 1536 groups, enough loads in flight to approach the bandwidth. The
+//! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (up to two planes,
+//! as many as keep about 16 warps per SM busy), striding over K with 16-byte loads (32 weights
+//! each), a reduction at the end. The
 //! nibbles become floats in two instructions each ([`crate::codec::nibble_exact`]). The
 //! kernel applies the dense kernels' epilogue (bias, residual, the gated MLP's `act(g) * u` over
 //! a `[2I, K/8]` gate-then-up weight), so a decode step needs no element-wise kernel after it.
@@ -31,8 +31,12 @@ use ops::{caps, DType, DeviceTensor, Result};
 use crate::codec::nibble_exact;
 use crate::host::Int4Weight;
 
-/// Units per cube.
+/// Most units per cube.
 const CUBE_UNITS: u32 = 256;
+/// Warps per SM the launch aims for over the whole grid (units per column grow, up to one unit
+/// per weight vector, until the grid has that many): the loads and the dependent FMA chains of
+/// fewer warps leave the SM idle.
+const WARPS_PER_SM: usize = 16;
 /// Weight loads a lane keeps in flight per pass.
 const MAX_LOADS: usize = 12;
 /// Most bytes of shared memory the staged f32 copy of x may take (the 1.5B model's down
@@ -92,10 +96,12 @@ pub(crate) fn transpose_to_nk(w: &Int4Weight) -> (Vec<i32>, Vec<f32>) {
 struct NkPlan {
     /// Rows of x, unrolled into per-row accumulators.
     m: u32,
-    /// Lanes per column (4..=32): a short K gives each column fewer lanes, so that every lane
-    /// still has several loads to issue.
+    /// Lanes per column (4..=32) in each split: the plane-sized groups that share a column.
     lanes: u32,
-    /// Columns per cube (`CUBE_UNITS / lanes`, fewer where that leaves SMs without two cubes).
+    /// Plane-sized groups per column (1 or 2), each over an interleaved share of K, summed
+    /// through shared memory.
+    splits: u32,
+    /// Columns per cube (fewer where that leaves SMs without two cubes).
     cols: u32,
     use_plane: bool,
     /// Every weight vector lies in one scale group (one scale load per vector, not per word).
@@ -218,7 +224,7 @@ fn load_pass<NW: Size>(
     let nw = wr[0].vector_size();
     #[unroll]
     for j in 0..comptime![plan.batch as usize] {
-        let v = base + j * comptime![plan.lanes as usize] + UNIT_POS_X as usize;
+        let v = base + j * comptime![(plan.lanes * plan.splits) as usize] + UNIT_POS_X as usize;
         #[unroll]
         for half in 0..comptime![plan.halves()] {
             let row = col + half * up_offset;
@@ -267,7 +273,8 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let active = col < n;
     let c = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
-    let lanes = comptime![plan.lanes as usize];
+    // The units of one column (all splits).
+    let lanes = comptime![(plan.lanes * plan.splits) as usize];
     let gated = comptime![plan.epilogue.is_gated()];
     let halves = comptime![plan.halves()];
     let batch = comptime![plan.batch as usize];
@@ -387,17 +394,17 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     // One reduction buffer for every row (see `ops::reduce::row_sum_split_in`).
     let mut red = Shared::<[f32]>::new_slice(comptime![ops::reduce::row_sum_shared_len(
         plan.lanes,
-        1,
+        plan.splits,
         plan.cols,
         plan.use_plane
     )]);
     #[unroll]
     for m in 0..m_rows {
-        let total = row_sum_split_in(acc[m], &mut red, plan.lanes, 1u32, plan.use_plane);
+        let total = row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
         let mut total_up = 0f32;
         if gated {
             let up = acc[m_rows + m];
-            total_up = row_sum_split_in(up, &mut red, plan.lanes, 1u32, plan.use_plane);
+            total_up = row_sum_split_in(up, &mut red, plan.lanes, plan.splits, plan.use_plane);
         }
         if active && UNIT_POS_X == 0 {
             write_epilogue::<F>(
@@ -452,35 +459,46 @@ pub(crate) fn gemv_nk<R: Runtime>(
         .find(|&v| v * x.dtype().size() <= 16 && caps::vector_size_for(client, x.dtype(), v) == v)
         .unwrap_or(1);
     let w_vectors = k_words / nw;
-    // About four loads per lane at least (K = 1536: 8 lanes per column, 32 columns per cube);
-    // a whole plane (one reduction instruction per row) once several rows make the reduction
-    // the larger cost (measured at M = 16 on an H100: 21 µs with planes, 43 with 8 lanes).
-    let lanes = if m > 4 {
+    let halves = if epilogue.gate.is_some() { 2 } else { 1 };
+    let sms = caps::num_sms(client) as usize;
+    let hw = &client.properties().hardware;
+    let planes32 =
+        caps::has_plane_ops(client) && hw.plane_size_min == 32 && hw.plane_size_max == 32;
+    // Units per column: about four loads each at least, and more (up to one weight vector
+    // each, two planes) until the grid has WARPS_PER_SM warps per SM. Measured on an H100 at
+    // the 1.5B model's shapes, 8 lanes per column ran qkv and o on 4 warps per SM and 32 lanes
+    // down on 12. Above 4 rows a whole plane (one reduction instruction per row) as the
+    // reduction becomes the larger cost (at M = 16: 21 µs with planes, 43 with 8 lanes).
+    let per_column = if m > 4 {
         32
     } else {
-        1u32 << (w_vectors / 4).max(1).ilog2().clamp(2, 5)
+        let by_loads = 1usize << (w_vectors / 4).max(1).ilog2().clamp(2, 5);
+        let by_warps = (WARPS_PER_SM * 32 * sms)
+            .div_ceil(n * halves)
+            .next_power_of_two()
+            .min(1 << w_vectors.max(1).ilog2());
+        let most = if planes32 { 64 } else { 32 };
+        by_loads.max(by_warps).min(most)
     };
-    let hw = &client.properties().hardware;
-    let use_plane = lanes == 32
-        && caps::has_plane_ops(client)
-        && hw.plane_size_min == 32
-        && hw.plane_size_max == 32;
-    let halves = if epilogue.gate.is_some() { 2 } else { 1 };
-    // Every vector of a lane in one pass where that is at most 12 loads (the 1.5B model's
-    // shapes: K = 1536 at 8 lanes is 6 vectors, K = 8960 at 32 lanes 9), else passes of 12.
-    let batch = w_vectors
-        .div_ceil(lanes as usize)
-        .clamp(1, MAX_LOADS / halves) as u32;
-    // Fewer columns per cube where the columns would not give every SM two cubes (the 1.5B
-    // model's qkv and o: 64 and 48 cubes of 32 columns, half the GPU idle).
-    let sms = caps::num_sms(client) as usize;
-    let mut cols = CUBE_UNITS / lanes;
+    let lanes = per_column.min(32) as u32;
+    let splits = (per_column as u32).div_ceil(lanes);
+    let use_plane = lanes == 32 && planes32;
+    // Every vector of a unit in one pass where that is at most 12 loads, else passes of 12.
+    let batch = w_vectors.div_ceil(per_column).clamp(1, MAX_LOADS / halves) as u32;
+    // Cubes of about four staged x vectors per unit (64 units at K = 1536, so that the gated
+    // MLP's 8960 columns make 1120 cubes, spread evenly over the SMs), and fewer columns per
+    // cube where the columns would not give every SM two cubes.
+    let units = (k / nx / 4)
+        .next_power_of_two()
+        .clamp(64, CUBE_UNITS as usize) as u32;
+    let mut cols = (units / (lanes * splits)).max(1);
     while cols > 1 && n.div_ceil(cols as usize) < 2 * sms {
         cols /= 2;
     }
     let plan = NkPlan {
         m: m as u32,
         lanes,
+        splits,
         cols,
         use_plane,
         scale_per_vector: words_per_group.is_multiple_of(nw),
@@ -489,7 +507,9 @@ pub(crate) fn gemv_nk<R: Runtime>(
             has_residual: epilogue.residual.is_some(),
             gate: epilogue.gate,
         },
-        norm: epilogue.norm.map(|_| ReducePlan::new(client, lanes * cols)),
+        norm: epilogue
+            .norm
+            .map(|_| ReducePlan::new(client, lanes * splits * cols)),
         batch,
         stage: stage_chunks(client, m, k, nx),
         early_wait: caps::has_pdl(client),
@@ -506,7 +526,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         w4a16_gemv_nk_kernel::launch_unchecked::<R>(
             client,
             ops::launch::cube_count_1d(client, cubes),
-            CubeDim::new_2d(plan.lanes, plan.cols),
+            CubeDim::new_2d(plan.lanes * plan.splits, plan.cols),
             nw,
             nx,
             x.as_buffer_arg(),
