@@ -37,7 +37,8 @@ const CUBE_UNITS: u32 = 256;
 /// per weight vector and two planes, until the grid has that many; registers then decide how
 /// many are resident): the loads and the dependent FMA chains of fewer warps leave the SM idle.
 /// On an H100 at the 1.5B model's shapes, 48 against 16 gave the gated MLP 16 lanes per column
-/// instead of 8 (14.4 against 16.9 µs per layer, W4A16 decode 725 against 702 tok/s).
+/// instead of 8 (14.4 against 16.9 µs per layer, W4A16 decode 725 against 702 tok/s); 96 (32
+/// lanes, two vectors each) measured slower (17.6 µs).
 const WARPS_PER_SM: usize = 48;
 /// Weight loads a lane keeps in flight per pass.
 const MAX_LOADS: usize = 12;
