@@ -6,9 +6,9 @@
 //! transposed instead: `qweight_nk[N, K/8]` (each output channel's packed words contiguous, still
 //! 8 consecutive k per word, low nibble first) with `scales_nk[N, K/g]`. Then the GEMV has the
 //! shape of the bf16 one in `ops::matmul`: a group of lanes per output column (up to two planes,
-//! as many as keep about 16 warps per SM busy), striding over K with 16-byte loads (32 weights
-//! each), a reduction at the end. The
-//! nibbles become floats in two instructions each ([`crate::codec::nibble_exact`]). The
+//! as many as give the grid about [`WARPS_PER_SM`] warps per SM), striding over K with 16-byte
+//! loads (32 weights each), a reduction at the end. The nibbles become floats in two
+//! instructions each ([`crate::codec::nibble_exact`]). The
 //! kernel applies the dense kernels' epilogue (bias, residual, the gated MLP's `act(g) * u` over
 //! a `[2I, K/8]` gate-then-up weight), so a decode step needs no element-wise kernel after it.
 //!
@@ -127,6 +127,11 @@ struct NkPlan {
 }
 
 impl NkPlan {
+    /// Units per column, all splits: the stride of a unit's weight vectors.
+    fn column_units(&self) -> u32 {
+        self.lanes * self.splits
+    }
+
     /// Weight rows per column: two when gated (gate, then up).
     fn halves(&self) -> usize {
         if self.epilogue.is_gated() {
@@ -227,7 +232,7 @@ fn load_pass<NW: Size>(
     let nw = wr[0].vector_size();
     #[unroll]
     for j in 0..comptime![plan.batch as usize] {
-        let v = base + j * comptime![(plan.lanes * plan.splits) as usize] + UNIT_POS_X as usize;
+        let v = base + j * comptime![plan.column_units() as usize] + UNIT_POS_X as usize;
         #[unroll]
         for half in 0..comptime![plan.halves()] {
             let row = col + half * up_offset;
@@ -276,8 +281,7 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     let active = col < n;
     let c = select(active, col, 0);
     let m_rows = comptime![plan.m as usize];
-    // The units of one column (all splits).
-    let lanes = comptime![(plan.lanes * plan.splits) as usize];
+    let lanes = comptime![plan.column_units() as usize];
     let gated = comptime![plan.epilogue.is_gated()];
     let halves = comptime![plan.halves()];
     let batch = comptime![plan.batch as usize];
@@ -470,8 +474,9 @@ pub(crate) fn gemv_nk<R: Runtime>(
     // Units per column: about four loads each at least, and more (up to one weight vector
     // each, two planes) until the grid has WARPS_PER_SM warps per SM. Measured on an H100 at
     // the 1.5B model's shapes, 8 lanes per column had run qkv and o on 4 warps per SM, the
-    // gated MLP on 17 and down (32 lanes) on 12. Above 4 rows a whole plane (one reduction instruction per row) as the
-    // reduction becomes the larger cost (at M = 16: 21 µs with planes, 43 with 8 lanes).
+    // gated MLP on 17 and down (32 lanes) on 12. Above 4 rows, one plane: there the reduction
+    // is the larger cost and a plane's is one instruction per row (at M = 16: 21 µs with
+    // planes, 43 with 8 lanes).
     let per_column = if m > 4 {
         32
     } else {
@@ -488,13 +493,14 @@ pub(crate) fn gemv_nk<R: Runtime>(
     let use_plane = lanes == 32 && planes32;
     // Every vector of a unit in one pass where that is at most 12 loads, else passes of 12.
     let batch = w_vectors.div_ceil(per_column).clamp(1, MAX_LOADS / halves) as u32;
-    // Cubes of about four staged x vectors per unit (64 units at K = 1536, so that the gated
-    // MLP's 8960 columns make 1120 cubes, spread evenly over the SMs), and fewer columns per
-    // cube where the columns would not give every SM two cubes.
+    // Cubes of about four staged x vectors per unit (64 units at K = 1536: the gated MLP's 8960
+    // columns make 2240 cubes, spread evenly over the SMs, where 280 cubes of 256 units had left
+    // a second partial wave), and fewer columns per cube where the columns would not give every
+    // SM two cubes.
     let units = (k / nx / 4)
         .next_power_of_two()
         .clamp(64, CUBE_UNITS as usize) as u32;
-    let mut cols = (units / (lanes * splits)).max(1);
+    let mut cols = (units / per_column as u32).max(1);
     while cols > 1 && n.div_ceil(cols as usize) < 2 * sms {
         cols /= 2;
     }
@@ -512,7 +518,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         },
         norm: epilogue
             .norm
-            .map(|_| ReducePlan::new(client, lanes * splits * cols)),
+            .map(|_| ReducePlan::new(client, per_column as u32 * cols)),
         batch,
         stage: stage_chunks(client, m, k, nx),
         early_wait: caps::has_pdl(client),
@@ -529,7 +535,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         w4a16_gemv_nk_kernel::launch_unchecked::<R>(
             client,
             ops::launch::cube_count_1d(client, cubes),
-            CubeDim::new_2d(plan.lanes * plan.splits, plan.cols),
+            CubeDim::new_2d(plan.column_units(), plan.cols),
             nw,
             nx,
             x.as_buffer_arg(),

@@ -104,6 +104,26 @@ pub fn random(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-scale..=scale)).collect()
 }
 
+/// `m` rows of `k` values uniform in `[-1, 1]`, row `r` scaled by `0.5 + r`: rows of different
+/// root-mean-square, so that a per-row norm or scale is exercised.
+pub fn rows_of_rising_scale(rng: &mut StdRng, m: usize, k: usize) -> Vec<f32> {
+    let mut x = random(rng, m * k, 1.0);
+    for (r, row) in x.chunks_mut(k).enumerate() {
+        row.iter_mut().for_each(|v| *v *= 0.5 + r as f32);
+    }
+    x
+}
+
+/// The RMSNorm of the rows of `x` with weight `g` (`ops::reference::norm::rms_norm`, in f64),
+/// rounded to `dtype`: the normalised activation as a kernel that applies the norm holds it.
+pub fn rms_norm_rounded(x: &[f64], g: &[f64], eps: f32, dtype: DType) -> Vec<f64> {
+    let h: Vec<f32> = ops::reference::norm::rms_norm(x, g, eps as f64)
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    round_to(&h, dtype)
+}
+
 /// Rounds host values through `dtype` so that references see exactly what the device sees.
 pub fn round_to(values: &[f32], dtype: DType) -> Vec<f64> {
     match dtype {

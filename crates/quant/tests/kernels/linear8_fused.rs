@@ -8,7 +8,6 @@ use cubecl::prelude::*;
 use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::reference::matmul::silu;
-use ops::reference::norm::rms_norm;
 use ops::DType;
 use quant::format::QuantFormat;
 use quant::host::quantize_weight_8bit;
@@ -84,10 +83,7 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                 (16, 24, 1000),
                 (17, 40, 64),
             ] {
-                let mut x = random(&mut rng, m * k, 1.0);
-                for (r, row) in x.chunks_mut(k).enumerate() {
-                    row.iter_mut().for_each(|v| *v *= 0.5 + r as f32);
-                }
+                let x = rows_of_rising_scale(&mut rng, m, k);
                 let (xt, xh) = upload(client, &x, &[m, k], dtype);
                 let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
                 let w = random(&mut rng, n * k, 0.5);
@@ -108,11 +104,7 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                     .unwrap();
                 // The normalized activation as the kernels hold it (rounded to the dtype), then
                 // the same quantized arithmetic on the host.
-                let h: Vec<f32> = rms_norm(&xh, &gh, EPS as f64)
-                    .iter()
-                    .map(|&v| v as f32)
-                    .collect();
-                let h = round_to(&h, dtype);
+                let h = rms_norm_rounded(&xh, &gh, EPS, dtype);
                 let qw = quantize_weight_8bit(&w, n, k, fmt).unwrap();
                 let (cx, sx) = qref::quantize_rows(&h, m, k, fmt);
                 let acc = qref::gemm_nt_codes(&cx, &qw.q.dense(), m, n, k, fmt);

@@ -5,7 +5,6 @@
 use cubecl::prelude::*;
 use ops::linear::{Epilogue, Linear, NormedInput};
 use ops::matmul::InputNorm;
-use ops::reference::norm::rms_norm;
 use ops::{caps, DType, DeviceTensor};
 use quant::host::{self, Int4Weight};
 use quant::reference as qref;
@@ -344,10 +343,7 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
             (2, 256, 34, Some(128), true),
             (4, 2816, 18, Some(128), false),
         ] {
-            let mut x = random(&mut rng, m * k, 1.0);
-            for (r, row) in x.chunks_mut(k).enumerate() {
-                row.iter_mut().for_each(|v| *v *= 0.5 + r as f32);
-            }
+            let x = rows_of_rising_scale(&mut rng, m, k);
             let (xt, xh) = upload(client, &x, &[m, k], dtype);
             let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
             let w = random(&mut rng, n * k, 0.5);
@@ -362,11 +358,8 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                 },
                 normed: &normed,
             };
-            let h: Vec<f32> = rms_norm(&xh, &gh, EPS as f64)
-                .iter()
-                .map(|&v| v as f32)
-                .collect();
-            let product = qref::w4a16(&round_to(&h, dtype), m, &qw, None);
+            let h = rms_norm_rounded(&xh, &gh, EPS, dtype);
+            let product = qref::w4a16(&h, m, &qw, None);
             let what = format!("normed {dtype} {m}x{k}x{n} group {group:?} gated {gated}");
             let (out, want, tol) = if gated {
                 let i = n / 2;
