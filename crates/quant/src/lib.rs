@@ -20,6 +20,7 @@ pub mod rowquant;
 pub mod transpose;
 pub mod w4a16;
 mod w4a16_layer;
+mod w4a16_mma;
 mod w4a16_nk;
 
 pub use format::QuantFormat;

@@ -1,6 +1,7 @@
 //! [`W4A16Linear`]: the int4 layer. Its weight is stored column-major (`crate::w4a16_nk`), the
-//! layout of its decode GEMV, which fuses the input norm and the whole epilogue; prefill
-//! dequantizes the weight and runs the dense tensor-core GEMM.
+//! layout of its decode GEMVs (on the tensor cores, `crate::w4a16_mma`, where the runtime and
+//! shape allow, else on the CUDA cores), which fuse the input norm and the whole epilogue;
+//! prefill dequantizes the weight and runs the dense tensor-core GEMM.
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
@@ -88,6 +89,21 @@ impl<R: Runtime> W4A16Linear<R> {
         self.act_dtype
     }
 
+    /// Whether a forward pass over `rows` rows runs the int4 GEMV on the tensor cores (CUDA
+    /// with the bf16/f16 `mma`, at most 16 rows, in_features a multiple of 32, groups of a
+    /// multiple of 128 or one per output channel, x small enough to stage in shared memory);
+    /// otherwise up to 16 rows run the CUDA-core (portable) GEMV.
+    pub fn decodes_on_tensor_cores(&self, client: &ComputeClient<R>, rows: usize) -> bool {
+        let k = self.in_features;
+        crate::w4a16_mma::can_run(
+            client,
+            self.act_dtype,
+            rows,
+            k,
+            self.group_size.unwrap_or(k),
+        )
+    }
+
     /// `x · Wᵀ + bias` into `out` for more than 16 rows (prefill): the weight is dequantized
     /// into a temporary `[out, in]` matrix of the activation dtype and the dense GEMM (tensor
     /// cores on CUDA) runs on it, so prefill needs that much transient memory for the largest
@@ -161,6 +177,20 @@ impl<R: Runtime> W4A16Linear<R> {
             norm,
         };
         let group = self.group_size.unwrap_or(k);
+        if crate::w4a16_mma::can_run(client, x.dtype(), m, k, group) {
+            return crate::w4a16_mma::gemv_mma(
+                client,
+                x,
+                &self.qweight,
+                &self.scales,
+                group,
+                nk_epilogue,
+                out,
+                m,
+                k,
+                n,
+            );
+        }
         crate::w4a16_nk::gemv_nk(
             client,
             x,

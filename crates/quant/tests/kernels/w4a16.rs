@@ -329,9 +329,9 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
 
 /// The input RMSNorm applied by the GEMV (x staged in shared memory where it fits, read per
 /// column where not), plain and gated, against the f64 norm rounded to the dtype followed by the
-/// reference product; and the staged and per-column paths giving the same bits: one row alone
-/// (staged) equals the same row among 4 rows of K = 2816 (too many bytes to stage; the lanes,
-/// and so the summation order, are the same at 1 and 4 rows).
+/// reference product; and a row's output not depending on the rows beside it: one row alone
+/// equals the same row among 4 rows of K = 2816 (on the CUDA-core GEMV, x staged against x read
+/// per column, too many bytes to stage; on the tensor cores, one against four MMA rows).
 fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
     const EPS: f32 = 1e-6;
     let mut rng = rng(402);
@@ -409,6 +409,91 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                     "{what}: row {r} alone (x staged) differs from the same row among 4 (x read per column)"
                 );
             }
+        }
+    }
+}
+
+/// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
+/// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
+/// step), N past whole 8-column tiles, per-channel scales and groups of 128 and 256, 1 to 16 rows
+/// (x rows 8..16 are the MMA's second row half), bias, residual, the gated MLP and the input
+/// norm, against the f64 reference of the same quantized product.
+fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
+    const EPS: f32 = 1e-6;
+    let mut rng = rng(403);
+    let cuda = caps::runtime_name(client).contains("cuda");
+    for dtype in float_dtypes(client) {
+        for (m, k, n, group) in [
+            (1usize, 1056usize, 38usize, None),
+            (1, 1536, 70, Some(128)),
+            (3, 2304, 24, Some(256)),
+            (9, 640, 18, Some(128)),
+            (16, 512, 40, None),
+            (1, 4480, 20, Some(128)),
+        ] {
+            let w = random(&mut rng, n * k, 0.5);
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            let mma = layer.decodes_on_tensor_cores(client, m);
+            let what = format!("tensor-core {dtype} {m}x{k}x{n} group {group:?} (mma {mma})");
+            // On CUDA every bf16/f16 case here must take the tensor-core kernel.
+            assert_eq!(mma, cuda && dtype != DType::F32, "{what}: kernel choice");
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let x = rows_of_rising_scale(&mut rng, m, k);
+            let (xt, xh) = upload(client, &x, &[m, k], dtype);
+            let product = qref::w4a16(&xh, m, &qw, None);
+
+            // Bias and residual together.
+            let bias = random(&mut rng, n, 1.0);
+            let (b, _) = upload(client, &bias, &[n], dtype);
+            let (r, rr) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let br = round_to(&bias, dtype);
+            let out = poisoned(client, &[m, n], dtype);
+            let epilogue = Epilogue::NONE.bias(Some(&b)).residual(&r);
+            layer
+                .forward_into(client, &xt, epilogue, &out, None)
+                .unwrap();
+            let want: Vec<f64> = (0..m * n).map(|e| product[e] + br[e % n] + rr[e]).collect();
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(
+                &format!("{what} bias+residual"),
+                &got,
+                &want,
+                tolerance(dtype),
+            );
+
+            // The input norm with the gated epilogue (gate rows, then up rows).
+            let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let normed = poisoned(client, &[m, k], dtype);
+            let input = NormedInput {
+                x: &xt,
+                norm: InputNorm {
+                    weight: &g,
+                    eps: EPS,
+                },
+                normed: &normed,
+            };
+            let h = rms_norm_rounded(&xh, &gh, EPS, dtype);
+            let product = qref::w4a16(&h, m, &qw, None);
+            let i = n / 2;
+            let out = poisoned(client, &[m, i], dtype);
+            let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
+            layer
+                .forward_normed_into(client, input, gated, &out, None)
+                .unwrap();
+            let want: Vec<f64> = (0..m * i)
+                .map(|e| {
+                    let (row, col) = (e / i, e % i);
+                    ops::reference::matmul::silu(product[row * n + col])
+                        * product[row * n + i + col]
+                })
+                .collect();
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(
+                &format!("{what} normed gated"),
+                &got,
+                &want,
+                2.0 * tolerance(dtype),
+            );
         }
     }
 }
@@ -572,6 +657,11 @@ fn layer_epilogues() {
 #[test]
 fn input_norm_matches_reference() {
     on_each_runtime!(normed_case);
+}
+
+#[test]
+fn tensor_core_decode() {
+    on_each_runtime!(tensor_core_case);
 }
 
 #[test]

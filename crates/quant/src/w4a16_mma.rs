@@ -1,0 +1,593 @@
+//! The int4 decode GEMV on the tensor cores (CUDA, bf16 and f16 activations, M <= 16): the same
+//! `[N, K/8]` weight as [`crate::w4a16_nk`], the same fused input norm and epilogue.
+//!
+//! The CUDA-core GEMV spends about three instructions per weight (the nibble's decoding, one FMA,
+//! the x operand from shared memory), which at the 1.5B model's shapes keeps it at a third of the
+//! memory bandwidth. Here a weight costs about 1.4: eight nibbles of a word become four pairs of
+//! exact bf16 (f16) values in one shift, one LOP3 and one packed FMA each
+//! (`(w >> 4p) & 0x000F000F ^ magic` is `136 + n` in both halves, as bf16, and `x · 1 - 136`
+//! leaves `n`), and `mma.sync.m16n8k16` multiplies them with x.
+//!
+//! Layout of the work: the weight is the MMA's B operand (8 weight rows = 8 output columns, a
+//! tile), x its A operand (rows `gid` and `gid + 8` of the 16). A step is 128 k: each lane of a
+//! quad loads 16 bytes (32 k) of its weight row, so a warp reads 8 rows x 64 bytes, whole
+//! sectors. Within a step the MMA's k order is a permutation of the physical k (slot pair
+//! `2 tig, 2 tig + 1` of MMA `2 w + h` holds nibbles `2h` and `2h + 4` of the lane's word `w`,
+//! slots `2 tig + 8, + 9` nibbles `2h + 1` and `2h + 5`), the same for x, which is staged in
+//! shared memory in that order as packed pairs: the dot products are unchanged. Each step's MMAs
+//! start from zero and their sum is scaled by the step's group scale into f32 accumulators, so
+//! groups must be whole steps (a multiple of 128, or one per output channel). The warps of a
+//! tile split the steps and meet in shared memory; bias, residual and the gated activation
+//! follow as in the dense kernels.
+
+use cubecl::features::MmaConfig;
+use cubecl::ir::{ElemType, FloatKind};
+use cubecl::prelude::*;
+use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::norm::{row_inv_rms, scale_by_weight};
+use ops::reduce::ReducePlan;
+use ops::{caps, DType, DeviceTensor, Result};
+
+use crate::w4a16_nk::NkEpilogue;
+
+/// K per step: a quad's four lanes x 32.
+const STEP_K: usize = 128;
+/// Most bytes of shared memory the staged x rows take (M x K padded to whole steps x 2 bytes):
+/// the 1.5B model's down projection at one row needs 17.5 KB, K = 14336 28 KB. With the warps'
+/// partial sums (up to 16 KB) the cube stays within the 48 KB of static shared memory.
+const STAGE_MAX_BYTES: usize = 28 * 1024;
+/// Bytes of the warps' partial sums at most (16 warps, gated).
+const RED_MAX_BYTES: usize = MAX_WARPS * 128 * 2 * 4;
+/// Warps per SM the launch aims for (the warps of a tile split its steps).
+const WARPS_PER_SM: usize = 32;
+/// Most warps per tile (a cube of 512 units).
+const MAX_WARPS: usize = 16;
+/// Steps whose loads a lane issues before the first is used.
+const MAX_BATCH: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct MmaPlan {
+    /// Rows of x (at most 16: the MMA's M).
+    m: u32,
+    /// Warps per tile of 8 output columns, over interleaved steps.
+    warps: u32,
+    /// Tiles per cube.
+    tiles: u32,
+    /// Steps per pass of a lane (all loaded before the first is used).
+    batch: u32,
+    /// f16 activations (else bf16).
+    f16: bool,
+    epilogue: EpilogueBlueprint,
+    /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube).
+    norm: Option<ReducePlan>,
+    /// Staged 16-byte words (8 k each) per x row: the steps' K.
+    row_words: u32,
+    /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
+    early_wait: bool,
+    /// Signal `griddepcontrol.launch_dependents` once the weights are read.
+    trigger: bool,
+}
+
+impl MmaPlan {
+    fn halves(&self) -> usize {
+        if self.epilogue.is_gated() {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// Whether the runtime runs `mma.sync.m16n8k16` on `dtype` (bf16 or f16) with f32 accumulators.
+fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+    let t = match dtype {
+        DType::BF16 => ElemType::Float(FloatKind::BF16),
+        DType::F16 => ElemType::Float(FloatKind::F16),
+        _ => return false,
+    };
+    let hw = &client.properties().hardware;
+    caps::runtime_name(client).contains("cuda")
+        && hw.plane_size_min == 32
+        && hw.plane_size_max == 32
+        && client.features().matmul.mma.contains(&MmaConfig {
+            a_type: t,
+            b_type: t,
+            cd_type: ElemType::Float(FloatKind::F32),
+            m: 16,
+            n: 8,
+            k: 16,
+        })
+}
+
+/// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
+/// runtime with the bf16/f16 MMA, `m <= 16`, K a multiple of 32 (16-byte weight loads), groups
+/// of whole steps, and the staged x within [`STAGE_MAX_BYTES`].
+pub(crate) fn can_run<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    m: usize,
+    k: usize,
+    group: usize,
+) -> bool {
+    m <= 16
+        && k.is_multiple_of(32)
+        && (group == k || group.is_multiple_of(STEP_K))
+        && m * k.next_multiple_of(STEP_K) * 2 <= STAGE_MAX_BYTES
+        && STAGE_MAX_BYTES + RED_MAX_BYTES + 1024
+            <= client.properties().hardware.max_shared_memory_size
+        && caps::vector_size_for(client, dtype, 8) == 8
+        && has_mma16(client, dtype)
+}
+
+/// `mma.sync.m16n8k16` with f32 accumulators on packed bf16 (f16) pairs.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn mma_m16n8k16(
+    a0: u32,
+    a1: u32,
+    a2: u32,
+    a3: u32,
+    b0: u32,
+    b1: u32,
+    c: Vector<f32, Const<4>>,
+    #[comptime] f16: bool,
+) -> Vector<f32, Const<4>> {
+    let d: Vector<f32, Const<4>>;
+    if comptime![f16] {
+        gpu_asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {c};",
+            a0 = in(_) a0,
+            a1 = in(_) a1,
+            a2 = in(_) a2,
+            a3 = in(_) a3,
+            b0 = in(_) b0,
+            b1 = in(_) b1,
+            c = in(_) c,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    } else {
+        gpu_asm!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {c};",
+            a0 = in(_) a0,
+            a1 = in(_) a1,
+            a2 = in(_) a2,
+            a3 = in(_) a3,
+            b0 = in(_) b0,
+            b1 = in(_) b1,
+            c = in(_) c,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    }
+    d
+}
+
+/// Nibbles `p` and `p + 4` of `word` (two's complement, `-8..=7`) as an exact bf16 (f16) pair,
+/// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` puts each nibble, its sign bit
+/// flipped (`n + 8`), in the units of a float whose value is then `136 + n` (bf16, exponent 2^7)
+/// or `1032 + n` (f16, 2^10), and one packed FMA subtracts 136 (1032).
+#[cube]
+fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
+    let u = u32::reinterpret(word);
+    let shifted = if comptime![p == 0] {
+        u
+    } else {
+        u >> comptime![4 * p]
+    };
+    let magic = comptime![if f16 { 0x6408_6408u32 } else { 0x4308_4308u32 }];
+    let biased = (shifted & 0x000F_000Fu32) ^ magic;
+    let d: u32;
+    if comptime![f16] {
+        let one = 0x3C00_3C00u32;
+        let minus = 0xE408_E408u32;
+        gpu_asm!(
+            "fma.rn.f16x2 {d}, {a}, {b}, {c};",
+            a = in(_) biased,
+            b = in(_) one,
+            c = in(_) minus,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    } else {
+        let one = 0x3F80_3F80u32;
+        let minus = 0xC308_C308u32;
+        gpu_asm!(
+            "fma.rn.bf16x2 {d}, {a}, {b}, {c};",
+            a = in(_) biased,
+            b = in(_) one,
+            c = in(_) minus,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    }
+    d
+}
+
+/// `lo` and `hi` (values of the activation dtype, so exact) packed as a bf16 (f16) pair, `lo` in
+/// the low half.
+#[cube]
+fn pack_pair(lo: f32, hi: f32, #[comptime] f16: bool) -> u32 {
+    let d: u32;
+    if comptime![f16] {
+        gpu_asm!(
+            "cvt.rn.f16x2.f32 {d}, {hi}, {lo};",
+            hi = in(_) hi,
+            lo = in(_) lo,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    } else {
+        gpu_asm!(
+            "cvt.rn.bf16x2.f32 {d}, {hi}, {lo};",
+            hi = in(_) hi,
+            lo = in(_) lo,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    }
+    d
+}
+
+/// The weight vectors of one pass of a lane: step `s0 + j · warps` of its row (and of the up
+/// row when gated), zeros past K or past the matrix; and the scales of the rows whose outputs the
+/// lane accumulates (`2 tig` and `2 tig + 1` of the tile).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_pass(
+    qweight: &[Vector<i32, Const<4>>],
+    scales: &[f32],
+    wr: &mut Array<Vector<i32, Const<4>>>,
+    sr: &mut Array<f32>,
+    load_row: usize,
+    load_ok: bool,
+    acc_row: usize,
+    n: usize,
+    s0: usize,
+    steps: usize,
+    k_vectors: usize,
+    groups: usize,
+    steps_per_group: usize,
+    up_offset: usize,
+    #[comptime] plan: MmaPlan,
+) {
+    let tig = (UNIT_POS as usize % 32) % 4;
+    #[unroll]
+    for j in 0..comptime![plan.batch as usize] {
+        let s = s0 + j * comptime![plan.warps as usize];
+        let v = s * 4 + tig;
+        let g = select(s < steps, s / steps_per_group, 0);
+        #[unroll]
+        for half in 0..comptime![plan.halves()] {
+            let mut wv = Vector::<i32, Const<4>>::new(0i32);
+            if load_ok && s < steps && v < k_vectors {
+                wv = qweight[(load_row + half * up_offset) * k_vectors + v];
+            }
+            let i = j * comptime![plan.halves()] + half;
+            wr[i] = wv;
+            #[unroll]
+            for e in 0..2usize {
+                // Columns past N read row 0's scale (never written).
+                let r = select(acc_row + e < n, acc_row + e, 0);
+                sr[2 * i + e] = scales[(r + half * up_offset) * groups + g];
+            }
+        }
+    }
+}
+
+/// Cube: `tiles` tiles of 8 output columns, `warps` warps each (over interleaved steps). Unit
+/// (warp, lane = 4 gid + tig): loads weight row `gid` of its tile, x rows `gid` and `gid + 8`
+/// from the staged copy, and accumulates outputs (x row `gid` / `gid + 8`, column `2 tig + e`).
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn w4a16_mma_kernel<F: Float, NX: Size>(
+    x: &[Vector<F, NX>],
+    qweight: &[Vector<i32, Const<4>>],
+    scales: &[f32],
+    bias: &[F],
+    residual: &[F],
+    out: &mut [F],
+    norm_w: &[Vector<F, NX>],
+    n: usize,
+    k: usize,
+    steps: usize,
+    groups: usize,
+    steps_per_group: usize,
+    up_offset: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] plan: MmaPlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let m_rows = comptime![plan.m as usize];
+    let warps = comptime![plan.warps as usize];
+    let halves = comptime![plan.halves()];
+    let batch = comptime![plan.batch as usize];
+    let f16 = comptime![plan.f16];
+    let row_words = comptime![plan.row_words as usize];
+    let tid = UNIT_POS as usize;
+    let warp = (tid / 32) % warps;
+    let tile = tid / (32 * warps);
+    let lane = tid % 32;
+    let gid = lane / 4;
+    let tig = lane % 4;
+    let n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * 8;
+    let k_vectors = k / 32;
+    // The weight row this lane loads (rows past N read row 0: in bounds, never written), and
+    // the first of the two whose outputs it accumulates.
+    let load_ok = n0 + gid < n;
+    let load_row = select(load_ok, n0 + gid, 0);
+    let acc_row = n0 + 2 * tig;
+
+    let mut wr =
+        Array::<Vector<i32, Const<4>>>::new(comptime![plan.batch as usize * plan.halves()]);
+    let mut sr = Array::<f32>::new(comptime![2 * plan.batch as usize * plan.halves()]);
+    load_pass(
+        qweight,
+        scales,
+        &mut wr,
+        &mut sr,
+        load_row,
+        load_ok,
+        acc_row,
+        n,
+        warp,
+        steps,
+        k_vectors,
+        groups,
+        steps_per_group,
+        up_offset,
+        plan,
+    );
+    if comptime![plan.early_wait] {
+        // Only weights and scales were read so far (never written by any kernel).
+        gpu_asm!("griddepcontrol.wait;");
+    }
+
+    // x (normalised) staged as packed pairs in the MMA's k order: word `i` of a row (k = 8i..)
+    // holds (x0, x4), (x1, x5), (x2, x6), (x3, x7); zeros past K.
+    let mut inv_rms = Array::<f32>::new(m_rows);
+    if comptime![plan.norm.is_some()] {
+        inv_rms = row_inv_rms::<F, NX>(x, k / 8, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
+    }
+    let mut xs =
+        Shared::<[Vector<u32, Const<4>>]>::new_slice(comptime![(plan.m * plan.row_words) as usize]);
+    let x_words = k / 8;
+    for i in range_stepped(tid, m_rows * row_words, CUBE_DIM as usize) {
+        let r = i / row_words;
+        let wi = i % row_words;
+        let mut packed = Vector::<u32, Const<4>>::new(0u32);
+        if wi < x_words {
+            let mut xv = x[r * x_words + wi];
+            if comptime![plan.norm.is_some()] {
+                xv = scale_by_weight(xv, norm_w[wi], inv_rms[r]);
+            }
+            #[unroll]
+            for p in 0..4usize {
+                packed.insert(
+                    p,
+                    pack_pair(
+                        f32::cast_from(xv.extract(p)),
+                        f32::cast_from(xv.extract(p + 4)),
+                        f16,
+                    ),
+                );
+            }
+        }
+        xs[i] = packed;
+    }
+    sync_cube();
+
+    let mut acc = Array::<f32>::new(comptime![4 * plan.halves()]);
+    #[unroll]
+    for i in 0..comptime![4 * plan.halves()] {
+        acc[i] = 0f32;
+    }
+    let lo_ok = gid < m_rows;
+    let hi_ok = gid + 8 < m_rows;
+    let lo_base = select(lo_ok, gid, 0) * row_words;
+    let hi_base = select(hi_ok, gid + 8, 0) * row_words;
+    let per_pass = warps * batch;
+    let passes = steps.div_ceil(per_pass);
+    for p in 0..passes {
+        if p > 0 {
+            load_pass(
+                qweight,
+                scales,
+                &mut wr,
+                &mut sr,
+                load_row,
+                load_ok,
+                acc_row,
+                n,
+                p * per_pass + warp,
+                steps,
+                k_vectors,
+                groups,
+                steps_per_group,
+                up_offset,
+                plan,
+            );
+        }
+        #[unroll]
+        for j in 0..batch {
+            let s = p * per_pass + j * warps + warp;
+            if s < steps {
+                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![plan.halves()]);
+                #[unroll]
+                for half in 0..halves {
+                    d[half] = Vector::<f32, Const<4>>::new(0f32);
+                }
+                #[unroll]
+                for w in 0..4usize {
+                    let xw = s * 16 + tig * 4 + w;
+                    let mut xa = Vector::<u32, Const<4>>::new(0u32);
+                    let mut xb = Vector::<u32, Const<4>>::new(0u32);
+                    if lo_ok {
+                        xa = xs[lo_base + xw];
+                    }
+                    if hi_ok {
+                        xb = xs[hi_base + xw];
+                    }
+                    #[unroll]
+                    for half in 0..halves {
+                        let word = wr[j * halves + half].extract(w);
+                        #[unroll]
+                        for h in 0..2u32 {
+                            let hh = comptime![h as usize];
+                            d[half] = mma_m16n8k16(
+                                xa.extract(2 * hh),
+                                xb.extract(2 * hh),
+                                xa.extract(2 * hh + 1),
+                                xb.extract(2 * hh + 1),
+                                nibble_pair(word, comptime![2 * h], f16),
+                                nibble_pair(word, comptime![2 * h + 1], f16),
+                                d[half],
+                                f16,
+                            );
+                        }
+                    }
+                }
+                #[unroll]
+                for half in 0..halves {
+                    let i = j * halves + half;
+                    #[unroll]
+                    for e in 0..4usize {
+                        acc[4 * half + e] += d[half].extract(e) * sr[2 * i + e % 2];
+                    }
+                }
+            }
+        }
+    }
+    if comptime![plan.trigger] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
+
+    // acc[4 half + e]: x row gid + 8 (e / 2), column 2 tig + e % 2; the tile's warps summed in
+    // warp order.
+    let mut red = Shared::<[f32]>::new_slice(comptime![
+        (plan.warps * plan.tiles) as usize * 128 * plan.halves()
+    ]);
+    #[unroll]
+    for half in 0..halves {
+        #[unroll]
+        for e in 0..4usize {
+            let r = gid + 8 * (e / 2);
+            let slot = (tile * warps + warp) * halves + half;
+            red[slot * 128 + r * 8 + 2 * tig + e % 2] = acc[4 * half + e];
+        }
+    }
+    sync_cube();
+    for idx in range_stepped(tid, comptime![plan.tiles as usize * 128], CUBE_DIM as usize) {
+        let t = idx / 128;
+        let o = idx % 128;
+        let r = o / 8;
+        let col = (CUBE_POS * comptime![plan.tiles as usize] + t) * 8 + o % 8;
+        let mut total = 0f32;
+        let mut total_up = 0f32;
+        #[unroll]
+        for w in 0..warps {
+            total += red[((t * warps + w) * halves) * 128 + o];
+            if comptime![plan.epilogue.is_gated()] {
+                total_up += red[((t * warps + w) * halves + 1) * 128 + o];
+            }
+        }
+        if r < m_rows && col < n {
+            write_epilogue::<F>(
+                out,
+                total,
+                total_up,
+                r,
+                col,
+                n,
+                bias,
+                residual,
+                plan.epilogue,
+            );
+        }
+    }
+}
+
+/// The tensor-core GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous
+/// bf16/f16, `qweight_nk[N, K/8]` (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32,
+/// `out[M, N]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv_mma<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    qweight_nk: &DeviceTensor<R>,
+    scales_nk: &DeviceTensor<R>,
+    group: usize,
+    epilogue: NkEpilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    debug_assert!(can_run(client, x.dtype(), m, k, group));
+    let steps = k.div_ceil(STEP_K);
+    let tiles = n.div_ceil(8);
+    let sms = caps::num_sms(client) as usize;
+    // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one per
+    // step; two tiles per cube below four warps.
+    let warps = (WARPS_PER_SM * sms)
+        .div_ceil(tiles)
+        .min(steps)
+        .next_power_of_two()
+        .clamp(1, MAX_WARPS);
+    let per_cube = (4 / warps).max(1);
+    let halves = if epilogue.gate.is_some() { 2 } else { 1 };
+    let batch = steps.div_ceil(warps).clamp(1, MAX_BATCH / halves);
+    let units = (32 * warps * per_cube) as u32;
+    let plan = MmaPlan {
+        m: m as u32,
+        warps: warps as u32,
+        tiles: per_cube as u32,
+        batch: batch as u32,
+        f16: x.dtype() == DType::F16,
+        epilogue: EpilogueBlueprint {
+            has_bias: epilogue.bias.is_some(),
+            has_residual: epilogue.residual.is_some(),
+            gate: epilogue.gate,
+        },
+        norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
+        row_words: (steps * STEP_K / 8) as u32,
+        early_wait: caps::has_pdl(client),
+        trigger: caps::has_launch_dependents(client),
+    };
+    let (norm_w, eps) = match epilogue.norm {
+        Some(nm) => (nm.weight, nm.eps),
+        None => (x, 0.0),
+    };
+    let cubes = tiles.div_ceil(per_cube) as u32;
+    let up_offset = if epilogue.gate.is_some() { n } else { 0 };
+    let groups = k / group;
+    unsafe {
+        w4a16_mma_kernel::launch_unchecked::<R>(
+            client,
+            ops::launch::cube_count_1d(client, cubes),
+            CubeDim::new_1d(units),
+            8usize,
+            x.as_buffer_arg(),
+            qweight_nk.as_buffer_arg(),
+            scales_nk.as_buffer_arg(),
+            // Absent operands are bound to x and never read (the blueprint skips them).
+            epilogue.bias.unwrap_or(x).as_buffer_arg(),
+            epilogue.residual.unwrap_or(x).as_buffer_arg(),
+            out.as_buffer_arg(),
+            norm_w.as_buffer_arg(),
+            n,
+            k,
+            steps,
+            groups,
+            // One group per output channel: every step in group 0.
+            if group == k { steps } else { group / STEP_K },
+            up_offset,
+            1.0 / k as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
