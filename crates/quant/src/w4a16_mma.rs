@@ -435,13 +435,18 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                         #[unroll]
                         for h in 0..2u32 {
                             let hh = comptime![h as usize];
+                            // Through a vector: inline PTX takes a mutable scalar (the pair
+                            // functions' results) by its address, which `mma` rejects.
+                            let mut b = Vector::<u32, Const<2>>::new(0u32);
+                            b.insert(0usize, nibble_pair(word, comptime![2 * h], f16));
+                            b.insert(1usize, nibble_pair(word, comptime![2 * h + 1], f16));
                             d[half] = mma_m16n8k16(
                                 xa.extract(2 * hh),
                                 xb.extract(2 * hh),
                                 xa.extract(2 * hh + 1),
                                 xb.extract(2 * hh + 1),
-                                nibble_pair(word, comptime![2 * h], f16),
-                                nibble_pair(word, comptime![2 * h + 1], f16),
+                                b.extract(0usize),
+                                b.extract(1usize),
                                 d[half],
                                 f16,
                             );
