@@ -383,10 +383,10 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     for i in 0..comptime![4 * plan.halves()] {
         acc[i] = 0f32;
     }
-    let lo_ok = gid < m_rows;
-    let hi_ok = gid + 8 < m_rows;
-    let lo_base = select(lo_ok, gid, 0) * row_words;
-    let hi_base = select(hi_ok, gid + 8, 0) * row_words;
+    // The MMA's rows past M read x row 0 (no branch in the loop): their outputs are never
+    // written. Up to 8 rows the second row half repeats the first.
+    let lo_base = select(gid < m_rows, gid, 0) * row_words;
+    let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
     let per_pass = warps * batch;
     let passes = steps.div_ceil(per_pass);
     for p in 0..passes {
@@ -421,12 +421,9 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 #[unroll]
                 for w in 0..4usize {
                     let xw = s * 16 + tig * 4 + w;
-                    let mut xa = Vector::<u32, Const<4>>::new(0u32);
-                    let mut xb = Vector::<u32, Const<4>>::new(0u32);
-                    if lo_ok {
-                        xa = xs[lo_base + xw];
-                    }
-                    if hi_ok {
+                    let xa = xs[lo_base + xw];
+                    let mut xb = xa;
+                    if comptime![plan.m > 8] {
                         xb = xs[hi_base + xw];
                     }
                     #[unroll]
