@@ -164,9 +164,11 @@ fn mma_m16n8k16(
 }
 
 /// Nibbles `p` and `p + 4` of `word` (two's complement, `-8..=7`) as an exact bf16 (f16) pair,
-/// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` puts each nibble, its sign bit
-/// flipped (`n + 8`), in the units of a float whose value is then `136 + n` (bf16, exponent 2^7)
-/// or `1032 + n` (f16, 2^10), and one packed FMA subtracts 136 (1032).
+/// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` (one LOP3, written out in PTX
+/// because the compiler otherwise splits it into two, an instruction takes one immediate) puts
+/// each nibble, its sign bit flipped (`n + 8`), in the units of a float whose value is then
+/// `136 + n` (bf16, exponent 2^7) or `1032 + n` (f16, 2^10), and one packed FMA subtracts 136
+/// (1032).
 #[cube]
 fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
     let u = u32::reinterpret(word);
@@ -175,28 +177,33 @@ fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
     } else {
         u >> comptime![4 * p]
     };
-    let magic = comptime![if f16 { 0x6408_6408u32 } else { 0x4308_4308u32 }];
-    let biased = (shifted & 0x000F_000Fu32) ^ magic;
+    let mask = 0x000F_000Fu32;
     let d: u32;
     if comptime![f16] {
+        let magic = 0x6408_6408u32;
         let one = 0x3C00_3C00u32;
         let minus = 0xE408_E408u32;
         gpu_asm!(
-            "fma.rn.f16x2 {d}, {a}, {b}, {c};",
-            a = in(_) biased,
-            b = in(_) one,
-            c = in(_) minus,
+            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.f16x2 {d}, t, {one}, {minus}; }}",
+            a = in(_) shifted,
+            mask = in(_) mask,
+            magic = in(_) magic,
+            one = in(_) one,
+            minus = in(_) minus,
             d = out(_) d,
             options(pure, nomem),
         );
     } else {
+        let magic = 0x4308_4308u32;
         let one = 0x3F80_3F80u32;
         let minus = 0xC308_C308u32;
         gpu_asm!(
-            "fma.rn.bf16x2 {d}, {a}, {b}, {c};",
-            a = in(_) biased,
-            b = in(_) one,
-            c = in(_) minus,
+            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.bf16x2 {d}, t, {one}, {minus}; }}",
+            a = in(_) shifted,
+            mask = in(_) mask,
+            magic = in(_) magic,
+            one = in(_) one,
+            minus = in(_) minus,
             d = out(_) d,
             options(pure, nomem),
         );
@@ -413,49 +420,94 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         for j in 0..batch {
             let s = p * per_pass + j * warps + warp;
             if s < steps {
-                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![plan.halves()]);
+                // Per half: the MMA accumulator, and up to 8 rows the second one.
+                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![2 * plan.halves()]);
                 #[unroll]
-                for half in 0..halves {
-                    d[half] = Vector::<f32, Const<4>>::new(0f32);
+                for i in 0..comptime![2 * plan.halves()] {
+                    d[i] = Vector::<f32, Const<4>>::new(0f32);
                 }
                 #[unroll]
                 for w in 0..4usize {
                     let xw = s * 16 + tig * 4 + w;
                     let xa = xs[lo_base + xw];
-                    let mut xb = xa;
-                    if comptime![plan.m > 8] {
-                        xb = xs[hi_base + xw];
-                    }
                     #[unroll]
                     for half in 0..halves {
                         let word = wr[j * halves + half].extract(w);
-                        #[unroll]
-                        for h in 0..2u32 {
-                            let hh = comptime![h as usize];
-                            // Through a vector: inline PTX takes a mutable scalar (the pair
-                            // functions' results) by its address, which `mma` rejects.
-                            let mut b = Vector::<u32, Const<2>>::new(0u32);
-                            b.insert(0usize, nibble_pair(word, comptime![2 * h], f16));
-                            b.insert(1usize, nibble_pair(word, comptime![2 * h + 1], f16));
-                            d[half] = mma_m16n8k16(
-                                xa.extract(2 * hh),
-                                xb.extract(2 * hh),
-                                xa.extract(2 * hh + 1),
-                                xb.extract(2 * hh + 1),
+                        if comptime![plan.m <= 8] {
+                            // Up to 8 rows the MMA's second row half is free: x's four pairs
+                            // (p0, p1, p2, p3) are the A registers as loaded, row gid taking p0
+                            // and p2 against nibble pairs 0 and 2 in one MMA, row gid + 8 p1 and
+                            // p3 against pairs 1 and 3 in a second, into its own accumulator
+                            // (no register copies to build the fragments).
+                            let mut b = Vector::<u32, Const<4>>::new(0u32);
+                            #[unroll]
+                            for q in 0..4u32 {
+                                b.insert(
+                                    comptime![q as usize],
+                                    nibble_pair(word, comptime![(q % 2) * 2 + q / 2], f16),
+                                );
+                            }
+                            d[2 * half] = mma_m16n8k16(
+                                xa.extract(0usize),
+                                xa.extract(1usize),
+                                xa.extract(2usize),
+                                xa.extract(3usize),
                                 b.extract(0usize),
                                 b.extract(1usize),
-                                d[half],
+                                d[2 * half],
                                 f16,
                             );
+                            d[2 * half + 1] = mma_m16n8k16(
+                                xa.extract(0usize),
+                                xa.extract(1usize),
+                                xa.extract(2usize),
+                                xa.extract(3usize),
+                                b.extract(2usize),
+                                b.extract(3usize),
+                                d[2 * half + 1],
+                                f16,
+                            );
+                        } else {
+                            let xb = xs[hi_base + xw];
+                            #[unroll]
+                            for h in 0..2u32 {
+                                let hh = comptime![h as usize];
+                                // Through a vector: inline PTX takes a mutable scalar (the
+                                // pair functions' results) by its address, which `mma` rejects.
+                                let mut b = Vector::<u32, Const<2>>::new(0u32);
+                                b.insert(0usize, nibble_pair(word, comptime![2 * h], f16));
+                                b.insert(1usize, nibble_pair(word, comptime![2 * h + 1], f16));
+                                d[2 * half] = mma_m16n8k16(
+                                    xa.extract(2 * hh),
+                                    xb.extract(2 * hh),
+                                    xa.extract(2 * hh + 1),
+                                    xb.extract(2 * hh + 1),
+                                    b.extract(0usize),
+                                    b.extract(1usize),
+                                    d[2 * half],
+                                    f16,
+                                );
+                            }
                         }
                     }
                 }
                 #[unroll]
                 for half in 0..halves {
                     let i = j * halves + half;
-                    #[unroll]
-                    for e in 0..4usize {
-                        acc[4 * half + e] += d[half].extract(e) * sr[2 * i + e % 2];
+                    let d0 = d[2 * half];
+                    if comptime![plan.m <= 8] {
+                        // Row gid's sums: the first MMA's row gid plus the second's row gid + 8.
+                        let d1 = d[2 * half + 1];
+                        #[unroll]
+                        for e in 0..2usize {
+                            acc[4 * half + e] +=
+                                (d0.extract(e) + d1.extract(e + 2)) * sr[2 * i + e];
+                        }
+                    } else {
+                        #[unroll]
+                        for e in 0..4usize {
+                            acc[4 * half + e] += d0.extract(e) * sr[2 * i + e % 2];
+                        }
                     }
                 }
             }
