@@ -3,22 +3,28 @@
 //!
 //! The CUDA-core GEMV spends about three instructions per weight (the nibble's decoding, one FMA,
 //! the x operand from shared memory), which at the 1.5B model's shapes keeps it at a third of the
-//! memory bandwidth. Here a weight costs about 1.4: eight nibbles of a word become four pairs of
-//! exact bf16 (f16) values in one shift, one LOP3 and one packed FMA each
-//! (`(w >> 4p) & 0x000F000F ^ magic` is `136 + n` in both halves, as bf16, and `x · 1 - 136`
-//! leaves `n`), and `mma.sync.m16n8k16` multiplies them with x.
+//! memory bandwidth. Here two nibbles (positions `p` and `p + 4` of a word) become an exact bf16
+//! (f16) pair in a shift, one LOP3 and one packed FMA (`(w >> 4p) & 0x000F000F ^ magic` is
+//! `136 + n` in both halves, as bf16, and `v · 1 - 136` leaves `n`), and `mma.sync.m16n8k16`
+//! multiplies them with x.
 //!
 //! Layout of the work: the weight is the MMA's B operand (8 weight rows = 8 output columns, a
-//! tile), x its A operand (rows `gid` and `gid + 8` of the 16). A step is 128 k: each lane of a
-//! quad loads 16 bytes (32 k) of its weight row, so a warp reads 8 rows x 64 bytes, whole
-//! sectors. Within a step the MMA's k order is a permutation of the physical k (slot pair
-//! `2 tig, 2 tig + 1` of MMA `2 w + h` holds nibbles `2h` and `2h + 4` of the lane's word `w`,
-//! slots `2 tig + 8, + 9` nibbles `2h + 1` and `2h + 5`), the same for x, which is staged in
-//! shared memory in that order as packed pairs: the dot products are unchanged. Each step's MMAs
-//! start from zero and their sum is scaled by the step's group scale into f32 accumulators, so
-//! groups must be whole steps (a multiple of 128, or one per output channel). The warps of a
-//! tile split the steps and meet in shared memory; bias, residual and the gated activation
-//! follow as in the dense kernels.
+//! tile; with 16-row A tiles the 1.5B model's down projection would have fewer tiles than an
+//! H100 has SMs), x its A operand. A step is 128 k: each lane of a quad loads 16 bytes (32 k) of
+//! its weight row `gid`, so a warp reads 8 rows x 64 bytes, whole sectors. Within a step the
+//! MMA's k order is a permutation of the physical k, the same for x, which is staged in shared
+//! memory in that order as packed pairs (word `i` of a row: `(x0, x4), (x1, x5), (x2, x6),
+//! (x3, x7)` of k = 8i..), so the dot products are unchanged:
+//! - up to 8 rows, the A registers are a word's four x pairs as loaded: rows `gid` take pairs 0
+//!   and 2 (slots `2 tig, +1` and `2 tig + 8, +9`) against nibble pairs 0 and 2 in one MMA, rows
+//!   `gid + 8` pairs 1 and 3 against nibble pairs 1 and 3 in a second with its own accumulator,
+//!   and row `gid`'s sum is the first's row `gid` plus the second's row `gid + 8`;
+//! - above 8 rows, rows `gid` and `gid + 8` are x rows, and each MMA takes one half of a word.
+//!
+//! Each step's MMAs start from zero and their sum is scaled by the step's group scale into f32
+//! accumulators, so groups must be whole steps (a multiple of 128, or one per output channel).
+//! The warps of a tile split the steps and meet in shared memory; bias, residual and the gated
+//! activation follow as in the dense kernels.
 
 use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
