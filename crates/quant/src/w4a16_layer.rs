@@ -177,21 +177,12 @@ impl<R: Runtime> W4A16Linear<R> {
             norm,
         };
         let group = self.group_size.unwrap_or(k);
-        if crate::w4a16_mma::can_run(client, x.dtype(), m, k, group) {
-            return crate::w4a16_mma::gemv_mma(
-                client,
-                x,
-                &self.qweight,
-                &self.scales,
-                group,
-                nk_epilogue,
-                out,
-                m,
-                k,
-                n,
-            );
-        }
-        crate::w4a16_nk::gemv_nk(
+        let gemv = if crate::w4a16_mma::can_run(client, x.dtype(), m, k, group) {
+            crate::w4a16_mma::gemv_mma
+        } else {
+            crate::w4a16_nk::gemv_nk
+        };
+        gemv(
             client,
             x,
             &self.qweight,

@@ -26,7 +26,6 @@
 //! The warps of a tile split the steps and meet in shared memory; bias, residual and the gated
 //! activation follow as in the dense kernels.
 
-use cubecl::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
@@ -91,18 +90,7 @@ fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
         DType::F16 => ElemType::Float(FloatKind::F16),
         _ => return false,
     };
-    let hw = &client.properties().hardware;
-    caps::runtime_name(client).contains("cuda")
-        && hw.plane_size_min == 32
-        && hw.plane_size_max == 32
-        && client.features().matmul.mma.contains(&MmaConfig {
-            a_type: t,
-            b_type: t,
-            cd_type: ElemType::Float(FloatKind::F32),
-            m: 16,
-            n: 8,
-            k: 16,
-        })
+    crate::gemm8::has_warp_mma(client, t, ElemType::Float(FloatKind::F32), 16)
 }
 
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
@@ -605,20 +593,13 @@ pub(crate) fn gemv_mma<R: Runtime>(
         tiles: per_cube as u32,
         batch: batch as u32,
         f16: x.dtype() == DType::F16,
-        epilogue: EpilogueBlueprint {
-            has_bias: epilogue.bias.is_some(),
-            has_residual: epilogue.residual.is_some(),
-            gate: epilogue.gate,
-        },
+        epilogue: epilogue.blueprint(),
         norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
         row_words: (steps * STEP_K / 8) as u32,
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
-    let (norm_w, eps) = match epilogue.norm {
-        Some(nm) => (nm.weight, nm.eps),
-        None => (x, 0.0),
-    };
+    let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let cubes = tiles.div_ceil(per_cube) as u32;
     let up_offset = if epilogue.gate.is_some() { n } else { 0 };
     let groups = k / group;
@@ -631,9 +612,8 @@ pub(crate) fn gemv_mma<R: Runtime>(
             x.as_buffer_arg(),
             qweight_nk.as_buffer_arg(),
             scales_nk.as_buffer_arg(),
-            // Absent operands are bound to x and never read (the blueprint skips them).
-            epilogue.bias.unwrap_or(x).as_buffer_arg(),
-            epilogue.residual.unwrap_or(x).as_buffer_arg(),
+            bias.as_buffer_arg(),
+            residual.as_buffer_arg(),
             out.as_buffer_arg(),
             norm_w.as_buffer_arg(),
             n,

@@ -439,6 +439,38 @@ pub(crate) struct NkEpilogue<'a, R: Runtime> {
     pub norm: Option<InputNorm<'a, R>>,
 }
 
+impl<'a, R: Runtime> NkEpilogue<'a, R> {
+    /// The kernels' comptime description of bias, residual and gate.
+    pub(crate) fn blueprint(&self) -> EpilogueBlueprint {
+        EpilogueBlueprint {
+            has_bias: self.bias.is_some(),
+            has_residual: self.residual.is_some(),
+            gate: self.gate,
+        }
+    }
+
+    /// The tensors bound for bias, residual and the norm's weight, and the norm's eps: absent
+    /// ones are bound to x and never read (the blueprint skips them).
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn operands(
+        &self,
+        x: &'a DeviceTensor<R>,
+    ) -> (
+        &'a DeviceTensor<R>,
+        &'a DeviceTensor<R>,
+        &'a DeviceTensor<R>,
+        f32,
+    ) {
+        let (norm_w, eps) = self.norm.map_or((x, 0.0), |n| (n.weight, n.eps));
+        (
+            self.bias.unwrap_or(x),
+            self.residual.unwrap_or(x),
+            norm_w,
+            eps,
+        )
+    }
+}
+
 /// The GEMV on validated operands: `x[M <= 16, K]` contiguous float, `qweight_nk[N, K/8]`
 /// (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32, `out[M, N]` of x's dtype.
 #[allow(clippy::too_many_arguments)]
@@ -511,11 +543,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         cols,
         use_plane,
         scale_per_vector: words_per_group.is_multiple_of(nw),
-        epilogue: EpilogueBlueprint {
-            has_bias: epilogue.bias.is_some(),
-            has_residual: epilogue.residual.is_some(),
-            gate: epilogue.gate,
-        },
+        epilogue: epilogue.blueprint(),
         norm: epilogue
             .norm
             .map(|_| ReducePlan::new(client, per_column as u32 * cols)),
@@ -524,10 +552,7 @@ pub(crate) fn gemv_nk<R: Runtime>(
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
-    let (norm_w, eps) = match epilogue.norm {
-        Some(n) => (n.weight, n.eps),
-        None => (x, 0.0),
-    };
+    let (bias, residual, norm_w, eps) = epilogue.operands(x);
     debug_assert!(matches!(x.dtype(), DType::F16 | DType::BF16 | DType::F32));
     let cubes = n.div_ceil(plan.cols as usize) as u32;
     let up_offset = if epilogue.gate.is_some() { n } else { 0 };
@@ -541,9 +566,8 @@ pub(crate) fn gemv_nk<R: Runtime>(
             x.as_buffer_arg(),
             qweight_nk.as_buffer_arg(),
             scales_nk.as_buffer_arg(),
-            // Absent operands are bound to x and never read (the blueprint skips them).
-            epilogue.bias.unwrap_or(x).as_buffer_arg(),
-            epilogue.residual.unwrap_or(x).as_buffer_arg(),
+            bias.as_buffer_arg(),
+            residual.as_buffer_arg(),
             out.as_buffer_arg(),
             norm_w.as_buffer_arg(),
             n,

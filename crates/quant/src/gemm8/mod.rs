@@ -90,27 +90,36 @@ impl<R: Runtime> Gemm8<'_, R> {
 
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
 pub fn has_mma8<R: Runtime>(client: &ComputeClient<R>, fp8: bool) -> bool {
-    let t = if fp8 {
-        ElemType::Float(FloatKind::E4M3)
+    let (t, cd) = if fp8 {
+        (
+            ElemType::Float(FloatKind::E4M3),
+            ElemType::Float(FloatKind::F32),
+        )
     } else {
-        ElemType::Int(IntKind::I8)
+        (ElemType::Int(IntKind::I8), ElemType::Int(IntKind::I32))
     };
-    let cd = if fp8 {
-        ElemType::Float(FloatKind::F32)
-    } else {
-        ElemType::Int(IntKind::I32)
-    };
+    has_warp_mma(client, t, cd, 32)
+}
+
+/// Whether the runtime is CUDA with 32-lane planes and runs the warp-level `mma.sync.m16n8k{k}`
+/// on operands `ab` with accumulators `cd` (the instruction the kernels issue as inline PTX).
+pub(crate) fn has_warp_mma<R: Runtime>(
+    client: &ComputeClient<R>,
+    ab: ElemType,
+    cd: ElemType,
+    k: u32,
+) -> bool {
     let hw = &client.properties().hardware;
     caps::runtime_name(client).contains("cuda")
         && hw.plane_size_min == 32
         && hw.plane_size_max == 32
         && client.features().matmul.mma.contains(&MmaConfig {
-            a_type: t,
-            b_type: t,
+            a_type: ab,
+            b_type: ab,
             cd_type: cd,
             m: 16,
             n: 8,
-            k: 32,
+            k,
         })
 }
 
