@@ -278,8 +278,9 @@ fn load_pass(
 }
 
 /// Cube: `tiles` tiles of 8 output columns, `warps` warps each (over interleaved steps). Unit
-/// (warp, lane = 4 gid + tig): loads weight row `gid` of its tile, x rows `gid` and `gid + 8`
-/// from the staged copy, and accumulates outputs (x row `gid` / `gid + 8`, column `2 tig + e`).
+/// (warp, lane = 4 gid + tig): loads weight row `gid` of its tile and x row `gid` (above 8 rows
+/// also `gid + 8`) from the staged copy, and accumulates outputs (x row `gid`, above 8 rows also
+/// `gid + 8`; column `2 tig + e`).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn w4a16_mma_kernel<F: Float, NX: Size>(
@@ -386,7 +387,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         acc[i] = 0f32;
     }
     // The MMA's rows past M read x row 0 (no branch in the loop): their outputs are never
-    // written. Up to 8 rows the second row half repeats the first.
+    // written. Only above 8 rows does the second row half read its own x rows.
     let lo_base = select(gid < m_rows, gid, 0) * row_words;
     let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
     let per_pass = warps * batch;
