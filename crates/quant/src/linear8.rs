@@ -3,12 +3,14 @@
 //! `y = (q_x · q_wᵀ) · s_x[m] · s_w[n] (+ b)` with per-token activation scales and per-output-
 //! channel weight scales.
 //!
-//! The activation is quantized by a pre-pass ([`crate::rowquant`]: one launch, `M·K` bytes out)
-//! for prefill-sized inputs: a per-row scale needs the whole row's maximum before the first code
-//! can be written, which a GEMM tile loader does not have. At decode (M <= 16 and at most 16 KB
-//! of codes, CUDA) the skinny tensor-core GEMM does it itself instead: every cube computes the
-//! row scales and stages the codes in shared memory with the pre-pass's own functions (the same
-//! bytes), which saves a launch per projection for `N / 8` redundant passes over a few KB.
+//! The activation is quantized by a pre-pass ([`crate::rowquant`]: one launch, `M·K` bytes out):
+//! a per-row scale needs the whole row's maximum before the first code can be written, which a
+//! GEMM tile loader does not have. At decode (M <= 16, CUDA) the input RMSNorm of a
+//! `forward_normed_into` goes into that pre-pass, and where the row is short and the skinny
+//! tensor-core GEMM's cubes few (at most 4 KB of codes per row, 512K element encodes over all
+//! cubes) the GEMM quantizes x itself instead: every cube computes the row scales and stages the
+//! codes in shared memory with the pre-pass's own function (the same bytes), which saves a
+//! launch per projection for `N / 8` redundant passes over a few KB.
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
@@ -17,7 +19,7 @@ use ops::matmul::{Activation, InputNorm};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
-use crate::gemm8::{Gemm8, KernelChoice};
+use crate::gemm8::{Gemm8, KernelChoice, XSource};
 use crate::host::quantize_weight_8bit;
 use crate::layout::{
     check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
@@ -181,7 +183,7 @@ impl<R: Runtime> Weight8<R> {
     /// The product with bias and residual in the GEMM's epilogue; a gated epilogue runs in the
     /// skinny kernel's epilogue at decode sizes on CUDA, else writes the product into the
     /// workspace and applies SwiGLU after ([`unfused_epilogue`]). With `norm`, x is normalized
-    /// by the fused skinny kernel (only where [`Gemm8::can_fuse`] holds).
+    /// by the decode kernels (only where [`Gemm8::decode_source`] has one).
     fn run(
         &self,
         client: &ComputeClient<R>,
@@ -257,7 +259,9 @@ impl<R: Runtime> Weight8<R> {
         let fp8 = self.format == QuantFormat::Fp8E4M3;
         let x = input.x;
         let (rows, k, n) = (x.rows(), x.last_dim(), self.q.shape()[0]);
-        if self.choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n) {
+        if self.choice == KernelChoice::Auto
+            && Gemm8::<R>::decode_source(client, fp8, rows, k, n).is_some()
+        {
             return self.run(client, x, Some(input.norm), epilogue, out, workspace);
         }
         let normed = input.unfused(client)?;
@@ -377,24 +381,33 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         gate,
         norm,
     };
-    let fused = choice == KernelChoice::Auto && Gemm8::<R>::can_fuse(client, fp8, rows, k, n);
+    let source = match choice {
+        KernelChoice::Auto => Gemm8::<R>::decode_source(client, fp8, rows, k, n),
+        KernelChoice::Portable => None,
+    };
     if let Some(nm) = norm {
         ops::norm::check_eps(OP, nm.eps)?;
         ops::norm::check_weight(OP, x, nm.weight)?;
-        if !fused {
+        if source.is_none() {
             return Err(OpsError::invalid(
                 OP,
-                "an input norm is applied only by the fused decode kernel",
+                "an input norm is applied only at decode sizes by the tensor-core kernel",
             ));
         }
     }
-    if fused {
+    match source {
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
         // scratch is not written).
-        gemm.launch_fused(client, &x2);
-    } else {
-        quantize_per_row_into(client, &x2, format, q, s)?;
-        gemm.launch(client, choice);
+        Some(XSource::Quantize) => gemm.launch_skinny(client, Some(&x2)),
+        // Decode: the pre-pass (normalizing first where asked) and the skinny kernel.
+        Some(_) => {
+            crate::rowquant::launch_rows(client, &x2, norm, format, q, gemm.a_pitch, s);
+            Gemm8 { norm: None, ..gemm }.launch_skinny(client, None);
+        }
+        None => {
+            quantize_per_row_into(client, &x2, format, q, s)?;
+            gemm.launch(client, choice);
+        }
     }
     Ok(())
 }

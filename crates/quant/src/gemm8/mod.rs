@@ -12,9 +12,11 @@
 //!   layout), so no 8-bit CubeCL type is ever materialised.
 //!   - M > 16: block tile 128x128x32 bytes, 4 warps of 64x64, double-buffered shared memory
 //!     filled with 16-byte loads, conflict-free fragment reads (row stride of 12 words).
-//!   - M <= 16 (decode): m16n8 output tiles, K split over up to 8 warps per tile where the
-//!     tiles are few, operands loaded straight from global memory into fragments (no
-//!     shared-memory staging), the K slices summed at the end.
+//!   - M <= 16 (decode): m16n8 output tiles, K split over up to 16 warps per tile where the
+//!     tiles are few, weights loaded straight from global memory into fragments (the first
+//!     batch before the kernel waits for its predecessor), the activation codes staged in shared
+//!     memory once per cube (quantized there, or copied from a pre-pass), the K slices summed
+//!     at the end (`skinny.rs`).
 //! - **Portable (every runtime, wgpu included)**: a shared-memory tiled SIMT kernel over 32-bit
 //!   words (64x64 tile, 4x4 outputs per unit), decoding bytes with integer ops; i32 accumulation
 //!   for int8 (exact), f32 for fp8 (every e4m3 product is exact in f32).
@@ -39,6 +41,7 @@ use cubecl::prelude::*;
 use ops::{caps, DType, DeviceTensor};
 
 use epilogue::{EpiloguePlan, Gemm8OutLaunch};
+pub(crate) use skinny::XSource;
 use skinny::SKINNY_MAX_M;
 
 /// Which kernel runs the 8-bit GEMM.
@@ -75,8 +78,8 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     /// Gated MLP: `b`'s `N` rows are the gate rows then the up rows and `out` is
     /// `[M, N/2]` (the skinny kernel only: see [`Gemm8::can_gate`]).
     pub gate: Option<ops::matmul::Activation>,
-    /// An RMSNorm of the float activation, applied by the fused skinny kernel before it
-    /// quantizes (only with [`Gemm8::launch_fused`]).
+    /// An RMSNorm of the float activation, applied by the skinny kernel before it quantizes
+    /// (only when it quantizes x itself, [`skinny::XSource::Quantize`]).
     pub norm: Option<ops::matmul::InputNorm<'a, R>>,
 }
 

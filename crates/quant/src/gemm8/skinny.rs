@@ -1,6 +1,17 @@
 //! The skinny tensor-core kernel for M <= 16 (CUDA, decode): m16n8 output tiles, K split over up
-//! to 16 warps per tile where the tiles are few, operands loaded straight from global memory
-//! into fragments, the K slices summed at the end; optionally quantizing the activation itself.
+//! to 16 warps per tile where the tiles are few, the K slices summed at the end. Weights go
+//! straight from global memory into fragments, a batch of up to 8 chunks per warp in flight, the
+//! first batch loaded before `griddepcontrol.wait` under programmatic dependent launch (weights
+//! are never written by a kernel). The activation codes are quantized by the kernel itself where
+//! the row is short and the cubes few (the 1.5B model's qkv and o at one row); otherwise a
+//! one-cube-per-row pre-pass quantizes them (and applies the input norm), signalling this kernel
+//! to launch as it starts so that the weights stream while it runs, and the kernel copies the
+//! codes into shared memory once per cube.
+//!
+//! On an H100 at the 1.5B shape and one row this took gate-up from 15.6 to about 10 µs and down
+//! from 12.3 to about 4.5 µs per layer (the pre-pass adds 5-6 µs before each); each cube
+//! quantizing all of down's 8960 activations itself had made its prologue most of its
+//! instructions.
 
 use cubecl::prelude::*;
 use ops::{caps, DeviceTensor};
@@ -10,18 +21,27 @@ use super::mma::mma_m16n8k32;
 use super::words::load_vec;
 use super::{has_mma8, Gemm8};
 use crate::format::QuantFormat;
-use crate::rowquant::{encode_word, row_scale, RowQuantPlan};
-use ops::norm::sum_squares;
-use ops::reduce::cube_sum;
+use crate::rowquant::{quantize_row_held, RowQuantPlan};
 
 /// Rows of A the skinny kernel takes: one m16 MMA tile.
 pub(crate) const SKINNY_MAX_M: usize = 16;
-/// 64-byte K chunks a skinny-kernel warp loads per step (4 measured slower on an H100: gate_up
-/// 11.7 -> 16.8 µs at M = 1).
-const CHUNKS_PER_STEP: usize = 2;
-/// Bytes of activation codes the fused skinny kernel stages in shared memory (rows x padded K):
-/// up to this, the linear layers quantize the activation inside the GEMM instead of a pre-pass.
-pub(crate) const FUSED_MAX_CODE_BYTES: usize = 16 * 1024;
+/// Most 64-byte K chunks a warp loads before it uses the first (4 vector registers each).
+const MAX_BATCH: usize = 8;
+/// Bytes of activation codes the skinny kernel stages in shared memory (rows x padded K).
+pub(crate) const STAGE_MAX_BYTES: usize = 16 * 1024;
+
+/// Where the skinny kernel's A operand (the activation codes) comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum XSource {
+    /// Read from the codes in global memory at every chunk (any K).
+    Global,
+    /// Copied once per cube from the codes in global memory into shared memory.
+    Staged,
+    /// Quantized from the float activation by every cube (the row scales computed, the codes
+    /// staged in shared memory with the pre-pass's own functions, so the same bytes): no
+    /// pre-pass launch, for `N / 8` redundant passes over x.
+    Quantize,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SkinnyPlan {
@@ -30,41 +50,77 @@ pub(crate) struct SkinnyPlan {
     pub warps: u32,
     /// Output tiles (of 8 columns) per cube.
     pub tiles: u32,
-    /// Quantize x in the kernel: every cube computes the row scales and stages the codes in
-    /// shared memory (the same functions as the pre-pass, so the same bytes), saving a launch.
-    pub fused: bool,
-    /// How the fused kernel reads and encodes x.
+    /// Chunks per warp whose weight loads are issued before the first is multiplied.
+    pub batch: u32,
+    /// At most 8 rows: the MMA's rows `gid + 8` are free and take the second half of row
+    /// `gid`'s products (see [`gemm8_skinny_kernel`]).
+    pub paired: bool,
+    pub x: XSource,
+    /// [`XSource::Quantize`]: code words (four codes) each unit quantizes per row.
+    pub held: u32,
+    /// Load the first batch of weights before `griddepcontrol.wait` (programmatic dependent
+    /// launch: nothing before the wait reads what a kernel writes) and signal
+    /// `griddepcontrol.launch_dependents` once the weights are read.
+    pub early: bool,
+    /// How [`XSource::Quantize`] reads and encodes x.
     pub rows: RowQuantPlan,
 }
 
-/// The same 16 bytes from the codes the fused kernel staged (already zero past K).
+/// The weight vectors of one batch of a lane: chunk `c0 + j · warps` of row `col` (zeros past K
+/// and past the matrix).
 #[cube]
-fn load_staged(
-    codes: &[i32],
+#[allow(clippy::too_many_arguments)]
+fn load_weights(
+    b: &[Vector<i32, Const<4>>],
+    wv: &mut Array<Vector<i32, Const<4>>>,
+    col: usize,
+    col_ok: bool,
+    c0: usize,
+    chunks: usize,
+    k: usize,
+    b_pv: usize,
+    #[comptime] plan: SkinnyPlan,
+) {
+    let tig = (UNIT_POS as usize % 32) % 4;
+    #[unroll]
+    for j in 0..comptime![plan.batch as usize] {
+        let c = c0 + j * comptime![plan.warps as usize];
+        wv[j] = load_vec(b, col, col_ok && c < chunks, c * 64 + tig * 16, k, b_pv);
+    }
+}
+
+/// 16 bytes of x row `row` at byte `byte`: from the staged codes (zeros past K, the index kept
+/// within the row) or from global memory.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_x(
+    a: &[Vector<i32, Const<4>>],
+    staged: &[Vector<i32, Const<4>>],
     row: usize,
-    valid: bool,
     byte: usize,
     k: usize,
-    pitch_words: usize,
+    a_pv: usize,
+    #[comptime] x: XSource,
 ) -> Vector<i32, Const<4>> {
-    let mut val = Vector::<i32, Const<4>>::new(0i32);
-    if valid && byte < k {
-        #[unroll]
-        for i in 0..4usize {
-            val.insert(i, codes[row * pitch_words + byte / 4 + i]);
-        }
+    if comptime![x == XSource::Global] {
+        load_vec(a, row, true, byte, k, a_pv)
+    } else {
+        staged[row * a_pv + min(byte / 16, a_pv - 1)]
     }
-    val
 }
 
 /// `out[m, n0..n0 + 8]` for all `m < M <= 16`: one m16n8 output tile per cube, its K split over
 /// the cube's warps and summed through shared memory. Each thread loads 16 contiguous bytes of
-/// one weight row per 64-byte K chunk (a warp reads 8 rows x 64 bytes: whole sectors) and the
-/// same bytes of activation rows `gid` and `gid + 8`. The MMA's k order is a permutation of the
-/// physical bytes (word 0/1 of a thread's vector feed the first MMA, 2/3 the second), the same
-/// for A and B, so the dot products are unchanged. Bandwidth-bound: the tensor cores only spare
-/// the ALUs the byte decoding (15 of 16 MMA rows are padding at M = 1, and that is free).
+/// one weight row per 64-byte K chunk (a warp reads 8 rows x 64 bytes: whole sectors), a batch
+/// of chunks before it multiplies the first, and the same bytes of activation rows `gid` and
+/// `gid + 8`. The MMA's k order is a permutation of the physical bytes, the same for A and B, so
+/// the dot products are unchanged: above 8 rows words 0/1 of a thread's vector feed the first
+/// MMA and 2/3 the second. Up to 8 rows the MMA's second row half is free: the four words of
+/// x row `gid` are the A registers as loaded, one MMA takes weight words 0 and 2 (its rows `gid`
+/// hold that half of the products), a second words 1 and 3 (its rows `gid + 8` hold the other
+/// half), each into its own accumulator; rows past M read row 0 and are never written.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     a: &[Vector<i32, Const<4>>],
     x: &[Vector<F, NX>],
@@ -81,6 +137,7 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let n = io.n;
     let k = io.k;
     let warps = comptime![plan.warps as usize];
+    let batch = comptime![plan.batch as usize];
     let tid = UNIT_POS as usize;
     let warp = (tid / 32) % warps;
     let tile = tid / (32 * warps);
@@ -88,6 +145,7 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let gid = lane / 4;
     let tig = lane % 4;
     let gated = comptime![plan.epi.gate.is_some()];
+    let own_scales = comptime![plan.x != XSource::Global];
     // The weight row this lane's quad reads: plain, tile `t` of the cube covers rows
     // `8 t ..`; gated, tiles pair up (gate rows `8 p ..`, then the matching up rows `N/2` below).
     let mut n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * 8;
@@ -101,83 +159,155 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     }
     let col_ok = n0 + gid < limit;
     let col = select(col_ok, row_base + n0 + gid, 0);
-    let lo_ok = gid < m;
-    let hi_ok = gid + 8 < m;
+    let chunks = k.div_ceil(64);
 
-    let pitch_words = a_pv * 4;
-    let mut codes = Shared::<[i32]>::new_slice(comptime![if plan.fused {
-        FUSED_MAX_CODE_BYTES / 4
-    } else {
-        1
-    }]);
+    let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![plan.batch as usize]);
+    if comptime![plan.early] {
+        load_weights(b, &mut wv, col, col_ok, warp, chunks, k, b_pv, plan);
+        // Only weights were read so far (never written by any kernel).
+        gpu_asm!("griddepcontrol.wait;");
+    }
+
+    let mut staged =
+        Shared::<[Vector<i32, Const<4>>]>::new_slice(comptime![if plan.x == XSource::Global {
+            1
+        } else {
+            STAGE_MAX_BYTES / 16
+        }]);
     let mut scales = Shared::<[f32]>::new_slice(SKINNY_MAX_M);
-    if comptime![plan.fused] {
+    if comptime![plan.x == XSource::Quantize] {
+        let mut words = Array::<u32>::new(comptime![plan.held as usize]);
         for r in 0..m {
-            // With an input norm, the row's statistics first (a cube-wide sum).
-            let mut inv = 1f32;
-            if comptime![plan.rows.norm] {
-                let row_vectors = k / plan.rows.vector;
-                let mut ss = 0f32;
-                for i in range_stepped(tid, row_vectors, CUBE_DIM as usize) {
-                    ss += sum_squares(x[r * row_vectors + i]);
-                }
-                inv = f32::inverse_sqrt(cube_sum(ss, plan.rows.reduce) / k as f32 + norm_eps);
-            }
-            let s = row_scale::<F, NX>(x, norm_w, inv, r, k, plan.rows);
+            let s = quantize_row_held::<F, NX>(
+                x,
+                norm_w,
+                r,
+                k,
+                norm_eps,
+                &mut words,
+                comptime![plan.held as usize],
+                plan.rows,
+            );
             if tid == 0 {
                 scales[r] = s;
             }
-            for w in range_stepped(tid, pitch_words, CUBE_DIM as usize) {
-                codes[r * pitch_words + w] =
-                    i32::reinterpret(encode_word::<F, NX>(x, norm_w, inv, r, w, k, s, plan.rows));
+            // Lanes 4q .. 4q + 3 hold the four words of one 16-byte vector of codes.
+            let lane32 = lane as u32;
+            #[unroll]
+            for j in 0..comptime![plan.held as usize] {
+                let word = i32::reinterpret(words[j]);
+                let w1 = plane_shuffle(word, lane32 | 1);
+                let w2 = plane_shuffle(word, lane32 | 2);
+                let w3 = plane_shuffle(word, lane32 | 3);
+                let v = (tid + j * CUBE_DIM as usize) / 4;
+                if (lane & 3) == 0 && v < a_pv {
+                    let mut codes = Vector::<i32, Const<4>>::new(word);
+                    codes.insert(1usize, w1);
+                    codes.insert(2usize, w2);
+                    codes.insert(3usize, w3);
+                    staged[r * a_pv + v] = codes;
+                }
             }
         }
         sync_cube();
     }
-
-    let mut acc = Array::<Vector<Acc, Const<4>>>::new(1usize);
-    acc[0] = Vector::<Acc, Const<4>>::new(Acc::from_int(0));
-    let chunks = k.div_ceil(64);
-    // CHUNKS_PER_STEP chunks per step, all loaded before any is multiplied: more bytes in
-    // flight (a loop iteration's loads are otherwise one memory latency each).
-    for c in range_stepped(warp, chunks, CHUNKS_PER_STEP * warps) {
-        let mut words = Array::<Vector<i32, Const<4>>>::new(comptime![3 * CHUNKS_PER_STEP]);
-        #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            let byte = (c + h * warps) * 64 + tig * 16;
-            words[3 * h] = load_vec(b, col, col_ok, byte, k, b_pv);
-            if comptime![plan.fused] {
-                words[3 * h + 1] = load_staged(&codes, gid, lo_ok, byte, k, pitch_words);
-                words[3 * h + 2] = load_staged(&codes, gid + 8, hi_ok, byte, k, pitch_words);
+    if comptime![plan.x == XSource::Staged] {
+        for v in range_stepped(tid, m * a_pv, CUBE_DIM as usize) {
+            staged[v] = a[v];
+        }
+        if tid < m {
+            scales[tid] = if comptime![plan.epi.sa_scalar] {
+                io.sa[0]
             } else {
-                words[3 * h + 1] = load_vec(a, gid, lo_ok, byte, k, a_pv);
-                words[3 * h + 2] = load_vec(a, gid + 8, hi_ok, byte, k, a_pv);
-            }
+                io.sa[tid]
+            };
+        }
+        sync_cube();
+    }
+
+    // acc[0] holds C[gid][2 tig + e] (e = 0, 1) and C[gid + 8][2 tig + e] (e = 2, 3); paired,
+    // row gid's sums are acc[0]'s rows gid plus acc[1]'s rows gid + 8.
+    let mut acc = Array::<Vector<Acc, Const<4>>>::new(2usize);
+    acc[0] = Vector::<Acc, Const<4>>::new(Acc::from_int(0));
+    acc[1] = Vector::<Acc, Const<4>>::new(Acc::from_int(0));
+    let lo_row = select(gid < m, gid, 0);
+    let hi_row = select(gid + 8 < m, gid + 8, 0);
+    let per_pass = warps * batch;
+    let passes = chunks.div_ceil(per_pass);
+    for p in 0..passes {
+        if p > 0 || !comptime![plan.early] {
+            load_weights(
+                b,
+                &mut wv,
+                col,
+                col_ok,
+                p * per_pass + warp,
+                chunks,
+                k,
+                b_pv,
+                plan,
+            );
         }
         #[unroll]
-        for h in 0..CHUNKS_PER_STEP {
-            let bw = words[3 * h];
-            let lo = words[3 * h + 1];
-            let hi = words[3 * h + 2];
-            #[unroll]
-            for half in 0..2usize {
-                acc[0] = mma_m16n8k32::<Acc>(
-                    lo.extract(2 * half),
-                    hi.extract(2 * half),
-                    lo.extract(2 * half + 1),
-                    hi.extract(2 * half + 1),
-                    bw.extract(2 * half),
-                    bw.extract(2 * half + 1),
-                    acc[0],
-                    plan.epi.fp8,
-                );
+        for j in 0..batch {
+            let c = p * per_pass + j * warps + warp;
+            if c < chunks {
+                let byte = c * 64 + tig * 16;
+                let bw = wv[j];
+                let lo = load_x(a, &staged, lo_row, byte, k, a_pv, plan.x);
+                if comptime![plan.paired] {
+                    acc[0] = mma_m16n8k32::<Acc>(
+                        lo.extract(0usize),
+                        lo.extract(1usize),
+                        lo.extract(2usize),
+                        lo.extract(3usize),
+                        bw.extract(0usize),
+                        bw.extract(2usize),
+                        acc[0],
+                        plan.epi.fp8,
+                    );
+                    acc[1] = mma_m16n8k32::<Acc>(
+                        lo.extract(0usize),
+                        lo.extract(1usize),
+                        lo.extract(2usize),
+                        lo.extract(3usize),
+                        bw.extract(1usize),
+                        bw.extract(3usize),
+                        acc[1],
+                        plan.epi.fp8,
+                    );
+                } else {
+                    let hi = load_x(a, &staged, hi_row, byte, k, a_pv, plan.x);
+                    #[unroll]
+                    for half in 0..2usize {
+                        acc[0] = mma_m16n8k32::<Acc>(
+                            lo.extract(2 * half),
+                            hi.extract(2 * half),
+                            lo.extract(2 * half + 1),
+                            hi.extract(2 * half + 1),
+                            bw.extract(2 * half),
+                            bw.extract(2 * half + 1),
+                            acc[0],
+                            plan.epi.fp8,
+                        );
+                    }
+                }
             }
         }
     }
+    if comptime![plan.early] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
 
-    // acc[0] holds C[gid][2 tig + e] (e = 0, 1) and C[gid + 8][2 tig + e] (e = 2, 3).
     let mut red = Shared::<[Acc]>::new_slice(comptime![(plan.warps * plan.tiles) as usize * 128]);
-    let cv = acc[0];
+    let mut cv = acc[0];
+    if comptime![plan.paired] {
+        let second = acc[1];
+        #[unroll]
+        for e in 0..2usize {
+            cv.insert(e, cv.extract(e) + second.extract(e + 2));
+        }
+    }
     #[unroll]
     for e in 0..4usize {
         let r = gid + 8 * (e / 2);
@@ -204,9 +334,9 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
                 tu += red[((2 * p + 1) * warps + w) * 128 + o];
             }
             if r < m && cl < n / 2 {
-                // The row's activation scale: staged by the fused kernel, else given.
+                // The row's activation scale: staged by the kernel, else given.
                 let mut sr = scales[r];
-                if !comptime![plan.fused] {
+                if !own_scales {
                     if comptime![plan.epi.sa_scalar] {
                         sr = io.sa[0];
                     } else {
@@ -232,7 +362,7 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
             }
             if r < m && cl < n {
                 let t = f32::cast_from(total);
-                if comptime![plan.fused] {
+                if own_scales {
                     write_scaled::<F>(&mut io, t * scales[r], r, cl, plan.epi);
                 } else {
                     write_output::<F>(&mut io, t, r, cl, plan.epi);
@@ -280,35 +410,46 @@ impl SkinnyShape {
     }
 }
 
+/// Longest row (bytes of codes) the kernel quantizes itself: four words per unit of its smallest
+/// cube (256 units), held in registers.
+const QUANTIZE_MAX_PITCH: usize = 4 * 4 * 256;
+/// Most element encodes (cubes x rows x K) for which every cube quantizing x itself beats a
+/// pre-pass launch.
+const QUANTIZE_MAX_ENCODES: usize = 512 * 1024;
+
 impl<R: Runtime> Gemm8<'_, R> {
-    /// Whether [`Self::launch_fused`] is worth it for an activation of `rows` x `k` and `n`
-    /// output columns on this runtime: the codes fit in shared memory, and the redundant
-    /// quantization (every cube redoes it) stays below ~2M element encodes; past that (e.g. the
-    /// 1.5B model's gate_up and lm_head at M = 1, measured on an H100) the pre-pass is faster.
-    pub(crate) fn can_fuse(
+    /// Where the skinny kernel takes the activation codes of `rows` x `k` from for `n` output
+    /// columns, or `None` where it does not run (no 8-bit `mma`, more than 16 rows). In the
+    /// kernel ([`XSource::Quantize`], no pre-pass launch) while the redundant encodes stay few:
+    /// the 1.5B model's qkv and o at M = 1; from a pre-pass otherwise, copied into shared memory
+    /// where they fit.
+    pub(crate) fn decode_source(
         client: &ComputeClient<R>,
         fp8: bool,
         rows: usize,
         k: usize,
         n: usize,
-    ) -> bool {
-        // The fused decision is made without the gate: a gated launch has the same cube count.
+    ) -> Option<XSource> {
+        if !has_mma8(client, fp8) || rows > SKINNY_MAX_M {
+            return None;
+        }
+        let pitch = crate::format::row_pitch(k);
+        let fits = rows * pitch <= STAGE_MAX_BYTES;
+        // The decision is made without the gate: a gated launch has the same cube count.
         let cubes = SkinnyShape::new(client, n, false).cubes(n, false);
-        has_mma8(client, fp8)
-            && rows <= SKINNY_MAX_M
-            && rows * crate::format::row_pitch(k) <= FUSED_MAX_CODE_BYTES
-            && cubes * rows * k <= 2 << 20
+        Some(if !fits {
+            XSource::Global
+        } else if pitch <= QUANTIZE_MAX_PITCH && cubes * rows * k <= QUANTIZE_MAX_ENCODES {
+            XSource::Quantize
+        } else {
+            XSource::Staged
+        })
     }
 
-    /// The skinny kernel quantizing the float activation `x` (`[M, K]`, contiguous) itself; `a`
-    /// and `sa` are not read. Only where [`Self::can_fuse`] holds.
-    pub(crate) fn launch_fused(&self, client: &ComputeClient<R>, x: &DeviceTensor<R>) {
-        debug_assert!(Self::can_fuse(client, self.fp8, self.m, self.k, self.n));
-        self.launch_skinny(client, Some(x));
-    }
-
-    /// The skinny tensor-core kernel (M <= 16), reading codes from `a` or, fused, quantizing `x`.
-    pub(super) fn launch_skinny(&self, client: &ComputeClient<R>, x: Option<&DeviceTensor<R>>) {
+    /// The skinny tensor-core kernel (M <= 16): quantizing the float activation `x` (`[M, K]`,
+    /// contiguous) itself when given (`a` and `sa` are then not read), else reading the codes
+    /// `a` and scales `sa`.
+    pub(crate) fn launch_skinny(&self, client: &ComputeClient<R>, x: Option<&DeviceTensor<R>>) {
         let gated = self.gate.is_some();
         let shape = SkinnyShape::new(client, self.n, gated);
         let (warps, tiles) = (shape.warps, shape.tiles);
@@ -317,19 +458,33 @@ impl<R: Runtime> Gemm8<'_, R> {
         } else {
             QuantFormat::Int8
         };
-        // Unfused, `x` is never read: bind the output (CUDA only, where aliasing is allowed).
+        let source = match x {
+            Some(_) => XSource::Quantize,
+            None if self.m * self.a_pitch <= STAGE_MAX_BYTES => XSource::Staged,
+            None => XSource::Global,
+        };
+        // Reading codes, `x` is never read: bind the output (CUDA only, where aliasing is
+        // allowed).
         let xt = x.unwrap_or(self.out);
         let mut rows = RowQuantPlan::new(client, xt, format, 32 * warps * tiles);
         rows.norm = self.norm.is_some();
         debug_assert!(
             !rows.norm || x.is_some(),
-            "the input norm needs the fused kernel"
+            "the input norm needs the quantizing kernel"
         );
+        let chunks = self.k.div_ceil(64);
         let plan = SkinnyPlan {
             epi: self.epilogue_plan(),
             warps,
             tiles,
-            fused: x.is_some(),
+            batch: chunks.div_ceil(warps as usize).clamp(1, MAX_BATCH) as u32,
+            paired: self.m <= 8,
+            x: source,
+            held: match source {
+                XSource::Quantize => (self.a_pitch / 4).div_ceil((32 * warps * tiles) as usize),
+                _ => 0,
+            } as u32,
+            early: caps::has_pdl(client),
             rows,
         };
         // Without a norm its weight is never read: bind x.
