@@ -256,26 +256,20 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
                 let bw = wv[j];
                 let lo = load_x(a, &staged, lo_row, byte, k, a_pv, plan.x);
                 if comptime![plan.paired] {
-                    acc[0] = mma_m16n8k32::<Acc>(
-                        lo.extract(0usize),
-                        lo.extract(1usize),
-                        lo.extract(2usize),
-                        lo.extract(3usize),
-                        bw.extract(0usize),
-                        bw.extract(2usize),
-                        acc[0],
-                        plan.epi.fp8,
-                    );
-                    acc[1] = mma_m16n8k32::<Acc>(
-                        lo.extract(0usize),
-                        lo.extract(1usize),
-                        lo.extract(2usize),
-                        lo.extract(3usize),
-                        bw.extract(1usize),
-                        bw.extract(3usize),
-                        acc[1],
-                        plan.epi.fp8,
-                    );
+                    // MMA h: weight words h and h + 2, into accumulator h.
+                    #[unroll]
+                    for h in 0..2usize {
+                        acc[h] = mma_m16n8k32::<Acc>(
+                            lo.extract(0usize),
+                            lo.extract(1usize),
+                            lo.extract(2usize),
+                            lo.extract(3usize),
+                            bw.extract(h),
+                            bw.extract(h + 2),
+                            acc[h],
+                            plan.epi.fp8,
+                        );
+                    }
                 } else {
                     let hi = load_x(a, &staged, hi_row, byte, k, a_pv, plan.x);
                     #[unroll]
