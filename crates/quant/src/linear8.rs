@@ -24,7 +24,6 @@ use crate::host::quantize_weight_8bit;
 use crate::layout::{
     check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
 };
-use crate::rowquant::quantize_per_row_into;
 
 /// `out[M, N] = (A · Bᵀ) · sa · sb (+ bias)` for 8-bit matrices `a[M, K]` and `b[N, K]` of the
 /// same format (int8 or fp8 e4m3) in the padded layout of [`crate::layout`]. `sa` is `[M]` or a
@@ -399,14 +398,11 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
         // scratch is not written).
         Some(XSource::Quantize) => gemm.launch_skinny(client, Some(&x2)),
-        // Decode: the pre-pass (normalizing first where asked) and the skinny kernel.
-        Some(_) => {
+        // The pre-pass (normalizing first where asked: decode sizes only, checked above) into
+        // the scratch's views, then the GEMM reading its codes.
+        _ => {
             crate::rowquant::launch_rows(client, &x2, norm, format, q, gemm.a_pitch, s);
-            Gemm8 { norm: None, ..gemm }.launch_skinny(client, None);
-        }
-        None => {
-            quantize_per_row_into(client, &x2, format, q, s)?;
-            gemm.launch(client, choice);
+            Gemm8 { norm: None, ..gemm }.launch(client, choice);
         }
     }
     Ok(())

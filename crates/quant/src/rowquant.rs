@@ -129,7 +129,7 @@ fn quantize_rows_kernel<F: Float, N: Size>(
 /// `1 / rms(row)` of row `row` of `x` (`[.., k]` in vectors of `plan.vector`) with `eps`,
 /// returned to every unit: a cube-wide sum, so every unit of the cube must call it.
 #[cube]
-pub(crate) fn row_inv_rms<F: Float, N: Size>(
+fn row_inv_rms<F: Float, N: Size>(
     x: &[Vector<F, N>],
     row: usize,
     k: usize,
@@ -141,13 +141,29 @@ pub(crate) fn row_inv_rms<F: Float, N: Size>(
     for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
         ss += sum_squares(x[row * row_vectors + i]);
     }
+    inv_rms_of(ss, k, eps, plan)
+}
+
+/// `1 / rms` of a row of `k` elements from each unit's partial sum of squares `ss` (a cube-wide
+/// sum: every unit must call it).
+#[cube]
+fn inv_rms_of(ss: f32, k: usize, eps: f32, #[comptime] plan: RowQuantPlan) -> f32 {
     f32::inverse_sqrt(cube_sum(ss, plan.reduce) / k as f32 + eps)
+}
+
+/// The format's scale of a row from each unit's partial max `amax` of `|x|` (a cube-wide max:
+/// every unit must call it).
+#[cube]
+fn scale_of(amax: f32, #[comptime] plan: RowQuantPlan) -> f32 {
+    let amax = cube_max(amax, plan.reduce);
+    let qmax = select(plan.fp8, 448.0f32, 127.0f32);
+    max(amax / qmax, SCALE_FLOOR)
 }
 
 /// The scale of row `row` of `x` (`[.., k]` in vectors of `plan.vector`), returned to every
 /// unit: a cube-wide max, so every unit of the cube must call it.
 #[cube]
-pub(crate) fn row_scale<F: Float, N: Size>(
+fn row_scale<F: Float, N: Size>(
     x: &[Vector<F, N>],
     norm_w: &[Vector<F, N>],
     inv: f32,
@@ -168,9 +184,7 @@ pub(crate) fn row_scale<F: Float, N: Size>(
             amax = max(amax, f32::abs(f32::cast_from(v.extract(l))));
         }
     }
-    let amax = cube_max(amax, plan.reduce);
-    let qmax = select(plan.fp8, 448.0f32, 127.0f32);
-    max(amax / qmax, SCALE_FLOOR)
+    scale_of(amax, plan)
 }
 
 /// Row `row` of `x` (`[.., k]` in vectors of `plan.vector`) quantized with every unit of the cube
@@ -223,7 +237,7 @@ pub(crate) fn quantize_row_held<F: Float, N: Size>(
         for e in 0..count {
             ss += sum_squares(xs[e]);
         }
-        let inv = f32::inverse_sqrt(cube_sum(ss, plan.reduce) / k as f32 + eps);
+        let inv = inv_rms_of(ss, k, eps, plan);
         #[unroll]
         for e in 0..count {
             xs[e] = scale_by_weight(xs[e], ws[e], inv);
@@ -238,9 +252,7 @@ pub(crate) fn quantize_row_held<F: Float, N: Size>(
             amax = max(amax, f32::abs(f32::cast_from(v.extract(l))));
         }
     }
-    let amax = cube_max(amax, plan.reduce);
-    let qmax = select(plan.fp8, 448.0f32, 127.0f32);
-    let s = max(amax / qmax, SCALE_FLOOR);
+    let s = scale_of(amax, plan);
     #[unroll]
     for j in 0..held {
         let mut word = 0u32;
@@ -261,7 +273,7 @@ pub(crate) fn quantize_row_held<F: Float, N: Size>(
 
 /// Word `w` of row `row`'s codes at scale `s`: elements `4w .. 4w + 4`, zero past `k`.
 #[cube]
-pub(crate) fn encode_word<F: Float, N: Size>(
+fn encode_word<F: Float, N: Size>(
     x: &[Vector<F, N>],
     norm_w: &[Vector<F, N>],
     inv: f32,

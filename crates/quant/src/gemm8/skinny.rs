@@ -43,6 +43,18 @@ pub(crate) enum XSource {
     Quantize,
 }
 
+impl XSource {
+    /// Where codes of `rows` rows of `pitch` bytes come from: staged where they fit in shared
+    /// memory, else global memory.
+    fn for_codes(rows: usize, pitch: usize) -> Self {
+        if rows * pitch <= STAGE_MAX_BYTES {
+            XSource::Staged
+        } else {
+            XSource::Global
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SkinnyPlan {
     pub epi: EpiloguePlan,
@@ -428,15 +440,15 @@ impl<R: Runtime> Gemm8<'_, R> {
             return None;
         }
         let pitch = crate::format::row_pitch(k);
-        let fits = rows * pitch <= STAGE_MAX_BYTES;
         // The decision is made without the gate: a gated launch has the same cube count.
         let cubes = SkinnyShape::new(client, n, false).cubes(n, false);
-        Some(if !fits {
-            XSource::Global
-        } else if pitch <= QUANTIZE_MAX_PITCH && cubes * rows * k <= QUANTIZE_MAX_ENCODES {
-            XSource::Quantize
-        } else {
+        Some(match XSource::for_codes(rows, pitch) {
             XSource::Staged
+                if pitch <= QUANTIZE_MAX_PITCH && cubes * rows * k <= QUANTIZE_MAX_ENCODES =>
+            {
+                XSource::Quantize
+            }
+            codes => codes,
         })
     }
 
@@ -454,8 +466,7 @@ impl<R: Runtime> Gemm8<'_, R> {
         };
         let source = match x {
             Some(_) => XSource::Quantize,
-            None if self.m * self.a_pitch <= STAGE_MAX_BYTES => XSource::Staged,
-            None => XSource::Global,
+            None => XSource::for_codes(self.m, self.a_pitch),
         };
         // Reading codes, `x` is never read: bind the output (CUDA only, where aliasing is
         // allowed).
