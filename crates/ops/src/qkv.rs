@@ -5,6 +5,8 @@
 //!
 //! The position of the first token comes from a device buffer (`start`, u32 `[1]`) so that a
 //! decode step can be captured once as a CUDA graph and replayed with the position advancing.
+//! At decode sizes under programmatic dependent launch the kernel lets the next one launch as it
+//! starts, so that the decode attention after it loads the older keys while it runs.
 //!
 //! One cube per (token, head) and one unit per rotated pair `(x[i], x[i + D/2])`. The per-head
 //! norm is computed in f32 and rounded to the dtype only with the rotation; it sums the squares
@@ -40,8 +42,15 @@ fn qkv_rope_cache_kernel<F: Float>(
     slots: usize,
     #[comptime] norm: bool,
     #[comptime] plan: ReducePlan,
+    #[comptime] trigger: bool,
     #[define(F)] _dtype: ElemType,
 ) {
+    if comptime![trigger] {
+        // The attention after this kernel launches now and loads the keys this one does not
+        // write while it runs; it still waits for this kernel's completion before the rest.
+        gpu_asm!("griddepcontrol.launch_dependents;");
+        gpu_asm!("griddepcontrol.wait;");
+    }
     let heads = q_heads + 2 * kv_heads;
     let t = CUBE_POS / heads;
     let h = CUBE_POS % heads;
@@ -350,6 +359,9 @@ fn launch<R: Runtime>(
     let cube_dim = (half as u32).next_power_of_two().max(1);
     let plan = ReducePlan::new(client, cube_dim);
     let cubes = tokens * (q_heads + 2 * kv_heads);
+    // Decode sizes (one wave) under programmatic dependent launch: let the next kernel launch as
+    // this one starts.
+    let trigger = caps::has_pdl(client) && cubes <= caps::num_sms(client) as usize;
     // SAFETY: every operand was validated above (shapes, dtypes, contiguity); the kernel keeps
     // its accesses within those shapes and clamps the device-side position.
     unsafe {
@@ -389,6 +401,7 @@ fn launch<R: Runtime>(
             caches.slots.unwrap_or(1),
             norm.is_some(),
             plan,
+            trigger,
             qkv.dtype().elem_type(),
         );
     }

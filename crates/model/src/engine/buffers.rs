@@ -93,6 +93,16 @@ impl<'a, R: Runtime> CacheLen<'a, R> {
             Self::Device(t) => KvLen::Device(t),
         }
     }
+
+    /// The length for an attention launched right after the cache append that wrote the newest
+    /// rows: [`KvLen::Appended`] where it is on the device (the older rows were written by
+    /// earlier steps).
+    pub fn after_append(self) -> KvLen<'a, R> {
+        match self {
+            Self::Host(n) => KvLen::Host(n),
+            Self::Device(t) => KvLen::Appended(t),
+        }
+    }
 }
 
 /// Everything one layer forward reads besides the layer's weights and its cache.

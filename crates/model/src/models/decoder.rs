@@ -292,7 +292,7 @@ impl<R: Runtime> DecoderLayer<R> {
                     &a.q,
                     &cache.k,
                     &cache.v,
-                    s.kv_len.as_kv_len(),
+                    s.kv_len.after_append(),
                     s.scale,
                     &a.attn,
                     s.workspace,

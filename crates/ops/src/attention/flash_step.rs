@@ -138,6 +138,37 @@ pub(crate) fn copy_rows_async<F: Float>(
     #[comptime] d: usize,
     #[comptime] dst_stride: usize,
 ) {
+    copy_rows_async_within::<F>(
+        src,
+        dst,
+        src_base,
+        src_stride,
+        last,
+        dst_base,
+        0usize,
+        comptime![rows],
+        rows,
+        d,
+        dst_stride,
+    );
+}
+
+/// [`copy_rows_async`] for the rows whose source row `min(r, last)` lies in `lo..hi` only.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn copy_rows_async_within<F: Float>(
+    src: &[F],
+    dst: &mut [F],
+    src_base: usize,
+    src_stride: usize,
+    last: usize,
+    dst_base: usize,
+    lo: usize,
+    hi: usize,
+    #[comptime] rows: usize,
+    #[comptime] d: usize,
+    #[comptime] dst_stride: usize,
+) {
     let per_row = comptime![d / 8];
     for e in range_stepped(
         UNIT_POS as usize,
@@ -146,10 +177,47 @@ pub(crate) fn copy_rows_async<F: Float>(
     ) {
         let r = e / per_row;
         let c = (e % per_row) * 8;
-        let s = src_base + min(r, last) * src_stride + c;
-        let t = dst_base + r * dst_stride + c;
-        copy_async(&src[s..s + 8], &mut dst[t..t + 8], 8u32);
+        let sr = min(r, last);
+        if sr >= lo && sr < hi {
+            let s = src_base + sr * src_stride + c;
+            let t = dst_base + r * dst_stride + c;
+            copy_async(&src[s..s + 8], &mut dst[t..t + 8], 8u32);
+        }
     }
+}
+
+/// Queues, without waiting, the copies of the first K/V tile that [`first_kv_tile`] makes for
+/// the rows whose key is below `split` (`settled`) or at or past it (`!settled`): the decode
+/// kernel queues the keys no kernel in flight writes before its `griddepcontrol.wait` and the
+/// newest ones after it, then commits both to `bar0` and waits there.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn queue_kv_tile_part<F: Float>(
+    k: &[F],
+    v: &[F],
+    k_sh: &mut [F],
+    v_sh: &mut [F],
+    tile0: usize,
+    kv_base: usize,
+    kv_stride: usize,
+    last_key: usize,
+    split: usize,
+    #[comptime] settled: bool,
+    #[comptime] bk: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) {
+    let src = kv_base + tile0 * kv_stride;
+    let last = last_key - tile0;
+    let fresh = min(split.saturating_sub(tile0), bk);
+    let mut lo = 0usize;
+    let mut hi = fresh;
+    if !comptime![settled] {
+        lo = fresh;
+        hi = comptime![bk];
+    }
+    copy_rows_async_within::<F>(k, k_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
+    copy_rows_async_within::<F>(v, v_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
 }
 
 /// Queues the copies of the first K/V tile (keys from `tile0`; rows past `last_key` repeat row

@@ -94,8 +94,8 @@ pub(crate) fn len_buffer<R: Runtime>(
     client: &ComputeClient<R>,
     len: KvLen<'_, R>,
 ) -> DeviceTensor<R> {
-    match len {
-        KvLen::Device(t) => t.clone(),
-        KvLen::Host(_) => DeviceTensor::empty(client, &[1], DType::U32),
+    match len.device() {
+        Some(t) => t.clone(),
+        None => DeviceTensor::empty(client, &[1], DType::U32),
     }
 }

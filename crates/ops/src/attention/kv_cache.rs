@@ -121,7 +121,7 @@ pub fn kv_cache_write_into<R: Runtime>(
             }
             s as u32
         }
-        KvLen::Device(t) => {
+        KvLen::Device(t) | KvLen::Appended(t) => {
             check_len_tensor(OP, t)?;
             0
         }
@@ -148,7 +148,7 @@ pub fn kv_cache_write_into<R: Runtime>(
             row_vectors,
             total,
             max_len as u32,
-            matches!(start, KvLen::Device(_)),
+            start.device().is_some(),
             k.dtype().elem_type(),
         );
     }

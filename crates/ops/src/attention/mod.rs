@@ -75,6 +75,22 @@ pub enum KvLen<'a, R: Runtime> {
     /// between replays of a captured CUDA graph. The host cannot validate it; the kernels clamp
     /// it to the cache size.
     Device(&'a DeviceTensor<R>),
+    /// [`KvLen::Device`], where the caller also guarantees that the kernel launched just before
+    /// this call (the cache append) writes the newest `Lq` rows and nothing else of the cache,
+    /// and that the older rows and the length were written before that kernel started. On CUDA
+    /// with programmatic dependent launch the decode kernel then loads its first keys while
+    /// that kernel finishes. Elsewhere it is [`KvLen::Device`].
+    Appended(&'a DeviceTensor<R>),
+}
+
+impl<'a, R: Runtime> KvLen<'a, R> {
+    /// The device tensor of [`KvLen::Device`] and [`KvLen::Appended`].
+    pub fn device(self) -> Option<&'a DeviceTensor<R>> {
+        match self {
+            Self::Host(_) => None,
+            Self::Device(t) | Self::Appended(t) => Some(t),
+        }
+    }
 }
 
 impl<R: Runtime> Clone for KvLen<'_, R> {

@@ -44,19 +44,24 @@ impl<R: Runtime> Problem<'_, R> {
     pub fn max_len(&self) -> usize {
         match self.len {
             KvLen::Host(l) => l,
-            KvLen::Device(_) => self.kv_rows,
+            KvLen::Device(_) | KvLen::Appended(_) => self.kv_rows,
         }
     }
 
     pub fn len_host(&self) -> u32 {
         match self.len {
             KvLen::Host(l) => l as u32,
-            KvLen::Device(_) => 0,
+            KvLen::Device(_) | KvLen::Appended(_) => 0,
         }
     }
 
     pub fn device_len(&self) -> bool {
-        matches!(self.len, KvLen::Device(_))
+        self.len.device().is_some()
+    }
+
+    /// The length is [`KvLen::Appended`]: the first keys may be loaded before the wait.
+    pub fn appended(&self) -> bool {
+        matches!(self.len, KvLen::Appended(_))
     }
 
     pub fn rows_out(&self) -> usize {

@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 
 use super::flash_step::{
     exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
-    next_kv_tile, quad_sum, zeroed_output, StepShape,
+    next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
 };
 use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
@@ -32,6 +32,11 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// projection launch during this kernel (the projection then streams its weights while the
     /// attention runs).
     pub trigger: bool,
+    /// Queue the copies of the first tile's keys older than the newest `Lq` before
+    /// `griddepcontrol.wait` (programmatic dependent launch; the length is on the device): the
+    /// caller guarantees that only the kernel launched just before writes the cache, and only
+    /// its newest `Lq` rows ([`super::KvLen::Appended`]).
+    pub early: bool,
 }
 
 impl SplitKvMmaBlueprint {
@@ -44,6 +49,7 @@ impl SplitKvMmaBlueprint {
             device_len,
             partial: false,
             trigger: false,
+            early: false,
         }
     }
 
@@ -75,7 +81,9 @@ impl SplitKvMmaBlueprint {
 /// them; the keys of the cube's split stream through shared memory in `bk`-key tiles
 /// (`cp.async`, double-buffered), and the planes share each tile (plane `w` takes keys
 /// `w * bk / warps ..`), merging their softmax states at the end. Per key the work is two `mma`s
-/// per plane and a few ALU instructions per lane, so the kernel is bound by reading K/V.
+/// per plane and a few ALU instructions per lane, so the kernel is bound by reading K/V. After a
+/// cache append ([`super::KvLen::Appended`], under programmatic dependent launch) the first
+/// tile's older keys are copied before `griddepcontrol.wait`, while the append still runs.
 #[cube(launch_unchecked)]
 pub(crate) fn split_kv_mma_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
@@ -141,6 +149,31 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     let kv_base = kv_first_row(&io.len_buf, &geo, b) as usize * kv_stride + hk as usize * d;
     let last_key = k_end.saturating_sub(1) as usize;
 
+    // With `early` no kernel still running writes the keys before `settled` (`KvLen::Appended`):
+    // their copies go out before the wait, the newest keys' after it, and one barrier waits for
+    // both.
+    let settled = len.saturating_sub(geo.lq) as usize;
+    if comptime![blueprint.early] {
+        if n_tiles > 0 {
+            queue_kv_tile_part::<F>(
+                &io.k,
+                &io.v,
+                &mut k_sh,
+                &mut v_sh,
+                k_begin as usize,
+                kv_base,
+                kv_stride,
+                last_key,
+                settled,
+                true,
+                bk,
+                d,
+                stride,
+            );
+        }
+        gpu_asm!("griddepcontrol.wait;");
+    }
+
     // Q rows gathered from their heads (16-byte copies).
     let per_row = comptime![d / 8];
     for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 8], CUBE_DIM as usize) {
@@ -152,21 +185,43 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
         let dst = r * stride + col;
         copy_async(&io.q[s..s + 8], &mut q_sh[dst..dst + 8], 8u32);
     }
-    first_kv_tile::<F>(
-        &io.k,
-        &io.v,
-        &mut k_sh,
-        &mut v_sh,
-        &bar0,
-        n_tiles,
-        k_begin as usize,
-        kv_base,
-        kv_stride,
-        last_key,
-        bk,
-        d,
-        stride,
-    );
+    if comptime![blueprint.early] {
+        if n_tiles > 0 {
+            queue_kv_tile_part::<F>(
+                &io.k,
+                &io.v,
+                &mut k_sh,
+                &mut v_sh,
+                k_begin as usize,
+                kv_base,
+                kv_stride,
+                last_key,
+                settled,
+                false,
+                bk,
+                d,
+                stride,
+            );
+        }
+        bar0.commit_copy_async();
+        bar0.arrive_and_wait();
+    } else {
+        first_kv_tile::<F>(
+            &io.k,
+            &io.v,
+            &mut k_sh,
+            &mut v_sh,
+            &bar0,
+            n_tiles,
+            k_begin as usize,
+            kv_base,
+            kv_stride,
+            last_key,
+            bk,
+            d,
+            stride,
+        );
+    }
 
     let lanes = lane_addresses(lane);
     let q_frag = load_q_fragments::<F, NA>(&def, &q_sh, lanes.q_row * stride, &lanes, shape);
@@ -297,6 +352,7 @@ pub(crate) fn launch<R: Runtime>(
     let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
     blueprint.trigger = crate::caps::has_launch_dependents(client)
         && cubes <= crate::caps::num_sms(client) as usize;
+    blueprint.early = crate::caps::has_pdl(client) && p.appended();
     unsafe {
         split_kv_mma_kernel::launch_unchecked::<R>(
             client,

@@ -134,7 +134,7 @@ pub(crate) fn cache_len<R: Runtime>(
             }
             Ok(())
         }
-        KvLen::Device(t) => check_len_tensor(op, t),
+        KvLen::Device(t) | KvLen::Appended(t) => check_len_tensor(op, t),
     }
 }
 

@@ -123,6 +123,77 @@ fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// Decode steps with [`KvLen::Appended`]: each attention follows the cache write of its newest
+/// rows, over a cache long enough for several key splits and tiles per split, with 1-3 queries
+/// per step so that the newest rows fall at every place in a tile (on CUDA with programmatic
+/// dependent launch the older keys are then loaded before the kernel waits for the write).
+fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(47);
+    let (max_len, hq, hkv, d) = (700usize, 12usize, 2usize, 128usize);
+    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    for dtype in float_dtypes(client) {
+        let kc = poisoned(client, &[max_len, hkv, d], dtype);
+        let vc = poisoned(client, &[max_len, hkv, d], dtype);
+        let ws = AttentionWorkspace::for_shapes(client, 8, hq, hkv, d, max_len);
+        let start = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
+        let end = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
+        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let mut len = 0usize;
+        for (step, t) in [317usize, 1, 2, 1, 3, 1, 1, 8, 1].into_iter().enumerate() {
+            let k_h = exact_values(&mut rng, t * hkv * d);
+            let v_h = exact_values(&mut rng, t * hkv * d);
+            let q_h = exact_values(&mut rng, t * hq * d);
+            let (k, _) = upload(client, &k_h, &[t, hkv, d], dtype);
+            let (v, _) = upload(client, &v_h, &[t, hkv, d], dtype);
+            let (q, _) = upload(client, &q_h, &[t, hq, d], dtype);
+            start
+                .write_bytes(client, &(len as u32).to_le_bytes())
+                .unwrap();
+            end.write_bytes(client, &((len + t) as u32).to_le_bytes())
+                .unwrap();
+            let out = poisoned(client, &[t, hq, d], dtype);
+            kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Device(&start)).unwrap();
+            attention_cached_into(
+                client,
+                &q,
+                &kc,
+                &vc,
+                KvLen::Appended(&end),
+                0.125,
+                &out,
+                Some(&ws),
+            )
+            .unwrap();
+            ks.extend_from_slice(&k_h);
+            vs.extend_from_slice(&v_h);
+            len += t;
+            let want = reference::attention::attention(
+                &f(&q_h),
+                &f(&ks),
+                &f(&vs),
+                t,
+                len,
+                hq,
+                hkv,
+                d,
+                0.125,
+                true,
+            );
+            assert_close(
+                &format!("appended {dtype} step {step} len {len}"),
+                &out.to_f64_vec(client).unwrap(),
+                &want,
+                attn_tol(dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn appended_decode_matches_reference() {
+    on_each_runtime!(appended_decode_case);
+}
+
 #[test]
 fn decode_loop_with_device_positions() {
     on_each_runtime!(decode_loop_case);
