@@ -148,17 +148,35 @@ pub fn bench_generate<R: Runtime>(
         |g: &mut Generator<Session<R>>, prompt: &[u32], n: usize| run_with(g, prompt, n, greedy);
     // Timed runs after a warm-up that compiles every kernel (and captures the graphs): the
     // medians of prefill and decode tok/s.
-    let timed = |g: &mut Generator<Session<R>>, params| -> anyhow::Result<(f64, f64)> {
+    // The host's time per decode step, medians over the runs: launching the step, choosing the
+    // token (waiting for the step, reading back), and the rest (detokenizer, stop checks).
+    type Timed = (f64, f64, [f64; 3]);
+    let timed = |g: &mut Generator<Session<R>>, params| -> anyhow::Result<Timed> {
         run_with(g, &prompt, 8, params)?;
         let (mut prefill, mut decode) = (Vec::new(), Vec::new());
+        let mut host = [Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..args.runs {
             let out = run_with(g, &prompt, args.new_tokens, params)?;
-            prefill.push(out.stats.prefill_tokens_per_sec());
-            decode.push(out.stats.decode_tokens_per_sec());
+            let s = &out.stats;
+            prefill.push(s.prefill_tokens_per_sec());
+            decode.push(s.decode_tokens_per_sec());
+            let per_step = 1e6 / s.generated_tokens.saturating_sub(1).max(1) as f64;
+            let other = s
+                .decode_time
+                .saturating_sub(s.decode_launch_time + s.decode_choose_time);
+            for (v, d) in host
+                .iter_mut()
+                .zip([s.decode_launch_time, s.decode_choose_time, other])
+            {
+                v.push(d.as_secs_f64() * per_step);
+            }
         }
-        Ok((median(prefill), median(decode)))
+        Ok((median(prefill), median(decode), host.map(median)))
     };
-    let (prefill, decode) = timed(&mut g, greedy)?;
+    let (prefill, decode, [launch_us, choose_us, other_us]) = timed(&mut g, greedy)?;
+    eprintln!(
+        "host time per decode step: launch {launch_us:.1} us, choose (wait + read back) {choose_us:.1} us, other {other_us:.1} us"
+    );
     let sampled_decode = if sampled {
         Some(timed(&mut g, sampling)?.1)
     } else {
@@ -237,6 +255,11 @@ pub fn bench_generate<R: Runtime>(
         "prefill_tok_s": (prefill * 10.0).round() / 10.0,
         "decode_tok_s": (decode * 100.0).round() / 100.0,
         "cuda_graph": graph,
+        "host_us_per_step": {
+            "launch": (launch_us * 10.0).round() / 10.0,
+            "choose": (choose_us * 10.0).round() / 10.0,
+            "other": (other_us * 10.0).round() / 10.0,
+        },
         "weights": format!("{compression:?}"),
         "weight_bytes": report.weight_bytes,
         "greedy_agreement": agreement,

@@ -135,6 +135,13 @@ pub struct GenerationStats {
     pub time_to_first_token: Duration,
     /// From the first token to the last (the decode steps and their sampling).
     pub decode_time: Duration,
+    /// Of `decode_time`, the host's time in [`CausalLm::decode`]: writing a step's inputs and
+    /// launching it (the device works asynchronously).
+    pub decode_launch_time: Duration,
+    /// Of `decode_time`, the time spent choosing each next token: waiting for the step to finish
+    /// and reading back its choice (or sampling on the host). The rest of `decode_time` is the
+    /// host's own per-token work (detokenizer, stop conditions, the text callback).
+    pub decode_choose_time: Duration,
     pub stop_reason: StopReason,
 }
 
@@ -381,8 +388,12 @@ impl<M: CausalLm> Generator<M> {
             if let Some(reason) = seq.push(token, self.model.len(), &mut on_text)? {
                 break reason;
             }
+            let launch = Instant::now();
             self.model.decode(token)?;
+            let choose = Instant::now();
             token = seq.choose(&mut self.model, &mut logits)?;
+            seq.stats.decode_launch_time += choose - launch;
+            seq.stats.decode_choose_time += choose.elapsed();
         };
         let output = seq.finish(reason, &mut on_text)?;
         if self.prefix_reuse {
@@ -466,6 +477,8 @@ impl<'t> Sequence<'t> {
                 prefill_time: Duration::ZERO,
                 time_to_first_token: Duration::ZERO,
                 decode_time: Duration::ZERO,
+                decode_launch_time: Duration::ZERO,
+                decode_choose_time: Duration::ZERO,
                 stop_reason: StopReason::MaxNewTokens,
             },
             started: Instant::now(),
