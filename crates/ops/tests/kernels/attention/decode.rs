@@ -5,52 +5,102 @@ use super::*;
 use ops::attention::{attention_cached_into, kv_cache_write_into, AttentionWorkspace, KvLen};
 use ops::DeviceTensor;
 
+/// The host side of a growing cache (the keys and values appended so far) and the reference
+/// over it.
+struct History {
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    ks: Vec<f32>,
+    vs: Vec<f32>,
+}
+
+/// One step's random operands: `k`, `v` (`[t, Hkv, D]`) and `q` (`[t, Hq, D]`) on the device,
+/// `q` also on the host.
+struct Step<R: Runtime> {
+    k: DeviceTensor<R>,
+    v: DeviceTensor<R>,
+    q: DeviceTensor<R>,
+    q_h: Vec<f32>,
+}
+
+impl History {
+    fn new(hq: usize, hkv: usize, d: usize) -> Self {
+        Self {
+            hq,
+            hkv,
+            d,
+            ks: Vec::new(),
+            vs: Vec::new(),
+        }
+    }
+
+    /// Random keys, values and queries of `t` tokens; the keys and values join the history.
+    fn step<R: Runtime>(
+        &mut self,
+        client: &ComputeClient<R>,
+        rng: &mut StdRng,
+        t: usize,
+        dtype: DType,
+    ) -> Step<R> {
+        let (hq, hkv, d) = (self.hq, self.hkv, self.d);
+        let k_h = exact_values(rng, t * hkv * d);
+        let v_h = exact_values(rng, t * hkv * d);
+        let q_h = exact_values(rng, t * hq * d);
+        self.ks.extend_from_slice(&k_h);
+        self.vs.extend_from_slice(&v_h);
+        Step {
+            k: upload(client, &k_h, &[t, hkv, d], dtype).0,
+            v: upload(client, &v_h, &[t, hkv, d], dtype).0,
+            q: upload(client, &q_h, &[t, hq, d], dtype).0,
+            q_h,
+        }
+    }
+
+    /// Causal attention (scale 0.125) of the `t` queries `q_h` over the whole history.
+    fn want(&self, q_h: &[f32], t: usize) -> Vec<f64> {
+        let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+        let len = self.ks.len() / (self.hkv * self.d);
+        reference::attention::attention(
+            &f(q_h),
+            &f(&self.ks),
+            &f(&self.vs),
+            t,
+            len,
+            self.hq,
+            self.hkv,
+            self.d,
+            0.125,
+            true,
+        )
+    }
+}
+
 /// A decode loop as the model runs it: write the new row at the device position, attend over the
 /// cache, advance the position by rewriting the buffer. Checked against the reference each step.
 fn decode_loop_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(45);
     let dtype = DType::F32;
     let (hq, hkv, d, max_len, steps) = (12, 2, 64, 64, 6);
-    let row = hkv * d;
     let kc = DeviceTensor::empty(client, &[max_len, hkv, d], dtype);
     let vc = DeviceTensor::empty(client, &[max_len, hkv, d], dtype);
     let pos = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
     let len = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
-    let (mut ks, mut vs) = (Vec::new(), Vec::new());
-    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
+    let mut history = History::new(hq, hkv, d);
     for step in 0..steps {
-        let k_h = exact_values(&mut rng, row);
-        let v_h = exact_values(&mut rng, row);
-        let q_h = exact_values(&mut rng, hq * d);
-        ks.extend_from_slice(&k_h);
-        vs.extend_from_slice(&v_h);
+        let Step { k, v, q, q_h } = history.step(client, &mut rng, 1, dtype);
         pos.write_bytes(client, &(step as u32).to_le_bytes())
             .unwrap();
         len.write_bytes(client, &(step as u32 + 1).to_le_bytes())
             .unwrap();
-        let (k, _) = upload(client, &k_h, &[1, hkv, d], dtype);
-        let (v, _) = upload(client, &v_h, &[1, hkv, d], dtype);
-        let (q, _) = upload(client, &q_h, &[1, hq, d], dtype);
         let out = poisoned(client, &[1, hq, d], dtype);
         kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Device(&pos)).unwrap();
         attention_cached_into(client, &q, &kc, &vc, KvLen::Device(&len), 0.125, &out, None)
             .unwrap();
-        let want = reference::attention::attention(
-            &f(&q_h),
-            &f(&ks),
-            &f(&vs),
-            1,
-            step + 1,
-            hq,
-            hkv,
-            d,
-            0.125,
-            true,
-        );
         assert_close(
             &format!("decode step {step}"),
             &out.to_f64_vec(client).unwrap(),
-            &want,
+            &history.want(&q_h, 1),
             attn_tol(dtype),
         );
     }
@@ -63,21 +113,15 @@ fn decode_loop_case<R: Runtime>(client: &ComputeClient<R>) {
 fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(46);
     let (max_len, hq, hkv, d) = (300usize, 12usize, 2usize, 64usize);
-    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     for dtype in float_dtypes(client) {
         let kc = poisoned(client, &[max_len, hkv, d], dtype);
         let vc = poisoned(client, &[max_len, hkv, d], dtype);
-        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let mut history = History::new(hq, hkv, d);
         let ws = AttentionWorkspace::for_shapes(client, 37, hq, hkv, d, max_len);
         let len_buf = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
         let mut len = 0usize;
         for (step, t) in [37usize, 1, 1, 3, 1].into_iter().enumerate() {
-            let k_h = exact_values(&mut rng, t * hkv * d);
-            let v_h = exact_values(&mut rng, t * hkv * d);
-            let q_h = exact_values(&mut rng, t * hq * d);
-            let (k, _) = upload(client, &k_h, &[t, hkv, d], dtype);
-            let (v, _) = upload(client, &v_h, &[t, hkv, d], dtype);
-            let (q, _) = upload(client, &q_h, &[t, hq, d], dtype);
+            let Step { k, v, q, q_h } = history.step(client, &mut rng, t, dtype);
             if step % 2 == 0 {
                 kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Host(len)).unwrap();
             } else {
@@ -86,21 +130,8 @@ fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
                     .unwrap();
                 kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Device(&len_buf)).unwrap();
             }
-            ks.extend_from_slice(&k_h);
-            vs.extend_from_slice(&v_h);
             len += t;
-            let want = reference::attention::attention(
-                &f(&q_h),
-                &f(&ks),
-                &f(&vs),
-                t,
-                len,
-                hq,
-                hkv,
-                d,
-                0.125,
-                true,
-            );
+            let want = history.want(&q_h, t);
             len_buf
                 .write_bytes(client, &(len as u32).to_le_bytes())
                 .unwrap();
@@ -130,22 +161,16 @@ fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
 fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(47);
     let (max_len, hq, hkv, d) = (700usize, 12usize, 2usize, 128usize);
-    let f = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     for dtype in float_dtypes(client) {
         let kc = poisoned(client, &[max_len, hkv, d], dtype);
         let vc = poisoned(client, &[max_len, hkv, d], dtype);
         let ws = AttentionWorkspace::for_shapes(client, 8, hq, hkv, d, max_len);
         let start = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
         let end = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
-        let (mut ks, mut vs) = (Vec::new(), Vec::new());
+        let mut history = History::new(hq, hkv, d);
         let mut len = 0usize;
         for (step, t) in [317usize, 1, 2, 1, 3, 1, 1, 8, 1].into_iter().enumerate() {
-            let k_h = exact_values(&mut rng, t * hkv * d);
-            let v_h = exact_values(&mut rng, t * hkv * d);
-            let q_h = exact_values(&mut rng, t * hq * d);
-            let (k, _) = upload(client, &k_h, &[t, hkv, d], dtype);
-            let (v, _) = upload(client, &v_h, &[t, hkv, d], dtype);
-            let (q, _) = upload(client, &q_h, &[t, hq, d], dtype);
+            let Step { k, v, q, q_h } = history.step(client, &mut rng, t, dtype);
             start
                 .write_bytes(client, &(len as u32).to_le_bytes())
                 .unwrap();
@@ -153,36 +178,13 @@ fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
                 .unwrap();
             let out = poisoned(client, &[t, hq, d], dtype);
             kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Device(&start)).unwrap();
-            attention_cached_into(
-                client,
-                &q,
-                &kc,
-                &vc,
-                KvLen::Appended(&end),
-                0.125,
-                &out,
-                Some(&ws),
-            )
-            .unwrap();
-            ks.extend_from_slice(&k_h);
-            vs.extend_from_slice(&v_h);
+            let appended = KvLen::Appended(&end);
+            attention_cached_into(client, &q, &kc, &vc, appended, 0.125, &out, Some(&ws)).unwrap();
             len += t;
-            let want = reference::attention::attention(
-                &f(&q_h),
-                &f(&ks),
-                &f(&vs),
-                t,
-                len,
-                hq,
-                hkv,
-                d,
-                0.125,
-                true,
-            );
             assert_close(
                 &format!("appended {dtype} step {step} len {len}"),
                 &out.to_f64_vec(client).unwrap(),
-                &want,
+                &history.want(&q_h, t),
                 attn_tol(dtype),
             );
         }
