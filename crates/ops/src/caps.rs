@@ -89,6 +89,13 @@ pub fn plane_size_min<R: Runtime>(client: &ComputeClient<R>) -> u32 {
 /// kernel on the stream be scheduled while this one finishes; that kernel still waits for this
 /// one's completion and memory before its first access, so results do not depend on it.
 pub fn has_launch_dependents<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    // Both arrive with sm_90, which CubeCL reports through its cluster feature.
+    has_clusters(client)
+}
+
+/// Whether kernels may be launched on thread-block clusters with the cluster barrier
+/// (`barrier.cluster`; CUDA on sm_90 and newer).
+pub fn has_clusters<R: Runtime>(client: &ComputeClient<R>) -> bool {
     runtime_name(client).contains("cuda") && client.properties().features.cube_cluster
 }
 

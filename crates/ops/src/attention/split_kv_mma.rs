@@ -11,9 +11,9 @@ use super::flash_step::{
 };
 use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
-use super::workspace::Split;
+use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
-use crate::online_softmax::EMPTY_MAX;
+use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
 use crate::{DeviceTensor, Result};
 
 /// The comptime shape of [`split_kv_mma_kernel`].
@@ -91,6 +91,104 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
+    split_kv_mma::<F>(&mut io, &geo, blueprint);
+}
+
+/// [`split_kv_mma_kernel`] on clusters of [`CLUSTER_SPLITS`] cubes along the key split (the whole
+/// split of one KV head and row block), which then merge their partials themselves: each cube
+/// writes its partials, the cluster barrier (release, then acquire, at cluster scope) makes them
+/// visible to the other cubes, and the cluster's units each combine one output element over the
+/// splits. No merge kernel follows, so the output projection waits for one kernel less.
+#[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(CLUSTER_SPLITS as u32, 1, 1))]
+pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
+    mut io: SplitBuffers<F, f32>,
+    geo: Geometry,
+    #[comptime] blueprint: SplitKvMmaBlueprint,
+    #[define(F)] _dtype: ElemType,
+) {
+    split_kv_mma::<F>(&mut io, &geo, blueprint);
+    // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
+    // (acquire), so the partials each cube wrote are visible to all.
+    gpu_asm!("barrier.cluster.arrive.release.aligned;");
+    gpu_asm!("barrier.cluster.wait.acquire.aligned;");
+    merge_in_cluster::<F>(
+        &io.part_acc,
+        &io.part_stats,
+        &mut io.out,
+        &geo,
+        comptime![blueprint.d],
+    );
+}
+
+/// Combines the [`CLUSTER_SPLITS`] partials of the cube's (sequence, KV head, row block) into
+/// the output, one element per unit of the cluster (the merge kernel's formula: weights
+/// `exp(max_s - max)`, splits that saw no key weigh 0). Every split's loads are issued together.
+#[cube]
+fn merge_in_cluster<F: Float>(
+    part_acc: &[f32],
+    part_stats: &[f32],
+    out: &mut [F],
+    geo: &Geometry,
+    #[comptime] d: usize,
+) {
+    let splits = comptime![CLUSTER_SPLITS];
+    let hk = CUBE_POS_Y;
+    let b = CUBE_POS_Z / geo.row_blocks;
+    let rb = CUBE_POS_Z % geo.row_blocks;
+    let rows_total = geo.lq * geo.group;
+    let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+    let first = CUBE_POS_X as usize * CUBE_DIM as usize + UNIT_POS as usize;
+    let units = splits * CUBE_DIM as usize;
+    for e in range_stepped(first, comptime![16 * d], units) {
+        let r = e / d;
+        let dd = e % d;
+        let rho = rb * 16 + r as u32;
+        if rho < rows_total {
+            let orow = ((b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group)
+                as usize;
+            let mut ms = Array::<f32>::new(splits);
+            let mut ls = Array::<f32>::new(splits);
+            let mut accs = Array::<f32>::new(splits);
+            #[unroll]
+            for s in 0..splits {
+                let prow = s * rows_out + orow;
+                ms[s] = part_stats[prow * 2];
+                ls[s] = part_stats[prow * 2 + 1];
+                accs[s] = part_acc[prow * d + dd];
+            }
+            out[orow * d + dd] = F::cast_from(combine_splits(&ms, &ls, &accs));
+        }
+    }
+}
+
+/// One output element from the [`CLUSTER_SPLITS`] splits' `(max, sum, acc)`.
+#[cube]
+fn combine_splits(ms: &Array<f32>, ls: &Array<f32>, accs: &Array<f32>) -> f32 {
+    let splits = comptime![CLUSTER_SPLITS];
+    let mut m = f32::new(EMPTY_MAX);
+    #[unroll]
+    for s in 0..splits {
+        m = max(m, ms[s]);
+    }
+    let mut l = 0f32;
+    let mut acc = 0f32;
+    #[unroll]
+    for s in 0..splits {
+        let w = exp_or_zero(ms[s], m);
+        l += ls[s] * w;
+        acc += accs[s] * w;
+    }
+    select(l > 0f32, acc / l, 0f32)
+}
+
+/// The body of both decode kernels: one cube's split, written as partials (or, with one split,
+/// as the output).
+#[cube]
+fn split_kv_mma<F: Float>(
+    io: &mut SplitBuffers<F, f32>,
+    geo: &Geometry,
+    #[comptime] blueprint: SplitKvMmaBlueprint,
+) {
     if comptime![blueprint.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
@@ -118,7 +216,7 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     let hk = CUBE_POS_Y;
     let b = CUBE_POS_Z / geo.row_blocks;
     let rb = CUBE_POS_Z % geo.row_blocks;
-    let len = kv_len(&io.len_buf, &geo, b, blueprint.device_len);
+    let len = kv_len(&io.len_buf, geo, b, blueprint.device_len);
     let rows_total = geo.lq * geo.group;
 
     // Rows of the tile: (query i, head hk * group + gg) for rho = rb * 16 + r.
@@ -146,7 +244,7 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     let bar1 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let kv_stride = (geo.hkv as usize) * d;
-    let kv_base = kv_first_row(&io.len_buf, &geo, b) as usize * kv_stride + hk as usize * d;
+    let kv_base = kv_first_row(&io.len_buf, geo, b) as usize * kv_stride + hk as usize * d;
     let last_key = k_end.saturating_sub(1) as usize;
 
     // With `early` no kernel still running writes the keys before `settled` (`KvLen::Appended`):
@@ -337,8 +435,11 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     }
 }
 
-/// Launches [`split_kv_mma_kernel`] on cubes of `(split, KV head, sequence x 16-row block)`, the
-/// keys split for about `target` cubes, then the merge when they are split.
+/// Launches the decode kernel on cubes of `(split, KV head, sequence x 16-row block)`: where the
+/// GPU has thread-block clusters and the keys are few enough for one cluster's splits
+/// ([`Split::clustered`]), [`split_kv_mma_cluster_kernel`], which merges its own splits;
+/// otherwise [`split_kv_mma_kernel`] with the keys split for about `target` cubes, then the merge
+/// kernel when they are split.
 pub(crate) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
@@ -347,27 +448,53 @@ pub(crate) fn launch<R: Runtime>(
     mut blueprint: SplitKvMmaBlueprint,
     target: usize,
 ) -> Result<()> {
-    let split = Split::new(client, op, p, 16, blueprint.bk, target)?;
+    let clustered = if crate::caps::has_clusters(client) {
+        Split::clustered(client, op, p, 16, blueprint.bk, target)?
+    } else {
+        None
+    };
+    let in_cluster = clustered.is_some();
+    let split = match clustered {
+        Some(split) => split,
+        None => Split::new(client, op, p, 16, blueprint.bk, target)?,
+    };
     blueprint.partial = split.partial();
     let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
     blueprint.trigger = crate::caps::has_launch_dependents(client)
         && cubes <= crate::caps::num_sms(client) as usize;
     blueprint.early = crate::caps::has_pdl(client) && p.appended();
+    let count = CubeCount::Static(
+        split.splits as u32,
+        p.hkv as u32,
+        (p.batch * split.row_blocks) as u32,
+    );
+    let dim = CubeDim::new_1d((32 * blueprint.warps) as u32);
+    let dtype = p.q.dtype().elem_type();
+    // SAFETY: the kernels read and write within the validated shapes of `p` and the partials the
+    // split was sized with.
     unsafe {
-        split_kv_mma_kernel::launch_unchecked::<R>(
-            client,
-            CubeCount::Static(
-                split.splits as u32,
-                p.hkv as u32,
-                (p.batch * split.row_blocks) as u32,
-            ),
-            CubeDim::new_1d((32 * blueprint.warps) as u32),
-            split.buffers(p, len_t),
-            split.geometry(p),
-            blueprint,
-            p.q.dtype().elem_type(),
-        );
+        if in_cluster {
+            split_kv_mma_cluster_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                dim,
+                split.buffers(p, len_t),
+                split.geometry(p),
+                blueprint,
+                dtype,
+            );
+        } else {
+            split_kv_mma_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                dim,
+                split.buffers(p, len_t),
+                split.geometry(p),
+                blueprint,
+                dtype,
+            );
+            split.finish(client, p);
+        }
     }
-    split.finish(client, p);
     Ok(())
 }

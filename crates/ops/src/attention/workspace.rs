@@ -40,13 +40,17 @@ impl<R: Runtime> AttentionWorkspace<R> {
         max_len: usize,
     ) -> Self {
         // Every kernel asks `split_plan` for at most 2 cubes per SM, and a split holds at least
-        // one step of 8 keys.
+        // one step of 8 keys; a clustered launch always has `CLUSTER_SPLITS`.
         let splits = (2 * caps::num_sms(client) as usize)
             .min(max_len.div_ceil(8))
-            .max(1);
+            .max(CLUSTER_SPLITS);
         Self::new(client, splits * q_len.max(1) * q_heads.max(1), head_dim)
     }
 }
+
+/// Splits of a clustered launch (one thread-block cluster of cubes along the keys, which merge
+/// their partials themselves): the cluster size every CUDA GPU with clusters supports.
+pub(crate) const CLUSTER_SPLITS: usize = 8;
 
 /// How many cubes share the keys of one (sequence, row block, KV head): enough cubes to cover the
 /// device (`target`), never a chunk shorter than one step of the kernel.
@@ -139,6 +143,43 @@ impl<'a, R: Runtime> Split<'a, R> {
         let row_blocks = (p.lq * p.group()).div_ceil(rows);
         let cubes = row_blocks * p.hkv * p.split_batch();
         let (splits, chunk) = split_plan(p.max_len(), step, cubes, target);
+        Self::with(client, op, p, row_blocks, splits, chunk)
+    }
+
+    /// The split of a clustered launch: [`CLUSTER_SPLITS`] splits of one `step`-key tile each
+    /// (the last ones empty where the keys are fewer), when the keys fit them, [`Split::new`]
+    /// would split them, and the caller's workspace (if any) has room; `None` otherwise.
+    pub fn clustered(
+        client: &ComputeClient<R>,
+        op: &'static str,
+        p: &Problem<'a, R>,
+        rows: usize,
+        step: usize,
+        target: usize,
+    ) -> Result<Option<Self>> {
+        let row_blocks = (p.lq * p.group()).div_ceil(rows);
+        let cubes = row_blocks * p.hkv * p.split_batch();
+        let max_len = p.max_len();
+        let room = p
+            .workspace
+            .is_none_or(|ws| ws.rows >= CLUSTER_SPLITS * p.rows_out() && ws.d == p.d);
+        if !room
+            || max_len > CLUSTER_SPLITS * step
+            || split_plan(max_len, step, cubes, target).0 < 2
+        {
+            return Ok(None);
+        }
+        Self::with(client, op, p, row_blocks, CLUSTER_SPLITS, step).map(Some)
+    }
+
+    fn with(
+        client: &ComputeClient<R>,
+        op: &'static str,
+        p: &Problem<'a, R>,
+        row_blocks: usize,
+        splits: usize,
+        chunk: usize,
+    ) -> Result<Self> {
         let parts = Partials::new(client, op, p, splits)?;
         Ok(Self {
             row_blocks,
