@@ -281,6 +281,7 @@ pub(crate) fn launch<R: Runtime>(
         blueprint.rows,
         blueprint.keys_per_step(),
         target,
+        false,
     )?;
     blueprint.partial = split.partial();
     unsafe {

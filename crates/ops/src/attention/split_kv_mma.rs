@@ -437,7 +437,7 @@ fn split_kv_mma<F: Float>(
 
 /// Launches the decode kernel on cubes of `(split, KV head, sequence x 16-row block)`: where the
 /// GPU has thread-block clusters and the keys are few enough for one cluster's splits
-/// ([`Split::clustered`]), [`split_kv_mma_cluster_kernel`], which merges its own splits;
+/// ([`Split::new`]), [`split_kv_mma_cluster_kernel`], which merges its own splits;
 /// otherwise [`split_kv_mma_kernel`] with the keys split for about `target` cubes, then the merge
 /// kernel when they are split.
 pub(crate) fn launch<R: Runtime>(
@@ -448,16 +448,8 @@ pub(crate) fn launch<R: Runtime>(
     mut blueprint: SplitKvMmaBlueprint,
     target: usize,
 ) -> Result<()> {
-    let clustered = if crate::caps::has_clusters(client) {
-        Split::clustered(client, op, p, 16, blueprint.bk, target)?
-    } else {
-        None
-    };
-    let in_cluster = clustered.is_some();
-    let split = match clustered {
-        Some(split) => split,
-        None => Split::new(client, op, p, 16, blueprint.bk, target)?,
-    };
+    let cluster = crate::caps::has_clusters(client);
+    let split = Split::new(client, op, p, 16, blueprint.bk, target, cluster)?;
     blueprint.partial = split.partial();
     let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
     blueprint.trigger = crate::caps::has_launch_dependents(client)
@@ -470,29 +462,27 @@ pub(crate) fn launch<R: Runtime>(
     );
     let dim = CubeDim::new_1d((32 * blueprint.warps) as u32);
     let dtype = p.q.dtype().elem_type();
+    // Both kernels take the same arguments.
+    macro_rules! launch_on {
+        ($kernel:ident) => {
+            $kernel::launch_unchecked::<R>(
+                client,
+                count,
+                dim,
+                split.buffers(p, len_t),
+                split.geometry(p),
+                blueprint,
+                dtype,
+            )
+        };
+    }
     // SAFETY: the kernels read and write within the validated shapes of `p` and the partials the
     // split was sized with.
     unsafe {
-        if in_cluster {
-            split_kv_mma_cluster_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                dim,
-                split.buffers(p, len_t),
-                split.geometry(p),
-                blueprint,
-                dtype,
-            );
+        if split.clustered {
+            launch_on!(split_kv_mma_cluster_kernel);
         } else {
-            split_kv_mma_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                dim,
-                split.buffers(p, len_t),
-                split.geometry(p),
-                blueprint,
-                dtype,
-            );
+            launch_on!(split_kv_mma_kernel);
             split.finish(client, p);
         }
     }

@@ -199,7 +199,7 @@ pub(crate) fn launch<R: Runtime>(
     mut blueprint: TiledBlueprint,
     target: usize,
 ) -> Result<()> {
-    let split = Split::new(client, op, p, blueprint.br, blueprint.bk, target)?;
+    let split = Split::new(client, op, p, blueprint.br, blueprint.bk, target, false)?;
     blueprint.partial = split.partial();
     unsafe {
         tiled_kernel::launch_unchecked::<R>(

@@ -126,12 +126,18 @@ pub(crate) struct Split<'a, R: Runtime> {
     pub splits: usize,
     /// Keys per split.
     pub chunk: usize,
+    /// The cubes of one (sequence, KV head, row block) form one thread-block cluster and merge
+    /// their own partials.
+    pub clustered: bool,
     pub parts: Partials<'a, R>,
 }
 
 impl<'a, R: Runtime> Split<'a, R> {
     /// The split of a kernel that takes `rows` rows per cube and `step` keys per iteration, aiming
-    /// for `target` cubes over the whole problem.
+    /// for `target` cubes over the whole problem. With `cluster` (the kernel has a clustered
+    /// form), where the keys fit [`CLUSTER_SPLITS`] splits of one `step`-key tile each, they
+    /// would be split anyway and the caller's workspace (if any) has room: [`CLUSTER_SPLITS`]
+    /// such splits (the last ones empty where the keys are fewer), [`Split::clustered`] set.
     pub fn new(
         client: &ComputeClient<R>,
         op: &'static str,
@@ -139,53 +145,27 @@ impl<'a, R: Runtime> Split<'a, R> {
         rows: usize,
         step: usize,
         target: usize,
+        cluster: bool,
     ) -> Result<Self> {
-        let row_blocks = (p.lq * p.group()).div_ceil(rows);
-        let cubes = row_blocks * p.hkv * p.split_batch();
-        let (splits, chunk) = split_plan(p.max_len(), step, cubes, target);
-        Self::with(client, op, p, row_blocks, splits, chunk)
-    }
-
-    /// The split of a clustered launch: [`CLUSTER_SPLITS`] splits of one `step`-key tile each
-    /// (the last ones empty where the keys are fewer), when the keys fit them, [`Split::new`]
-    /// would split them, and the caller's workspace (if any) has room; `None` otherwise.
-    pub fn clustered(
-        client: &ComputeClient<R>,
-        op: &'static str,
-        p: &Problem<'a, R>,
-        rows: usize,
-        step: usize,
-        target: usize,
-    ) -> Result<Option<Self>> {
         let row_blocks = (p.lq * p.group()).div_ceil(rows);
         let cubes = row_blocks * p.hkv * p.split_batch();
         let max_len = p.max_len();
+        let (splits, chunk) = split_plan(max_len, step, cubes, target);
         let room = p
             .workspace
             .is_none_or(|ws| ws.rows >= CLUSTER_SPLITS * p.rows_out() && ws.d == p.d);
-        if !room
-            || max_len > CLUSTER_SPLITS * step
-            || split_plan(max_len, step, cubes, target).0 < 2
-        {
-            return Ok(None);
-        }
-        Self::with(client, op, p, row_blocks, CLUSTER_SPLITS, step).map(Some)
-    }
-
-    fn with(
-        client: &ComputeClient<R>,
-        op: &'static str,
-        p: &Problem<'a, R>,
-        row_blocks: usize,
-        splits: usize,
-        chunk: usize,
-    ) -> Result<Self> {
-        let parts = Partials::new(client, op, p, splits)?;
+        let clustered = cluster && room && splits > 1 && max_len <= CLUSTER_SPLITS * step;
+        let (splits, chunk) = if clustered {
+            (CLUSTER_SPLITS, step)
+        } else {
+            (splits, chunk)
+        };
         Ok(Self {
             row_blocks,
             splits,
             chunk,
-            parts,
+            clustered,
+            parts: Partials::new(client, op, p, splits)?,
         })
     }
 
