@@ -7,7 +7,7 @@ use super::geometry::len_buffer;
 use super::split_kv::{self, SplitKvBlueprint};
 use super::split_kv_mma::{self, SplitKvMmaBlueprint};
 use super::tiled::{self, TiledBlueprint};
-use super::workspace::CLUSTER_SPLITS;
+use super::workspace::keys_fit_cluster;
 use super::{
     AttentionStrategy, AttentionWorkspace, FlashTiling, KvLen, SplitKvTiling, DECODE_MAX_QUERIES,
 };
@@ -137,7 +137,7 @@ fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>)
         bk: 128,
         cubes_per_sm: 1,
     };
-    if caps::has_clusters(client) && p.max_len() <= CLUSTER_SPLITS * short.bk {
+    if caps::has_clusters(client) && keys_fit_cluster(p.max_len(), short.bk) {
         short
     } else {
         SplitKvTiling::default()

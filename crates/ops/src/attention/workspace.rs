@@ -52,6 +52,12 @@ impl<R: Runtime> AttentionWorkspace<R> {
 /// their partials themselves): the cluster size every CUDA GPU with clusters supports.
 pub(crate) const CLUSTER_SPLITS: usize = 8;
 
+/// Whether `max_len` keys fit a clustered launch: [`CLUSTER_SPLITS`] splits of one `step`-key
+/// tile each.
+pub(crate) fn keys_fit_cluster(max_len: usize, step: usize) -> bool {
+    max_len <= CLUSTER_SPLITS * step
+}
+
 /// How many cubes share the keys of one (sequence, row block, KV head): enough cubes to cover the
 /// device (`target`), never a chunk shorter than one step of the kernel.
 fn split_plan(max_len: usize, step: usize, cubes: usize, target: usize) -> (usize, usize) {
@@ -154,7 +160,7 @@ impl<'a, R: Runtime> Split<'a, R> {
         let room = p
             .workspace
             .is_none_or(|ws| ws.rows >= CLUSTER_SPLITS * p.rows_out() && ws.d == p.d);
-        let clustered = cluster && room && splits > 1 && max_len <= CLUSTER_SPLITS * step;
+        let clustered = cluster && room && splits > 1 && keys_fit_cluster(max_len, step);
         let (splits, chunk) = if clustered {
             (CLUSTER_SPLITS, step)
         } else {
