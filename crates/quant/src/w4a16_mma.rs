@@ -29,8 +29,8 @@
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
-use ops::norm::{row_inv_rms, scale_by_weight};
-use ops::reduce::ReducePlan;
+use ops::norm::{row_inv_rms, scale_by_weight, sum_squares};
+use ops::reduce::{cube_sum, ReducePlan};
 use ops::{caps, DType, DeviceTensor, Result};
 
 use crate::w4a16_nk::NkEpilogue;
@@ -347,39 +347,53 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         gpu_asm!("griddepcontrol.wait;");
     }
 
-    // x (normalised) staged as packed pairs in the MMA's k order: word `i` of a row (k = 8i..)
-    // holds (x0, x4), (x1, x5), (x2, x6), (x3, x7); zeros past K.
+    // x staged as packed pairs in the MMA's k order: word `i` of a row (k = 8i..) holds (x0, x4),
+    // (x1, x5), (x2, x6), (x3, x7); zeros past K. The input norm, in bf16: the staged values are
+    // `x · g`, and the row's `rsqrt(mean(x²) + eps)`, a scalar, multiplies the sums at the end
+    // (`norm(x) · W = rsqrt(..) · ((x · g) · W)`), so x is read once and its squares are summed
+    // in the same pass. In f16, whose range `x · g` of an unnormalised row may exceed, the row
+    // is normalised first (a reduction over the cube before the staging).
+    let streamed = comptime![plan.norm.is_some() && !plan.f16];
     let mut inv_rms = Array::<f32>::new(m_rows);
-    if comptime![plan.norm.is_some()] {
+    if comptime![plan.norm.is_some() && plan.f16] {
         inv_rms = row_inv_rms::<F, NX>(x, k / 8, inv_k, eps, m_rows, comptime![plan.norm.unwrap()]);
     }
     let mut xs =
         Shared::<[Vector<u32, Const<4>>]>::new_slice(comptime![(plan.m * plan.row_words) as usize]);
     let x_words = k / 8;
-    for i in range_stepped(tid, m_rows * row_words, CUBE_DIM as usize) {
-        let r = i / row_words;
-        let wi = i % row_words;
-        let mut packed = Vector::<u32, Const<4>>::new(0u32);
-        if wi < x_words {
-            let mut xv = x[r * x_words + wi];
-            if comptime![plan.norm.is_some()] {
-                xv = scale_by_weight(xv, norm_w[wi], inv_rms[r]);
+    let mut squares = Array::<f32>::new(m_rows);
+    #[unroll]
+    for r in 0..m_rows {
+        squares[r] = 0f32;
+        for wi in range_stepped(tid, row_words, CUBE_DIM as usize) {
+            let mut packed = Vector::<u32, Const<4>>::new(0u32);
+            if wi < x_words {
+                let xv = x[r * x_words + wi];
+                let mut xf = Vector::<f32, NX>::cast_from(xv);
+                if comptime![streamed] {
+                    squares[r] += sum_squares(xv);
+                    xf *= Vector::<f32, NX>::cast_from(norm_w[wi]);
+                } else if comptime![plan.norm.is_some()] {
+                    xf = Vector::<f32, NX>::cast_from(scale_by_weight(xv, norm_w[wi], inv_rms[r]));
+                }
+                #[unroll]
+                for p in 0..4usize {
+                    packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
+                }
             }
-            #[unroll]
-            for p in 0..4usize {
-                packed.insert(
-                    p,
-                    pack_pair(
-                        f32::cast_from(xv.extract(p)),
-                        f32::cast_from(xv.extract(p + 4)),
-                        f16,
-                    ),
-                );
-            }
+            xs[r * row_words + wi] = packed;
         }
-        xs[i] = packed;
     }
-    sync_cube();
+    // The cube-wide sums' barrier also publishes the staged x; otherwise a plain one.
+    if comptime![streamed] {
+        #[unroll]
+        for r in 0..m_rows {
+            let total = cube_sum(squares[r], comptime![plan.norm.unwrap()]);
+            inv_rms[r] = f32::inverse_sqrt(total * inv_k + eps);
+        }
+    } else {
+        sync_cube();
+    }
 
     let mut acc = Array::<f32>::new(comptime![4 * plan.halves()]);
     #[unroll]
@@ -541,6 +555,17 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
             if comptime![plan.epilogue.is_gated()] {
                 total_up += red[((t * warps + w) * halves + 1) * 128 + o];
             }
+        }
+        if comptime![streamed] {
+            let mut inv = 1f32;
+            #[unroll]
+            for m in 0..m_rows {
+                if r == m {
+                    inv = inv_rms[m];
+                }
+            }
+            total *= inv;
+            total_up *= inv;
         }
         if r < m_rows && col < n {
             write_epilogue::<F>(

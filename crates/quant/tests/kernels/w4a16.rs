@@ -428,6 +428,19 @@ fn norm_rounded_twice(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) ->
     out
 }
 
+/// The RMSNorm of the rows of `x` as the tensor-core GEMV applies it in bf16: `F(x · g)` staged
+/// (one rounding), and `rstd` (f64 here) multiplying the product, which by linearity equals
+/// `F(x · g) · rstd` as the input.
+fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f64> {
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(k) {
+        let rstd = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps as f64).sqrt();
+        let weighted: Vec<f32> = row.iter().zip(g).map(|(v, w)| (v * w) as f32).collect();
+        out.extend(round_to(&weighted, dtype).into_iter().map(|v| v * rstd));
+    }
+    out
+}
+
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
 /// step), N past whole 8-column tiles, per-channel scales and groups of 128 and 256, 1 to 16 rows
@@ -494,7 +507,13 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
                 },
                 normed: &normed,
             };
-            let h = norm_rounded_twice(&xh, &gh, k, EPS, dtype);
+            // In bf16 the tensor-core kernel stages `x · g` and scales the sums by `rstd`;
+            // otherwise x is normalised first (two roundings).
+            let h = if mma && dtype == DType::BF16 {
+                norm_staged(&xh, &gh, k, EPS, dtype)
+            } else {
+                norm_rounded_twice(&xh, &gh, k, EPS, dtype)
+            };
             let product = qref::w4a16(&h, m, &qw, None);
             let i = n / 2;
             let out = poisoned(client, &[m, i], dtype);
