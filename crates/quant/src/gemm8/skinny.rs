@@ -1,12 +1,12 @@
 //! The skinny tensor-core kernel for M <= 16 (CUDA, decode): m16n8 output tiles, K split over up
 //! to 16 warps per tile where the tiles are few, the K slices summed at the end. Weights go
-//! straight from global memory into fragments, a batch of up to 8 chunks per warp in flight, the
-//! first batch loaded before `griddepcontrol.wait` under programmatic dependent launch (weights
-//! are never written by a kernel). The activation codes are quantized by the kernel itself where
-//! the row is short and the cubes few (the 1.5B model's qkv and o at one row); otherwise a
-//! one-cube-per-row pre-pass quantizes them (and applies the input norm), signalling this kernel
-//! to launch as it starts so that the weights stream while it runs, and the kernel copies the
-//! codes into shared memory once per cube.
+//! straight from global memory into fragments, a batch of up to 12 chunks per warp in flight (8
+//! in a gated launch), the first batch loaded before `griddepcontrol.wait` under programmatic
+//! dependent launch (weights are never written by a kernel). The activation codes are quantized
+//! by the kernel itself where the row is short and the cubes few (the 1.5B model's qkv and o at
+//! one row); otherwise a one-cube-per-row pre-pass quantizes them (and applies the input norm),
+//! signalling this kernel to launch as it starts so that the weights stream while it runs, and
+//! the kernel copies the codes into shared memory once per cube.
 //!
 //! On an H100 at the 1.5B shape and one row this took gate-up from 15.6 to about 10 µs and down
 //! from 12.3 to about 4.5 µs per layer (the pre-pass adds 5-6 µs before each); each cube
@@ -25,8 +25,14 @@ use crate::rowquant::{quantize_row_held, RowQuantPlan};
 
 /// Rows of A the skinny kernel takes: one m16 MMA tile.
 pub(crate) const SKINNY_MAX_M: usize = 16;
-/// Most 64-byte K chunks a warp loads before it uses the first (4 vector registers each).
-const MAX_BATCH: usize = 8;
+/// Most 64-byte K chunks a warp of a gated launch loads before it uses the first (4 vector
+/// registers each): gate-up's registers already bound how many of its cubes an SM holds.
+const MAX_GATED_BATCH: usize = 8;
+/// The same for the other launches, where registers are not the limit: up to 12 chunks, so that
+/// the 1.5B model's down projection (140 chunks over 16 warps per tile, 9 each) loads its whole K
+/// slice in one batch before `griddepcontrol.wait`, where 8 left a second round of loads, and
+/// their latency, after the wait.
+const MAX_BATCH: usize = 12;
 /// Bytes of activation codes the skinny kernel stages in shared memory (rows x padded K).
 pub(crate) const STAGE_MAX_BYTES: usize = 16 * 1024;
 
@@ -482,7 +488,10 @@ impl<R: Runtime> Gemm8<'_, R> {
             epi: self.epilogue_plan(),
             warps,
             tiles,
-            batch: chunks.div_ceil(warps as usize).clamp(1, MAX_BATCH) as u32,
+            batch: chunks
+                .div_ceil(warps as usize)
+                .clamp(1, if gated { MAX_GATED_BATCH } else { MAX_BATCH })
+                as u32,
             paired: self.m <= 8,
             x: source,
             held: match source {

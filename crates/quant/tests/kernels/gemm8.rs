@@ -180,6 +180,9 @@ fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
         for (m, n, k) in [
             (1, 8, 32),
             (1, 300, 8960),
+            // Long K over few tiles: more chunks per warp than one batch of loads holds, so
+            // the K slice takes several passes with a short last one.
+            (2, 64, 12800),
             (5, 200, 96),
             (9, 17, 1100),
             (16, 77, 1000),
