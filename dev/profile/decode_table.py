@@ -12,8 +12,9 @@ minus the previous kernel's end: with programmatic dependent launch a kernel sta
 predecessor ends and waits, so its own duration overlaps the one before), its duration, the gap
 between the previous kernel's end and its start (negative: launched early), its grid, and, with
 --ncu, the bytes it moved and the share of the copy bandwidth that makes over the time it adds.
-Kernels are also summed by name, and the step's wall time is the median over replays of first
-start to last end.
+Kernels are also summed by name, each kernel position of a decoder layer gets its median over
+the layers (a layer taken to start at the kernel before each RoPE kernel), and the step's wall
+time is the median over replays of first start to last end.
 
 `--skip-info` prints, for the ncu pass, how many kernels ran before the first replay and how
 many one replay has (ncu --launch-skip / --launch-count, which count graph nodes as launches
@@ -91,6 +92,23 @@ def load_ncu(path):
     return [out[k] for k in sorted(out)]
 
 
+def per_layer(table):
+    """Medians over the decoder layers of each kernel position in a layer: a layer starts at the
+    kernel before each RoPE kernel (the qkv projection) and runs to the next one; layers whose
+    kernel sequence differs from the first full one are left out. Returns [(kernel, µs added,
+    busy µs)] and the number of layers."""
+    starts = [i - 1 for i, row in enumerate(table) if "rope" in row["kernel"] and i > 0]
+    if len(starts) < 2:
+        return [], 0
+    period = starts[1] - starts[0]
+    names = [row["kernel"] for row in table[starts[0]:starts[0] + period]]
+    layers = [table[s:s + period] for s in starts if s + period <= len(table)
+              and [row["kernel"] for row in table[s:s + period]] == names]
+    return [(names[j], round(statistics.median(layer[j]["us"] for layer in layers), 2),
+             round(statistics.median(layer[j]["busy_us"] for layer in layers), 2))
+            for j in range(period)], len(layers)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("trace")
@@ -138,9 +156,12 @@ def main():
     summary = {"replays": len(timed), "kernels_per_step": n, "step_us": round(step, 1),
                "kernel_us": round(sum(busy), 1), "gap_us": round(sum(gap), 1),
                "bytes": int(sum(nbytes)) if nbytes else None}
+    layer, n_layers = per_layer(table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": summary, "kernels": table, "by_name": by_name}, f, indent=1)
+            json.dump({"summary": summary, "kernels": table, "by_name": by_name,
+                       "per_layer": [{"kernel": k, "us": us, "busy_us": b} for k, us, b in layer]},
+                      f, indent=1)
     sep = " | " if args.markdown else "  "
     head = ["#", "kernel", "grid", "block", "µs added", "busy µs", "gap µs", "share"]
     if nbytes:
@@ -160,6 +181,10 @@ def main():
         f"{k} x{v['count']} {v['us']:.1f} µs ({100 * v['us'] / step:.0f}%)"
         + (f", {100 * v['bytes'] / (v['us'] * 1e-6) / args.bandwidth:.0f}% BW" if nbytes else "")
         for k, v in sorted(by_name.items(), key=lambda kv: -kv[1]["us"])))
+    if layer:
+        print(f"per layer (median of {n_layers}): " + "; ".join(
+            f"{k} {us:.2f} µs" for k, us, _ in layer)
+            + f"; sum {sum(us for _, us, _ in layer):.1f} µs")
     print(f"step {summary['step_us']} µs over {len(timed)} replays: {n} kernels, "
           f"{summary['kernel_us']} µs of kernel durations (overlapping), "
           f"{summary['gap_us']} µs of gaps"
