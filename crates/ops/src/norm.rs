@@ -33,6 +33,13 @@ pub fn scale_by_weight<F: Float, N: Size>(
     normed * w
 }
 
+/// `rsqrt(mean + eps)` of a row from each unit's partial sum of squares `partial` (`inv_len` =
+/// 1 / the row's length), reduced over the whole cube with `plan` (every unit must call it).
+#[cube]
+pub fn cube_inv_rms(partial: f32, inv_len: f32, eps: f32, #[comptime] plan: ReducePlan) -> f32 {
+    f32::inverse_sqrt(cube_sum(partial, plan) * inv_len + eps)
+}
+
 /// `rsqrt(mean(x[m]²) + eps)` of rows `0..m_rows` of `x` (rows of `k_vectors` vectors; `inv_k`
 /// = 1 / K), reduced over the whole cube with `plan` (every unit must call it). The statistics of
 /// an RMSNorm that a consuming kernel applies on the fly with [`scale_by_weight`].
@@ -52,7 +59,7 @@ pub fn row_inv_rms<F: Float, N: Size>(
         for i in range_stepped(UNIT_POS as usize, k_vectors, plan.cube_dim as usize) {
             s += sum_squares(x[m * k_vectors + i]);
         }
-        inv[m] = f32::inverse_sqrt(cube_sum(s, plan) * inv_k + eps);
+        inv[m] = cube_inv_rms(s, inv_k, eps, plan);
     }
     inv
 }
@@ -80,7 +87,7 @@ fn write_normalized<F: Float, N: Size>(
     norm: &RowNorm,
     #[comptime] plan: ReducePlan,
 ) {
-    let inv = f32::inverse_sqrt(cube_sum(partial, plan) * norm.inv_len + norm.eps);
+    let inv = cube_inv_rms(partial, norm.inv_len, norm.eps, plan);
     for i in range_stepped(UNIT_POS as usize, norm.row_vectors, CUBE_DIM as usize) {
         out[base + i] = scale_by_weight(src[base + i], weight[i], inv);
     }

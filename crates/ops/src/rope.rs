@@ -9,8 +9,8 @@
 use cubecl::prelude::*;
 
 use crate::launch::{check_same_dtype, cube_count_1d, validate_rows};
-use crate::norm::{scale_by_weight, sum_squares};
-use crate::reduce::{cube_sum, ReducePlan};
+use crate::norm::{cube_inv_rms, scale_by_weight, sum_squares};
+use crate::reduce::ReducePlan;
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// How the rotary inverse frequencies derive from `theta` (transformers' `rope_type`).
@@ -419,7 +419,7 @@ fn fused_rmsnorm_rope_kernel<F: Float, N: Size>(
     for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
         acc += sum_squares(x[base + i]);
     }
-    let inv = f32::inverse_sqrt(cube_sum(acc, plan) * inv_len + eps);
+    let inv = cube_inv_rms(acc, inv_len, eps, plan);
     // Row r of the [b, s] grid sits at sequence position r % s; tables are [s, head_dim].
     let tbl = (row % seq) * 2 * half_vectors;
     for k in range_stepped(UNIT_POS as usize, row_vectors / 2, CUBE_DIM as usize) {

@@ -29,8 +29,8 @@
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
-use ops::norm::{row_inv_rms, scale_by_weight, sum_squares};
-use ops::reduce::{cube_sum, ReducePlan};
+use ops::norm::{cube_inv_rms, row_inv_rms, scale_by_weight, sum_squares};
+use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
 use crate::w4a16_nk::NkEpilogue;
@@ -388,8 +388,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     if comptime![streamed] {
         #[unroll]
         for r in 0..m_rows {
-            let total = cube_sum(squares[r], comptime![plan.norm.unwrap()]);
-            inv_rms[r] = f32::inverse_sqrt(total * inv_k + eps);
+            inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
         }
     } else {
         sync_cube();
