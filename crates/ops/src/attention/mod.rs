@@ -33,7 +33,9 @@
 //!
 //! **Tuning.** The tensor-core tile shapes are the caller's: [`AttentionStrategy::Auto`] uses
 //! [`FlashTiling::default`] and [`SplitKvTiling::default`] (measured best on an H100; for a
-//! clustered decode, 8 planes on 128-key tiles, also measured best there), and a forced
+//! clustered decode, 8 planes on 128-key tiles, also measured best there; where 128-key tiles
+//! still give every SM a cube, as at long contexts, 4 planes on 128-key tiles, measured best in
+//! the model's decode step on an H200), and a forced
 //! [`AttentionStrategy::TensorCore`] / [`AttentionStrategy::TensorCoreDecode`] carries its own
 //! (benchmark sweeps pass theirs this way).
 //!

@@ -127,18 +127,36 @@ fn tensor_core_decode_plan<R: Runtime>(
         .then_some(Plan::TensorCoreDecode(bp, tiling.cubes_per_sm))
 }
 
-/// The tensor-core decode tiling [`AttentionStrategy::Auto`] takes: where the GPU has clusters
-/// and the keys fit one cluster's cubes at one 128-key tile each, eight planes on that tile (the
-/// clustered launch merges its own splits; H100, 1.5B shape at 640 keys: 666 tok/s against 652
-/// with four planes on two 64-key tiles and 635 with the merge kernel); the default elsewhere.
+/// The tensor-core decode tiling [`AttentionStrategy::Auto`] takes:
+/// - where the GPU has clusters and the keys fit one cluster's cubes at one 128-key tile each,
+///   eight planes on that tile (the clustered launch merges its own splits; H100, 1.5B shape at
+///   640 keys: 666 tok/s against 652 with four planes on two 64-key tiles and 635 with the merge
+///   kernel);
+/// - where 128-key tiles still give every SM a cube, four planes on 128-key tiles: twice the
+///   bytes in flight per cube of the default's 64-key tiles (H200, 1.5B shape at the end of a
+///   32k context, in the model's decode step: the attention kernel adds 11.6 µs per layer
+///   against 16.5 with 64-key tiles, 635 tok/s against 597);
+/// - the default elsewhere (short caches without clusters, where 64-key tiles split the keys
+///   over more cubes).
 fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> SplitKvTiling {
     let short = SplitKvTiling {
         warps: 8,
         bk: 128,
         cubes_per_sm: 1,
     };
-    if caps::has_clusters(client) && keys_fit_cluster(p.max_len(), short.bk) {
+    let long = SplitKvTiling {
+        warps: 4,
+        bk: 128,
+        cubes_per_sm: 1,
+    };
+    let max_len = p.max_len();
+    let cubes_unsplit = (p.lq * p.group()).div_ceil(16) * p.hkv * p.split_batch();
+    if caps::has_clusters(client) && keys_fit_cluster(max_len, short.bk) {
         short
+    } else if max_len.div_ceil(long.bk) * cubes_unsplit
+        >= long.cubes_per_sm * caps::num_sms(client) as usize
+    {
+        long
     } else {
         SplitKvTiling::default()
     }
