@@ -159,8 +159,27 @@ fn cached_workspace_reused_case<R: Runtime>(client: &ComputeClient<R>) {
 /// per step so that the newest rows fall at every place in a tile (on CUDA with programmatic
 /// dependent launch the older keys are then loaded before the kernel waits for the write).
 fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
-    let mut rng = rng(47);
-    let (max_len, hq, hkv, d) = (700usize, 12usize, 2usize, 128usize);
+    appended_decode_steps(client, 47, 700, 0, &[317, 1, 2, 1, 3, 1, 1, 8, 1]);
+}
+
+/// [`appended_decode_case`] after 11 500 rows written at once, in a 12 000-row cache: on CUDA
+/// `Auto` then decodes on 128-key tiles with the merge kernel (the long-context tiling, chosen
+/// where 128-key tiles still give every SM a cube: up to 188 SMs here).
+fn long_cache_decode_case<R: Runtime>(client: &ComputeClient<R>) {
+    appended_decode_steps(client, 48, 12_000, 11_500, &[1, 2, 1, 3]);
+}
+
+/// Writes `warm` rows, then runs `steps` appended decode steps of that many queries each over a
+/// `max_len`-row cache, each checked against the reference.
+fn appended_decode_steps<R: Runtime>(
+    client: &ComputeClient<R>,
+    seed: u64,
+    max_len: usize,
+    warm: usize,
+    steps: &[usize],
+) {
+    let mut rng = rng(seed);
+    let (hq, hkv, d) = (12usize, 2usize, 128usize);
     for dtype in float_dtypes(client) {
         let kc = poisoned(client, &[max_len, hkv, d], dtype);
         let vc = poisoned(client, &[max_len, hkv, d], dtype);
@@ -169,7 +188,12 @@ fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
         let end = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
         let mut history = History::new(hq, hkv, d);
         let mut len = 0usize;
-        for (step, t) in [317usize, 1, 2, 1, 3, 1, 1, 8, 1].into_iter().enumerate() {
+        if warm > 0 {
+            let Step { k, v, .. } = history.step(client, &mut rng, warm, dtype);
+            kv_cache_write_into(client, &k, &v, &kc, &vc, KvLen::Host(0)).unwrap();
+            len = warm;
+        }
+        for (step, &t) in steps.iter().enumerate() {
             let Step { k, v, q, q_h } = history.step(client, &mut rng, t, dtype);
             start
                 .write_bytes(client, &(len as u32).to_le_bytes())
@@ -182,7 +206,7 @@ fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
             attention_cached_into(client, &q, &kc, &vc, appended, 0.125, &out, Some(&ws)).unwrap();
             len += t;
             assert_close(
-                &format!("appended {dtype} step {step} len {len}"),
+                &format!("appended {dtype} max_len {max_len} step {step} len {len}"),
                 &out.to_f64_vec(client).unwrap(),
                 &history.want(&q_h, t),
                 attn_tol(dtype),
@@ -194,6 +218,11 @@ fn appended_decode_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn appended_decode_matches_reference() {
     on_each_runtime!(appended_decode_case);
+}
+
+#[test]
+fn long_cache_decode_matches_reference() {
+    on_each_runtime!(long_cache_decode_case);
 }
 
 #[test]
