@@ -134,7 +134,7 @@ fn tensor_core_decode_plan<R: Runtime>(
 ///   kernel);
 /// - where 128-key tiles still give every SM a cube, four planes on 128-key tiles: twice the
 ///   bytes in flight per cube of the default's 64-key tiles (H200, 1.5B shape at the end of a
-///   32k context, in the model's decode step: the attention kernel adds 11.6 µs per layer
+///   32k context, in the model's decode step: the attention kernel adds 11.8 µs per layer
 ///   against 16.5 with 64-key tiles, 635 tok/s against 597);
 /// - the default elsewhere (short caches without clusters, where 64-key tiles split the keys
 ///   over more cubes).
