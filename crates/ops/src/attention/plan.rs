@@ -78,6 +78,12 @@ impl<R: Runtime> Problem<'_, R> {
             self.batch
         }
     }
+
+    /// Cubes of a split launch that takes `rows` query rows per cube, before the keys are split:
+    /// row blocks x KV heads x [`Problem::split_batch`] sequences.
+    pub fn unsplit_cubes(&self, rows: usize) -> usize {
+        (self.lq * self.group()).div_ceil(rows) * self.hkv * self.split_batch()
+    }
 }
 
 /// The kernel a problem runs with.
@@ -150,10 +156,9 @@ fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>)
         cubes_per_sm: 1,
     };
     let max_len = p.max_len();
-    let cubes_unsplit = (p.lq * p.group()).div_ceil(16) * p.hkv * p.split_batch();
     if caps::has_clusters(client) && keys_fit_cluster(max_len, short.bk) {
         short
-    } else if max_len.div_ceil(long.bk) * cubes_unsplit
+    } else if max_len.div_ceil(long.bk) * p.unsplit_cubes(16)
         >= long.cubes_per_sm * caps::num_sms(client) as usize
     {
         long

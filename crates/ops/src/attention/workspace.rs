@@ -154,7 +154,7 @@ impl<'a, R: Runtime> Split<'a, R> {
         cluster: bool,
     ) -> Result<Self> {
         let row_blocks = (p.lq * p.group()).div_ceil(rows);
-        let cubes = row_blocks * p.hkv * p.split_batch();
+        let cubes = p.unsplit_cubes(rows);
         let max_len = p.max_len();
         let (splits, chunk) = split_plan(max_len, step, cubes, target);
         let room = p
