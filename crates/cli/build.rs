@@ -17,9 +17,17 @@ fn main() {
         let suffix = if dirty { "-dirty" } else { "" };
         println!("cargo:rustc-env=CUBELLM_BUILD_COMMIT={hash}{suffix}");
     }
-    // Re-run when HEAD moves or the index changes (a commit, a checkout).
+    // Re-run when HEAD moves, the branch it names moves (a commit rewrites the branch's ref
+    // file, not HEAD) or the index changes (staging, a checkout).
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
         println!("cargo:rerun-if-changed={dir}/HEAD");
         println!("cargo:rerun-if-changed={dir}/index");
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            let path = format!("{dir}/{branch}");
+            // A missing file would re-run the script on every build (packed refs).
+            if std::path::Path::new(&path).exists() {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
     }
 }
