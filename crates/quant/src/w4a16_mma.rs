@@ -70,14 +70,13 @@ struct MmaPlan {
     row_words: u32,
     /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
     early_wait: bool,
-    /// Signal `griddepcontrol.launch_dependents` once the weights are read.
+    /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
+    /// weight loads are issued, before the wait (the next kernel launches while this one still
+    /// runs and issues its own early weight loads, so each projection of the step overlaps the
+    /// one before; measured on an H200 at the 1.5B shape: W4A16 decode +3.5%, from all four
+    /// projections together, none alone moved it; the same change cost the bf16 GEMV 5% and the
+    /// 8-bit skinny kernel 9%, not analysed); otherwise once the weights are read.
     trigger: bool,
-    /// Signal it instead as soon as the first pass's weight loads are issued, before the wait:
-    /// the next kernel launches while this one still runs and issues its own early weight
-    /// loads, so each projection of the step overlaps the one before. Measured on an H200 at
-    /// the 1.5B shape: W4A16 decode +3.5%, from all four projections together (none alone moved
-    /// it); the same change cost the bf16 GEMV 5% and the 8-bit skinny kernel 9%, not analysed.
-    trigger_first: bool,
 }
 
 impl MmaPlan {
@@ -349,7 +348,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         plan,
     );
     if comptime![plan.early_wait] {
-        if comptime![plan.trigger_first] {
+        if comptime![plan.trigger] {
             gpu_asm!("griddepcontrol.launch_dependents;");
         }
         // Only weights and scales were read so far (never written by any kernel).
@@ -531,7 +530,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
             }
         }
     }
-    if comptime![plan.trigger && !plan.trigger_first] {
+    if comptime![plan.trigger && !plan.early_wait] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
 
@@ -633,7 +632,6 @@ pub(crate) fn gemv_mma<R: Runtime>(
         row_words: (steps * STEP_K / 8) as u32,
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
-        trigger_first: caps::has_pdl(client),
     };
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let cubes = tiles.div_ceil(per_cube) as u32;

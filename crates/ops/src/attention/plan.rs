@@ -79,10 +79,16 @@ impl<R: Runtime> Problem<'_, R> {
         }
     }
 
+    /// Blocks of `rows` query rows per KV head (a KV head's queries: its group's heads at every
+    /// query position).
+    pub fn row_blocks(&self, rows: usize) -> usize {
+        (self.lq * self.group()).div_ceil(rows)
+    }
+
     /// Cubes of a split launch that takes `rows` query rows per cube, before the keys are split:
     /// row blocks x KV heads x [`Problem::split_batch`] sequences.
     pub fn unsplit_cubes(&self, rows: usize) -> usize {
-        (self.lq * self.group()).div_ceil(rows) * self.hkv * self.split_batch()
+        self.row_blocks(rows) * self.hkv * self.split_batch()
     }
 }
 

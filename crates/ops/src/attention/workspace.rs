@@ -153,7 +153,7 @@ impl<'a, R: Runtime> Split<'a, R> {
         target: usize,
         cluster: bool,
     ) -> Result<Self> {
-        let row_blocks = (p.lq * p.group()).div_ceil(rows);
+        let row_blocks = p.row_blocks(rows);
         let cubes = p.unsplit_cubes(rows);
         let max_len = p.max_len();
         let (splits, chunk) = split_plan(max_len, step, cubes, target);
