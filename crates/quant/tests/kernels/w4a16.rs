@@ -448,7 +448,8 @@ fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f6
 
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
-/// step), N past whole 8-column tiles, per-channel scales and groups of 128 and 256, 1 to 16 rows
+/// step), N past whole 8-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
+/// scales and groups of 128 and 256, 1 to 16 rows
 /// (x rows 8..16 are the MMA's second row half), bias, residual, the gated MLP and the input
 /// norm, against the f64 reference of the same quantized product.
 fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -462,6 +463,9 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         (9, 640, 18, Some(128)),
         (16, 512, 40, None),
         (1, 4480, 20, Some(128)),
+        // Three steps: tiles of four warps, two to a cube, the last cube's tiles partly or
+        // (gated) wholly past N.
+        (1, 384, 44, Some(128)),
     ];
     for dtype in float_dtypes(client) {
         for (i, &(m, k, n, group)) in shapes.iter().enumerate() {
