@@ -7,7 +7,7 @@
 #
 #   LABELS="main wip" MODES="w4a16" ROUNDS=3 BUDGET=480 bash dev/ab_device_run.sh
 #
-# Label L runs .devs/cubellm-L (or .devs/cubellm-L.xz, unpacked here) if present, else
+# Label L runs .devs/cubellm-L (.devs/cubellm-L.xz unpacked here) if present, else
 # .devs/cubellm; ENV_L (space-separated VAR=value words) sets its environment, for lab switches
 # (`ENV_knob="CUBELLM_LAB_X=1"`). MODES are --quant values or `none` (default: none w4a16),
 # ROUNDS (2) the rounds, RUNS (2) the runs per bench-generate, PROMPT (512) and NEW (128) the
@@ -20,16 +20,10 @@ R=$OUT/r
 mkdir -p "$R"
 T0=$(date +%s)
 elapsed() { echo $(($(date +%s) - T0)); }
-shopt -s nullglob
-for f in .devs/*.xz; do [ -e "${f%.xz}" ] || xz -dk "$f"; done
-shopt -u nullglob
-chmod +x .devs/cubellm* 2>/dev/null
+source "$(dirname "$0")/device_setup.sh"
+unpack_devs
 C=.devs/cubellm
-if [ ! -d /tmp/big ]; then
-  timeout 120 $C make-demo-model --out /tmp/demo > "$R/setup.log" 2>&1
-  timeout 300 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big \
-    >> "$R/setup.log" 2>&1
-fi
+ensure_big_model $C "$R/setup.log" 300
 echo "setup done at $(elapsed) s"
 labels=${LABELS:-main}
 modes=${MODES:-none w4a16}

@@ -5,11 +5,10 @@
 set -u
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
-for f in .devs/*.xz; do xz -dkf "$f"; done
-chmod +x .devs/* 2>/dev/null
+source "$(dirname "$0")/device_setup.sh"
+unpack_devs
 C=.devs/cubellm
-timeout 120 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
-timeout 200 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big >> $R/setup.log 2>&1
+ensure_big_model $C $R/setup.log 200
 (cd crates/server && CUBELLM_TEST_RUNTIMES=cuda timeout 200 ../../.devs/server-test --test-threads=4) > $R/server-test.log 2>&1
 echo "rc=$?" >> $R/server-test.log
 for t in model-test model-test-nopatch; do

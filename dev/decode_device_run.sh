@@ -17,15 +17,12 @@ set -u
 WHAT=${1:-tests bench}
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
-for f in .devs/*.xz; do [ -x "${f%.xz}" ] || xz -dkf "$f"; done
-chmod +x .devs/* 2>/dev/null
+source "$(dirname "$0")/device_setup.sh"
+unpack_devs
 C=.devs/cubellm
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader > $R/device.txt
 cp .devs/commit.txt $R/commit.txt 2>/dev/null
-if [ ! -d /tmp/big ]; then
-  timeout 120 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
-  timeout 240 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big >> $R/setup.log 2>&1
-fi
+ensure_big_model $C $R/setup.log 240
 export CUBELLM_TEST_RUNTIMES=cuda
 has() { [[ " $WHAT " == *" $1 "* ]]; }
 if has tests; then

@@ -8,12 +8,11 @@ STREAMS=${1:-1,4,16,64}
 SECS=${2:-60}
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
-for f in .devs/*.xz; do xz -dkf "$f"; done
-chmod +x .devs/cubellm .devs/server-test 2>/dev/null
+source "$(dirname "$0")/device_setup.sh"
+unpack_devs
 C=.devs/cubellm
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt
-timeout 120 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
-timeout 200 python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo --out /tmp/big >> $R/setup.log 2>&1
+ensure_big_model $C $R/setup.log 200
 cp .devs/commit.txt $R/commit.txt
 
 # Time to first token: a fresh user (no kernel cache, no driver cache), then warm, then warm

@@ -449,9 +449,9 @@ fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f6
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
 /// step), N past whole 8-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
-/// scales and groups of 128 and 256, 1 to 16 rows
-/// (x rows 8..16 are the MMA's second row half), bias, residual, the gated MLP and the input
-/// norm, against the f64 reference of the same quantized product.
+/// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 are the MMA's second row half),
+/// bias, residual, the gated MLP and the input norm, against the f64 reference of the same
+/// quantized product.
 fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
     const EPS: f32 = 1e-6;
     let mut rng = rng(403);
