@@ -9,7 +9,8 @@
 #
 # Label L runs .devs/cubellm-L (.devs/cubellm-L.xz unpacked here) if present, else
 # .devs/cubellm; ENV_L (space-separated VAR=value words) sets its environment, for lab switches
-# (`ENV_knob="CUBELLM_LAB_X=1"`). MODES are --quant values or `none` (default: none w4a16),
+# (`ENV_knob="CUBELLM_LAB_X=1"`), ARGS_L extra bench-generate arguments (`ARGS_head=--quant-lm-head`).
+# MODES are --quant values or `none` (default: none w4a16),
 # ROUNDS (2) the rounds, RUNS (2) the runs per bench-generate, PROMPT (512) and NEW (128) the
 # prompt and new tokens. A run that would start after BUDGET seconds (480) is skipped, so the
 # call ends within the device's limit. Writes $OUT/r/ab.jsonl (each line the bench's JSON with
@@ -37,10 +38,11 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       bin=$C
       [ -x ".devs/cubellm-$label" ] && bin=".devs/cubellm-$label"
       envvar="ENV_$label"
+      argsvar="ARGS_$label"
       q=()
       [ "$mode" != none ] && q=(--quant "$mode")
       line=$(env ${!envvar:-} timeout 120 "$bin" --runtime cuda bench-generate --model /tmp/big \
-        --prompt-len "${PROMPT:-512}" --new-tokens "${NEW:-128}" --runs "${RUNS:-2}" "${q[@]}" \
+        --prompt-len "${PROMPT:-512}" --new-tokens "${NEW:-128}" --runs "${RUNS:-2}" "${q[@]}" ${!argsvar:-} \
         2>> "$R/ab.err" | tail -1)
       python3 -c 'import json,sys; r=json.loads(sys.argv[1]); r["ab_label"]=sys.argv[2]; r["ab_round"]=int(sys.argv[3]); print(json.dumps(r))' \
         "$line" "$label" "$round" >> "$R/ab.jsonl" 2>> "$R/ab.err" ||

@@ -8,7 +8,8 @@
 #   scripts/bench_e2e.sh CLI MODEL_DIR RECORD [CONTEXT...]      (default context: 512)
 #
 # CLI is a cubellm binary, MODEL_DIR a checkpoint (`scripts/make_hf_fixtures.py --big` builds the
-# 1.5B shape). MODES ("none w8a8 fp8 w4a16"), NEW_TOKENS (128) and RUNS (3) set the runs; the
+# 1.5B shape). MODES ("none w8a8 fp8 w4a16"; a format with `+head`, e.g. `w4a16+head`, also
+# quantizes the LM head: --quant-lm-head), NEW_TOKENS (128) and RUNS (3) set the runs; the
 # prompt is CONTEXT tokens, so the last decode step attends over CONTEXT + NEW_TOKENS - 1 keys.
 set -euo pipefail
 cli=$1 model=$2 record=$3
@@ -27,7 +28,8 @@ for ctx in $contexts; do
   echo "peer, context $ctx: $(cat "$peer")" >&2
   for mode in $modes; do
     q=()
-    [ "$mode" != none ] && q=(--quant "$mode")
+    [ "$mode" != none ] && q=(--quant "${mode%+head}")
+    [ "${mode%+head}" != "$mode" ] && q+=(--quant-lm-head)
     "$cli" --runtime cuda bench-generate --model "$model" --prompt-len "$ctx" \
       --new-tokens "$new" --runs "$runs" "${q[@]}" --peer "$peer" --record "$record"
   done

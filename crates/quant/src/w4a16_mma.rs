@@ -4,22 +4,24 @@
 //! The CUDA-core GEMV spends about three instructions per weight (the nibble's decoding, one FMA,
 //! the x operand from shared memory), which at the 1.5B model's shapes keeps it at a third of the
 //! memory bandwidth. Here two nibbles (positions `p` and `p + 4` of a word) become an exact bf16
-//! (f16) pair in a shift, one LOP3 and one packed FMA (`(w >> 4p) & 0x000F000F ^ magic` is
-//! `136 + n` in both halves, as bf16, and `v · 1 - 136` leaves `n`), and `mma.sync.m16n8k16`
-//! multiplies them with x.
+//! (f16) pair in a shift and one LOP3 (`(w >> 4p) & 0x000F000F ^ magic` is `136 + n` in both
+//! halves, as bf16), and `mma.sync.m16n8k16` multiplies them with x. In bf16 the offset stays
+//! in the weights: a step's sums lose `136 · Σx` over its k (x's sums per step are taken while x
+//! is staged), one FMA per output instead of a packed FMA per weight pair. In f16, whose pairs
+//! are `1032 + n`, that subtraction would cancel 8x more bits, so each pair takes the packed
+//! FMA `v · 1 - 1032`.
 //!
-//! Layout of the work: the weight is the MMA's B operand (8 weight rows = 8 output columns, a
-//! tile; with 16-row A tiles the 1.5B model's down projection would have fewer tiles than an
-//! H100 has SMs), x its A operand. A step is 128 k: each lane of a quad loads 16 bytes (32 k) of
-//! its weight row `gid`, so a warp reads 8 rows x 64 bytes, whole sectors. Within a step the
+//! Layout of the work: the weight is the MMA's A operand (a tile is 16 weight rows = 16 output
+//! columns), x its B operand (column `c` is x row `c`; above 8 rows a second MMA takes rows
+//! 8..16). At one row of x a B column carries the product and an A element is one weight, so
+//! each 8-nibble word is one MMA (with the weight as the 8-column B operand, two were needed for
+//! the same 8 weights). A step is 128 k: each lane of a quad loads 16 bytes (32 k) of its weight
+//! rows `gid` and `gid + 8`, so a warp reads 16 rows x 64 bytes, whole sectors. Within a step the
 //! MMA's k order is a permutation of the physical k, the same for x, which is staged in shared
 //! memory in that order as packed pairs (word `i` of a row: `(x0, x4), (x1, x5), (x2, x6),
-//! (x3, x7)` of k = 8i..), so the dot products are unchanged:
-//! - up to 8 rows, the A registers are a word's four x pairs as loaded: rows `gid` take pairs 0
-//!   and 2 (slots `2 tig, +1` and `2 tig + 8, +9`) against nibble pairs 0 and 2 in one MMA, rows
-//!   `gid + 8` pairs 1 and 3 against nibble pairs 1 and 3 in a second with its own accumulator,
-//!   and row `gid`'s sum is the first's row `gid` plus the second's row `gid + 8`;
-//! - above 8 rows, rows `gid` and `gid + 8` are x rows, and each MMA takes one half of a word.
+//! (x3, x7)` of k = 8i..), so the dot products are unchanged: nibble pair `2h` of a word is the
+//! A fragment's k `(2 tig, 2 tig + 1)` and staged pair `2h` the same k of B, pair `2h + 1` k
+//! `(2 tig + 8, 2 tig + 9)`.
 //!
 //! Each step's MMAs start from zero and their sum is scaled by the step's group scale into f32
 //! accumulators, so groups must be whole steps (a multiple of 128, or one per output channel).
@@ -42,25 +44,32 @@ const STEP_K: usize = 128;
 /// partial sums (up to 16 KB) the cube stays within the 48 KB a kernel gets without opting in
 /// to more.
 const STAGE_MAX_BYTES: usize = 28 * 1024;
-/// Bytes of the warps' partial sums at most (16 warps, gated).
+/// Bytes of the warps' partial sums at most: 16 warps of 16 columns x 8 x rows, gated (above 8
+/// rows of x, 8 warps of twice as many).
 const RED_MAX_BYTES: usize = MAX_WARPS * 128 * 2 * 4;
 /// Warps per SM the launch aims for (the warps of a tile split its steps).
 const WARPS_PER_SM: usize = 32;
 /// Most warps per tile (a cube of 512 units).
 const MAX_WARPS: usize = 16;
-/// Steps whose loads a lane issues before the first is used.
-const MAX_BATCH: usize = 8;
+/// 16-byte weight loads a lane issues before the first is used (two rows per step, and two more
+/// when gated). On an H200 at the 1.5B shape, 16 against 8 decoded W4A16 about 1.4% faster
+/// (medians of two runs in one call: 1 048.3 against 1 035.9 tok/s).
+const MAX_LOADS: usize = 16;
+/// Output columns per tile: the MMA's 16 A rows.
+const TILE_N: usize = 16;
 /// Fewest warps per cube: tiles of fewer warps share a cube, which stages x (and reduces its
-/// norm) once for all of them. At the 1.5B model's gate-up projection (1 120 tiles of 4 warps),
-/// cubes of 8 warps (two tiles) decoded W4A16 3.4% faster than cubes of 4 on an H200 (1 040
-/// against 1 006 tok/s, medians of 2 and 6 runs), cubes of 16 warps 3% slower.
+/// norm) once for all of them. Measured with tiles of 8 columns at the 1.5B model's gate-up
+/// projection (1 120 tiles of 4 warps): cubes of 8 warps (two tiles) decoded W4A16 3.4% faster
+/// than cubes of 4 on an H200 (1 040 against 1 006 tok/s, medians of 2 and 6 runs), cubes of
+/// 16 warps 3% slower. With 16-column tiles that projection has 560 tiles of 8 warps, one per
+/// cube.
 const MIN_CUBE_WARPS: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct MmaPlan {
-    /// Rows of x (at most 16: the MMA's M).
+    /// Rows of x (at most 16: two MMAs of 8 x rows).
     m: u32,
-    /// Warps per tile of 8 output columns, over interleaved steps.
+    /// Warps per tile of 16 output columns, over interleaved steps.
     warps: u32,
     /// Tiles per cube.
     tiles: u32,
@@ -68,6 +77,11 @@ struct MmaPlan {
     batch: u32,
     /// f16 activations (else bf16).
     f16: bool,
+    /// bf16: the weights enter the MMA as `136 + n` (one LOP3 per pair, no subtraction), and
+    /// each step's sums lose `136 · Σx` over the step's k, summed per x row when x is staged.
+    /// The f32 sums cancel about `136 · Σ|x| / |Σ n x|`, a few bits of f32's 24, far below a
+    /// bf16 output's rounding.
+    biased: bool,
     epilogue: EpilogueBlueprint,
     /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube).
     norm: Option<ReducePlan>,
@@ -87,6 +101,15 @@ struct MmaPlan {
 impl MmaPlan {
     fn halves(&self) -> usize {
         if self.epilogue.is_gated() {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// MMAs per weight fragment: x rows 0..8, and 8..16 above 8 rows.
+    fn x_halves(&self) -> usize {
+        if self.m > 8 {
             2
         } else {
             1
@@ -175,7 +198,12 @@ fn mma_m16n8k16(
 /// `136 + n` (bf16, exponent 2^7) or `1032 + n` (f16, 2^10), and one packed FMA subtracts 136
 /// (1032).
 #[cube]
-fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
+fn nibble_pair(
+    word: i32,
+    #[comptime] p: u32,
+    #[comptime] f16: bool,
+    #[comptime] biased: bool,
+) -> u32 {
     let u = u32::reinterpret(word);
     let shifted = if comptime![p == 0] {
         u
@@ -184,7 +212,18 @@ fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
     };
     let mask = 0x000F_000Fu32;
     let d: u32;
-    if comptime![f16] {
+    if comptime![biased] {
+        // `136 + n` as it is (bf16): the caller subtracts `136 · Σx` from the products.
+        let magic = 0x4308_4308u32;
+        gpu_asm!(
+            "lop3.b32 {d}, {a}, {mask}, {magic}, 0x6a;",
+            a = in(_) shifted,
+            mask = in(_) mask,
+            magic = in(_) magic,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    } else if comptime![f16] {
         let magic = 0x6408_6408u32;
         let one = 0x3C00_3C00u32;
         let minus = 0xE408_E408u32;
@@ -241,9 +280,9 @@ fn pack_pair(lo: f32, hi: f32, #[comptime] f16: bool) -> u32 {
     d
 }
 
-/// The weight vectors of one pass of a lane: step `s0 + j · warps` of its row (and of the up
-/// row when gated), zeros past K or past the matrix; and the scales of the rows whose outputs the
-/// lane accumulates (`2 tig` and `2 tig + 1` of the tile).
+/// The weight vectors of one pass of a lane: step `s0 + j · warps` of its two rows (`gid` and
+/// `gid + 8` of the tile, and the matching up rows when gated), zeros past K or past the matrix,
+/// and the two rows' scales of the step's group.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn load_pass(
@@ -251,9 +290,7 @@ fn load_pass(
     scales: &[f32],
     wr: &mut Array<Vector<i32, Const<4>>>,
     sr: &mut Array<f32>,
-    load_row: usize,
-    load_ok: bool,
-    acc_row: usize,
+    row: usize,
     n: usize,
     s0: usize,
     steps: usize,
@@ -271,26 +308,27 @@ fn load_pass(
         let g = select(s < steps, s / steps_per_group, 0);
         #[unroll]
         for half in 0..comptime![plan.halves()] {
-            let mut wv = Vector::<i32, Const<4>>::new(0i32);
-            if load_ok && s < steps && v < k_vectors {
-                wv = qweight[(load_row + half * up_offset) * k_vectors + v];
-            }
-            let i = j * comptime![plan.halves()] + half;
-            wr[i] = wv;
             #[unroll]
-            for e in 0..2usize {
-                // Columns past N read row 0's scale (never written).
-                let r = select(acc_row + e < n, acc_row + e, 0);
-                sr[2 * i + e] = scales[(r + half * up_offset) * groups + g];
+            for r in 0..2usize {
+                // Rows past N read row 0's scale (their outputs are never written).
+                let nr = row + 8 * r;
+                let src = select(nr < n, nr, 0) + half * up_offset;
+                let mut wv = Vector::<i32, Const<4>>::new(0i32);
+                if nr < n && s < steps && v < k_vectors {
+                    wv = qweight[src * k_vectors + v];
+                }
+                let i = (j * comptime![plan.halves()] + half) * 2 + r;
+                wr[i] = wv;
+                sr[i] = scales[src * groups + g];
             }
         }
     }
 }
 
-/// Cube: `tiles` tiles of 8 output columns, `warps` warps each (over interleaved steps). Unit
-/// (warp, lane = 4 gid + tig): loads weight row `gid` of its tile and x row `gid` (above 8 rows
-/// also `gid + 8`) from the staged copy, and accumulates outputs (x row `gid`, above 8 rows also
-/// `gid + 8`; column `2 tig + e`).
+/// Cube: `tiles` tiles of 16 output columns, `warps` warps each (over interleaved steps). Unit
+/// (warp, lane = 4 gid + tig): loads weight rows `gid` and `gid + 8` of its tile and x row `gid`
+/// (above 8 rows also `gid + 8`) from the staged copy, and accumulates the outputs of those two
+/// weight rows for x rows `2 tig` and `2 tig + 1` (above 8 rows also `+ 8`).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn w4a16_mma_kernel<F: Float, NX: Size>(
@@ -315,6 +353,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let m_rows = comptime![plan.m as usize];
     let warps = comptime![plan.warps as usize];
     let halves = comptime![plan.halves()];
+    let x_halves = comptime![plan.x_halves()];
     let batch = comptime![plan.batch as usize];
     let f16 = comptime![plan.f16];
     let row_words = comptime![plan.row_words as usize];
@@ -324,25 +363,19 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    let n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * 8;
+    let n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * TILE_N;
     let k_vectors = k / 32;
-    // The weight row this lane loads (rows past N read row 0: in bounds, never written), and
-    // the first of the two whose outputs it accumulates.
-    let load_ok = n0 + gid < n;
-    let load_row = select(load_ok, n0 + gid, 0);
-    let acc_row = n0 + 2 * tig;
+    let row = n0 + gid;
 
     let mut wr =
-        Array::<Vector<i32, Const<4>>>::new(comptime![plan.batch as usize * plan.halves()]);
+        Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.batch as usize * plan.halves()]);
     let mut sr = Array::<f32>::new(comptime![2 * plan.batch as usize * plan.halves()]);
     load_pass(
         qweight,
         scales,
         &mut wr,
         &mut sr,
-        load_row,
-        load_ok,
-        acc_row,
+        row,
         n,
         warp,
         steps,
@@ -375,10 +408,19 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         Shared::<[Vector<u32, Const<4>>]>::new_slice(comptime![(plan.m * plan.row_words) as usize]);
     let x_words = k / 8;
     let mut squares = Array::<f32>::new(m_rows);
+    // With biased weights: Σx over each step's 128 k of each staged row (16 words, 16 lanes of a
+    // warp in the same pass: the loop runs alike on every lane for the shuffles).
+    let steps_staged = comptime![plan.row_words as usize / 16];
+    let mut xsum = Shared::<[f32]>::new_slice(comptime![if plan.biased {
+        plan.m as usize * plan.row_words as usize / 16
+    } else {
+        1
+    }]);
     #[unroll]
     for r in 0..m_rows {
         squares[r] = 0f32;
-        for wi in range_stepped(tid, row_words, CUBE_DIM as usize) {
+        for base in range_stepped(0, row_words, CUBE_DIM as usize) {
+            let wi = base + tid;
             let mut packed = Vector::<u32, Const<4>>::new(0u32);
             if wi < x_words {
                 let xv = x[r * x_words + wi];
@@ -394,7 +436,26 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                     packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
                 }
             }
-            xs[r * row_words + wi] = packed;
+            if wi < row_words {
+                xs[r * row_words + wi] = packed;
+            }
+            if comptime![plan.biased] {
+                // The staged (rounded) values: a bf16 is the high half of its f32.
+                let mut sum = 0f32;
+                #[unroll]
+                for p in 0..4usize {
+                    let pair = packed.extract(p);
+                    sum +=
+                        f32::reinterpret(pair << 16u32) + f32::reinterpret(pair & 0xFFFF_0000u32);
+                }
+                sum += plane_shuffle_xor(sum, 1u32);
+                sum += plane_shuffle_xor(sum, 2u32);
+                sum += plane_shuffle_xor(sum, 4u32);
+                sum += plane_shuffle_xor(sum, 8u32);
+                if wi < row_words && (wi & 15) == 0 {
+                    xsum[r * steps_staged + wi / 16] = sum;
+                }
+            }
         }
     }
     // The cube-wide sums' barrier also publishes the staged x; otherwise a plain one.
@@ -407,13 +468,14 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         sync_cube();
     }
 
-    let mut acc = Array::<f32>::new(comptime![4 * plan.halves()]);
+    // acc[4 (half · x_halves + xh) + e]: weight row gid + 8 (e / 2), x row 8 xh + 2 tig + e % 2.
+    let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
     #[unroll]
-    for i in 0..comptime![4 * plan.halves()] {
+    for i in 0..comptime![4 * plan.halves() * plan.x_halves()] {
         acc[i] = 0f32;
     }
-    // The MMA's rows past M read x row 0 (no branch in the loop): their outputs are never
-    // written. Only above 8 rows does the second row half read its own x rows.
+    // The MMA's B column gid is x row gid (rows past M read x row 0: their outputs are never
+    // written); above 8 rows a second MMA takes x rows 8..16.
     let lo_base = select(gid < m_rows, gid, 0) * row_words;
     let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
     let per_pass = warps * batch;
@@ -425,9 +487,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 scales,
                 &mut wr,
                 &mut sr,
-                load_row,
-                load_ok,
-                acc_row,
+                row,
                 n,
                 p * per_pass + warp,
                 steps,
@@ -442,93 +502,101 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         for j in 0..batch {
             let s = p * per_pass + j * warps + warp;
             if s < steps {
-                // Per half: the MMA accumulator, and up to 8 rows the second one.
-                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![2 * plan.halves()]);
+                // Two MMA chains per (half, x half), one per nibble pair index h, summed at the
+                // end of the step: two independent chains of four instead of one of eight.
+                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![
+                    2 * plan.halves() * plan.x_halves()
+                ]);
                 #[unroll]
-                for i in 0..comptime![2 * plan.halves()] {
+                for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
                     d[i] = Vector::<f32, Const<4>>::new(0f32);
                 }
                 #[unroll]
                 for w in 0..4usize {
                     let xw = s * 16 + tig * 4 + w;
                     let xa = xs[lo_base + xw];
+                    let mut xb = xa;
+                    if comptime![plan.x_halves() == 2] {
+                        xb = xs[hi_base + xw];
+                    }
                     #[unroll]
                     for half in 0..halves {
-                        let word = wr[j * halves + half].extract(w);
-                        if comptime![plan.m <= 8] {
-                            // Up to 8 rows the MMA's second row half is free: x's four pairs
-                            // (p0, p1, p2, p3) are the A registers as loaded, row gid taking p0
-                            // and p2 against nibble pairs 0 and 2 in one MMA, row gid + 8 p1 and
-                            // p3 against pairs 1 and 3 in a second, into its own accumulator
-                            // (no register copies to build the fragments).
-                            let mut b = Vector::<u32, Const<4>>::new(0u32);
-                            #[unroll]
-                            for q in 0..4u32 {
-                                b.insert(
-                                    comptime![q as usize],
-                                    nibble_pair(word, comptime![(q % 2) * 2 + q / 2], f16),
-                                );
-                            }
-                            d[2 * half] = mma_m16n8k16(
-                                xa.extract(0usize),
-                                xa.extract(1usize),
-                                xa.extract(2usize),
-                                xa.extract(3usize),
-                                b.extract(0usize),
-                                b.extract(1usize),
-                                d[2 * half],
+                        let i = (j * halves + half) * 2;
+                        let lo = wr[i].extract(w);
+                        let hi = wr[i + 1].extract(w);
+                        #[unroll]
+                        for h in 0..2u32 {
+                            let hh = comptime![h as usize];
+                            // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and
+                            // a3; nibble pair 2h is MMA k (2 tig, 2 tig + 1), pair 2h + 1 is
+                            // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
+                            // the same k in B.
+                            let mut a = Vector::<u32, Const<4>>::new(0u32);
+                            a.insert(
+                                0usize,
+                                nibble_pair(lo, comptime![2 * h], f16, comptime![plan.biased]),
+                            );
+                            a.insert(
+                                1usize,
+                                nibble_pair(hi, comptime![2 * h], f16, comptime![plan.biased]),
+                            );
+                            a.insert(
+                                2usize,
+                                nibble_pair(lo, comptime![2 * h + 1], f16, comptime![plan.biased]),
+                            );
+                            a.insert(
+                                3usize,
+                                nibble_pair(hi, comptime![2 * h + 1], f16, comptime![plan.biased]),
+                            );
+                            let di = half * x_halves * 2 + hh;
+                            d[di] = mma_m16n8k16(
+                                a.extract(0usize),
+                                a.extract(1usize),
+                                a.extract(2usize),
+                                a.extract(3usize),
+                                xa.extract(2 * hh),
+                                xa.extract(2 * hh + 1),
+                                d[di],
                                 f16,
                             );
-                            d[2 * half + 1] = mma_m16n8k16(
-                                xa.extract(0usize),
-                                xa.extract(1usize),
-                                xa.extract(2usize),
-                                xa.extract(3usize),
-                                b.extract(2usize),
-                                b.extract(3usize),
-                                d[2 * half + 1],
-                                f16,
-                            );
-                        } else {
-                            let xb = xs[hi_base + xw];
-                            #[unroll]
-                            for h in 0..2u32 {
-                                let hh = comptime![h as usize];
-                                // Through a vector: inline PTX takes a mutable scalar (the
-                                // pair functions' results) by its address, which `mma` rejects.
-                                let mut b = Vector::<u32, Const<2>>::new(0u32);
-                                b.insert(0usize, nibble_pair(word, comptime![2 * h], f16));
-                                b.insert(1usize, nibble_pair(word, comptime![2 * h + 1], f16));
-                                d[2 * half] = mma_m16n8k16(
-                                    xa.extract(2 * hh),
+                            if comptime![plan.x_halves() == 2] {
+                                d[di + 2] = mma_m16n8k16(
+                                    a.extract(0usize),
+                                    a.extract(1usize),
+                                    a.extract(2usize),
+                                    a.extract(3usize),
                                     xb.extract(2 * hh),
-                                    xa.extract(2 * hh + 1),
                                     xb.extract(2 * hh + 1),
-                                    b.extract(0usize),
-                                    b.extract(1usize),
-                                    d[2 * half],
+                                    d[di + 2],
                                     f16,
                                 );
                             }
                         }
                     }
                 }
+                // With biased weights, 136 · Σx of the step for this lane's x rows.
+                let mut offset = Array::<f32>::new(comptime![2 * plan.x_halves()]);
+                #[unroll]
+                for o in 0..comptime![2 * plan.x_halves()] {
+                    offset[o] = 0f32;
+                    if comptime![plan.biased] {
+                        let xr = 8 * (o / 2) + 2 * tig + o % 2;
+                        let xr = select(xr < m_rows, xr, 0);
+                        offset[o] = 136f32 * xsum[xr * steps_staged + s];
+                    }
+                }
                 #[unroll]
                 for half in 0..halves {
-                    let i = j * halves + half;
-                    let d0 = d[2 * half];
-                    if comptime![plan.m <= 8] {
-                        // Row gid's sums: the first MMA's row gid plus the second's row gid + 8.
-                        let d1 = d[2 * half + 1];
-                        #[unroll]
-                        for e in 0..2usize {
-                            acc[4 * half + e] +=
-                                (d0.extract(e) + d1.extract(e + 2)) * sr[2 * i + e];
-                        }
-                    } else {
+                    #[unroll]
+                    for xh in 0..x_halves {
+                        let c = (half * x_halves + xh) * 2;
+                        let d0 = d[c];
+                        let d1 = d[c + 1];
                         #[unroll]
                         for e in 0..4usize {
-                            acc[4 * half + e] += d0.extract(e) * sr[2 * i + e % 2];
+                            acc[2 * c + e] += (d0.extract(e) + d1.extract(e)
+                                - offset[2 * xh + e % 2])
+                                * sr[(j * halves + half) * 2 + e / 2];
                         }
                     }
                 }
@@ -539,33 +607,42 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
 
-    // acc[4 half + e]: x row gid + 8 (e / 2), column 2 tig + e % 2; the tile's warps summed in
-    // warp order.
+    // The tile's warps summed in warp order; a slot holds a (tile, warp, half)'s outputs, x row
+    // major.
+    let slot_len = comptime![TILE_N * 8 * plan.x_halves()];
     let mut red = Shared::<[f32]>::new_slice(comptime![
-        (plan.warps * plan.tiles) as usize * 128 * plan.halves()
+        (plan.warps * plan.tiles) as usize * TILE_N * 8 * plan.x_halves() * plan.halves()
     ]);
     #[unroll]
     for half in 0..halves {
         #[unroll]
-        for e in 0..4usize {
-            let r = gid + 8 * (e / 2);
-            let slot = (tile * warps + warp) * halves + half;
-            red[slot * 128 + r * 8 + 2 * tig + e % 2] = acc[4 * half + e];
+        for xh in 0..x_halves {
+            #[unroll]
+            for e in 0..4usize {
+                let nr = gid + 8 * (e / 2);
+                let xr = 8 * xh + 2 * tig + e % 2;
+                let slot = (tile * warps + warp) * halves + half;
+                red[slot * slot_len + xr * TILE_N + nr] = acc[4 * (half * x_halves + xh) + e];
+            }
         }
     }
     sync_cube();
-    for idx in range_stepped(tid, comptime![plan.tiles as usize * 128], CUBE_DIM as usize) {
-        let t = idx / 128;
-        let o = idx % 128;
-        let r = o / 8;
-        let col = (CUBE_POS * comptime![plan.tiles as usize] + t) * 8 + o % 8;
+    for idx in range_stepped(
+        tid,
+        comptime![plan.tiles as usize * TILE_N * 8 * plan.x_halves()],
+        CUBE_DIM as usize,
+    ) {
+        let t = idx / slot_len;
+        let o = idx % slot_len;
+        let r = o / TILE_N;
+        let col = (CUBE_POS * comptime![plan.tiles as usize] + t) * TILE_N + o % TILE_N;
         let mut total = 0f32;
         let mut total_up = 0f32;
         #[unroll]
         for w in 0..warps {
-            total += red[((t * warps + w) * halves) * 128 + o];
+            total += red[((t * warps + w) * halves) * slot_len + o];
             if comptime![plan.epilogue.is_gated()] {
-                total_up += red[((t * warps + w) * halves + 1) * 128 + o];
+                total_up += red[((t * warps + w) * halves + 1) * slot_len + o];
             }
         }
         if comptime![streamed] {
@@ -613,18 +690,21 @@ pub(crate) fn gemv_mma<R: Runtime>(
 ) -> Result<()> {
     debug_assert!(can_run(client, x.dtype(), m, k, group));
     let steps = k.div_ceil(STEP_K);
-    let tiles = n.div_ceil(8);
+    let tiles = n.div_ceil(TILE_N);
     let sms = caps::num_sms(client) as usize;
+    // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them within
+    // RED_MAX_BYTES.
+    let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
     // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one per
     // step; tiles per cube up to MIN_CUBE_WARPS warps.
     let warps = (WARPS_PER_SM * sms)
         .div_ceil(tiles)
         .min(steps)
         .next_power_of_two()
-        .clamp(1, MAX_WARPS);
+        .clamp(1, max_warps);
     let per_cube = (MIN_CUBE_WARPS / warps).max(1);
     let halves = if epilogue.gate.is_some() { 2 } else { 1 };
-    let batch = steps.div_ceil(warps).clamp(1, MAX_BATCH / halves);
+    let batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
     let units = (32 * warps * per_cube) as u32;
     let plan = MmaPlan {
         m: m as u32,
@@ -632,6 +712,7 @@ pub(crate) fn gemv_mma<R: Runtime>(
         tiles: per_cube as u32,
         batch: batch as u32,
         f16: x.dtype() == DType::F16,
+        biased: x.dtype() == DType::BF16,
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
         row_words: (steps * STEP_K / 8) as u32,

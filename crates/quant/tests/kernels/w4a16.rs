@@ -331,7 +331,7 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
 /// column where not), plain and gated, against the f64 norm rounded to the dtype followed by the
 /// reference product; and a row's output not depending on the rows beside it: one row alone
 /// equals the same row among 4 rows of K = 2816 (on the CUDA-core GEMV, x staged against x read
-/// per column, too many bytes to stage; on the tensor cores, one against four MMA rows).
+/// per column, too many bytes to stage; on the tensor cores, one against four MMA columns).
 fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
     const EPS: f32 = 1e-6;
     let mut rng = rng(402);
@@ -448,8 +448,8 @@ fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f6
 
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
-/// step), N past whole 8-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
-/// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 are the MMA's second row half),
+/// step), N past whole 16-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
+/// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 go through a second MMA),
 /// bias, residual, the gated MLP and the input norm, against the f64 reference of the same
 /// quantized product.
 fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -463,8 +463,8 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         (9, 640, 18, Some(128)),
         (16, 512, 40, None),
         (1, 4480, 20, Some(128)),
-        // Three steps: tiles of four warps, two to a cube, the last cube's tiles partly or
-        // (gated) wholly past N.
+        // Three steps: tiles of four warps, two to a cube; 44 columns: the last cube's tiles
+        // partly and wholly past N; gated (22): one cube, its second tile partly past N.
         (1, 384, 44, Some(128)),
     ];
     for dtype in float_dtypes(client) {
