@@ -77,11 +77,6 @@ struct MmaPlan {
     batch: u32,
     /// f16 activations (else bf16).
     f16: bool,
-    /// bf16: the weights enter the MMA as `136 + n` (one LOP3 per pair, no subtraction), and
-    /// each step's sums lose `136 · Σx` over the step's k, summed per x row when x is staged.
-    /// The f32 sums cancel about `136 · Σ|x| / |Σ n x|`, a few bits of f32's 24, far below a
-    /// bf16 output's rounding.
-    biased: bool,
     epilogue: EpilogueBlueprint,
     /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube).
     norm: Option<ReducePlan>,
@@ -105,6 +100,15 @@ impl MmaPlan {
         } else {
             1
         }
+    }
+
+    /// bf16: the weights enter the MMA as `136 + n` (one LOP3 per pair, no subtraction), and
+    /// each step's sums lose `136 · Σx` over the step's k, summed per x row when x is staged.
+    /// The f32 sums cancel about `136 · Σ|x| / |Σ n x|`, a few bits of f32's 24, far below a
+    /// bf16 output's rounding. (f16 pairs are `1032 + n`: 8x more cancellation, so they are
+    /// unbiased per pair instead.)
+    fn biased(&self) -> bool {
+        !self.f16
     }
 
     /// MMAs per weight fragment: x rows 0..8, and 8..16 above 8 rows.
@@ -195,15 +199,10 @@ fn mma_m16n8k16(
 /// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` (one LOP3, written out in PTX
 /// because the compiler otherwise splits it into two, an instruction takes one immediate) puts
 /// each nibble, its sign bit flipped (`n + 8`), in the units of a float whose value is then
-/// `136 + n` (bf16, exponent 2^7) or `1032 + n` (f16, 2^10), and one packed FMA subtracts 136
-/// (1032).
+/// `136 + n` (bf16, exponent 2^7; left biased, see `MmaPlan::biased`) or `1032 + n` (f16, 2^10),
+/// from which one packed FMA subtracts 1032.
 #[cube]
-fn nibble_pair(
-    word: i32,
-    #[comptime] p: u32,
-    #[comptime] f16: bool,
-    #[comptime] biased: bool,
-) -> u32 {
+fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
     let u = u32::reinterpret(word);
     let shifted = if comptime![p == 0] {
         u
@@ -212,18 +211,7 @@ fn nibble_pair(
     };
     let mask = 0x000F_000Fu32;
     let d: u32;
-    if comptime![biased] {
-        // `136 + n` as it is (bf16): the caller subtracts `136 · Σx` from the products.
-        let magic = 0x4308_4308u32;
-        gpu_asm!(
-            "lop3.b32 {d}, {a}, {mask}, {magic}, 0x6a;",
-            a = in(_) shifted,
-            mask = in(_) mask,
-            magic = in(_) magic,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    } else if comptime![f16] {
+    if comptime![f16] {
         let magic = 0x6408_6408u32;
         let one = 0x3C00_3C00u32;
         let minus = 0xE408_E408u32;
@@ -239,15 +227,11 @@ fn nibble_pair(
         );
     } else {
         let magic = 0x4308_4308u32;
-        let one = 0x3F80_3F80u32;
-        let minus = 0xC308_C308u32;
         gpu_asm!(
-            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.bf16x2 {d}, t, {one}, {minus}; }}",
+            "lop3.b32 {d}, {a}, {mask}, {magic}, 0x6a;",
             a = in(_) shifted,
             mask = in(_) mask,
             magic = in(_) magic,
-            one = in(_) one,
-            minus = in(_) minus,
             d = out(_) d,
             options(pure, nomem),
         );
@@ -411,7 +395,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     // With biased weights: Σx over each step's 128 k of each staged row (16 words, 16 lanes of a
     // warp in the same pass: the loop runs alike on every lane for the shuffles).
     let steps_staged = comptime![plan.row_words as usize / 16];
-    let mut xsum = Shared::<[f32]>::new_slice(comptime![if plan.biased {
+    let mut xsum = Shared::<[f32]>::new_slice(comptime![if plan.biased() {
         plan.m as usize * plan.row_words as usize / 16
     } else {
         1
@@ -439,7 +423,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
             if wi < row_words {
                 xs[r * row_words + wi] = packed;
             }
-            if comptime![plan.biased] {
+            if comptime![plan.biased()] {
                 // The staged (rounded) values: a bf16 is the high half of its f32.
                 let mut sum = 0f32;
                 #[unroll]
@@ -532,22 +516,10 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                             // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
                             // the same k in B.
                             let mut a = Vector::<u32, Const<4>>::new(0u32);
-                            a.insert(
-                                0usize,
-                                nibble_pair(lo, comptime![2 * h], f16, comptime![plan.biased]),
-                            );
-                            a.insert(
-                                1usize,
-                                nibble_pair(hi, comptime![2 * h], f16, comptime![plan.biased]),
-                            );
-                            a.insert(
-                                2usize,
-                                nibble_pair(lo, comptime![2 * h + 1], f16, comptime![plan.biased]),
-                            );
-                            a.insert(
-                                3usize,
-                                nibble_pair(hi, comptime![2 * h + 1], f16, comptime![plan.biased]),
-                            );
+                            a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16));
+                            a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16));
+                            a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16));
+                            a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16));
                             let di = half * x_halves * 2 + hh;
                             d[di] = mma_m16n8k16(
                                 a.extract(0usize),
@@ -579,7 +551,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 #[unroll]
                 for o in 0..comptime![2 * plan.x_halves()] {
                     offset[o] = 0f32;
-                    if comptime![plan.biased] {
+                    if comptime![plan.biased()] {
                         let xr = 8 * (o / 2) + 2 * tig + o % 2;
                         let xr = select(xr < m_rows, xr, 0);
                         offset[o] = 136f32 * xsum[xr * steps_staged + s];
@@ -712,7 +684,6 @@ pub(crate) fn gemv_mma<R: Runtime>(
         tiles: per_cube as u32,
         batch: batch as u32,
         f16: x.dtype() == DType::F16,
-        biased: x.dtype() == DType::BF16,
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
         row_words: (steps * STEP_K / 8) as u32,
