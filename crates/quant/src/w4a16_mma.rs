@@ -55,7 +55,10 @@ const MAX_WARPS: usize = 16;
 /// when gated). On an H200 at the 1.5B shape, 16 against 8 decoded W4A16 about 1.4% faster
 /// (medians of two runs in one call: 1 048.3 against 1 035.9 tok/s).
 const MAX_LOADS: usize = 16;
-/// Output columns per tile: the MMA's 16 A rows.
+/// Output columns per tile: the MMA's 16 A rows. The 1.5B model's o and down projections (1 536
+/// columns) then have 96 tiles, fewer than an H100's or H200's 132 SMs; tiles of 8 weight rows
+/// with the next step in the A fragment's rows 8..16 (and x's two steps in B's columns 0 and 1)
+/// gave every SM work there but decoded no faster on an H200 (1 063 against 1 071 tok/s).
 const TILE_N: usize = 16;
 /// Fewest warps per cube: tiles of fewer warps share a cube, which stages x (and reduces its
 /// norm) once for all of them. Measured with tiles of 8 columns at the 1.5B model's gate-up
