@@ -501,10 +501,11 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 #[unroll]
                 for w in 0..4usize {
                     let xw = s * 16 + tig * 4 + w;
-                    let xa = xs[lo_base + xw];
-                    let mut xb = xa;
+                    // B per x half: x rows 0..8, above 8 rows also 8..16.
+                    let mut xv = Array::<Vector<u32, Const<4>>>::new(comptime![plan.x_halves()]);
+                    xv[0] = xs[lo_base + xw];
                     if comptime![plan.x_halves() == 2] {
-                        xb = xs[hi_base + xw];
+                        xv[1] = xs[hi_base + xw];
                     }
                     #[unroll]
                     for half in 0..halves {
@@ -523,26 +524,17 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                             a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16));
                             a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16));
                             a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16));
-                            let di = half * x_halves * 2 + hh;
-                            d[di] = mma_m16n8k16(
-                                a.extract(0usize),
-                                a.extract(1usize),
-                                a.extract(2usize),
-                                a.extract(3usize),
-                                xa.extract(2 * hh),
-                                xa.extract(2 * hh + 1),
-                                d[di],
-                                f16,
-                            );
-                            if comptime![plan.x_halves() == 2] {
-                                d[di + 2] = mma_m16n8k16(
+                            #[unroll]
+                            for xh in 0..x_halves {
+                                let di = (half * x_halves + xh) * 2 + hh;
+                                d[di] = mma_m16n8k16(
                                     a.extract(0usize),
                                     a.extract(1usize),
                                     a.extract(2usize),
                                     a.extract(3usize),
-                                    xb.extract(2 * hh),
-                                    xb.extract(2 * hh + 1),
-                                    d[di + 2],
+                                    xv[xh].extract(2 * hh),
+                                    xv[xh].extract(2 * hh + 1),
+                                    d[di],
                                     f16,
                                 );
                             }
