@@ -401,8 +401,9 @@ impl SkinnyShape {
     /// (staging x, summing the K slices), so the fewer tiles a cube holds the sooner each pair
     /// goes from its loads to its output, and the sooner an SM takes the next cube of a grid
     /// larger than one wave (the 1.5B model's gate-up: 1 120 cubes of 4 warps where 560 of 8 did
-    /// not fit the SMs' registers at once either). Measured on an H200 at one row, W8A8 decode
-    /// went from 802.5 to 841.0 tok/s with pairs instead of two pairs per cube.
+    /// not fit the SMs' registers at once either). Measured on an H200 at one row, the 1.5B
+    /// model's W8A8 decode went from 797.8 to 858.2 tok/s with one pair instead of two per cube
+    /// (medians of two runs of one binary, the shape chosen by a switch).
     fn new<R: Runtime>(client: &ComputeClient<R>, n: usize, gated: bool) -> Self {
         let tiles = n.div_ceil(8).max(1);
         let want = 32 * caps::num_sms(client).max(1) as usize;
