@@ -408,7 +408,6 @@ impl SkinnyShape {
         let tiles = n.div_ceil(8).max(1);
         let want = 32 * caps::num_sms(client).max(1) as usize;
         let warps = want.div_ceil(tiles).next_power_of_two().clamp(1, 16) as u32;
-        let per_cube = (8 / warps).max(1);
         if gated {
             return Self {
                 warps: warps.min(8),
@@ -417,7 +416,7 @@ impl SkinnyShape {
         }
         Self {
             warps,
-            tiles: per_cube,
+            tiles: (8 / warps).max(1),
         }
     }
 
