@@ -269,20 +269,20 @@ struct Caches<'a, R: Runtime> {
     slots: Option<usize>,
 }
 
+/// The checks of [`qkv_rope_cache_into`] (`k_cache` / `v_cache` seen as `[rows, Hkv, D]`).
 #[allow(clippy::too_many_arguments)]
-fn launch<R: Runtime>(
+pub(crate) fn check_operands<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
     qkv: &DeviceTensor<R>,
     heads: HeadShape,
     cos: &DeviceTensor<R>,
     sin: &DeviceTensor<R>,
-    start: &DeviceTensor<R>,
     q_out: &DeviceTensor<R>,
-    caches: Caches<'_, R>,
-    norm: Option<QkNorm<'_, R>>,
+    k_cache: &DeviceTensor<R>,
+    v_cache: &DeviceTensor<R>,
+    norm: Option<&QkNorm<'_, R>>,
 ) -> Result<()> {
-    let (k_cache, v_cache) = (caches.k, caches.v);
     caps::check_float_dtype(client, op, qkv.dtype())?;
     let HeadShape {
         q_heads,
@@ -353,9 +353,46 @@ fn launch<R: Runtime>(
     {
         return Err(OpsError::shape(op, "every operand must be contiguous"));
     }
-    if let Some(n) = &norm {
+    if let Some(n) = norm {
         check_norm(op, qkv, n, head_dim)?;
     }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    qkv: &DeviceTensor<R>,
+    heads: HeadShape,
+    cos: &DeviceTensor<R>,
+    sin: &DeviceTensor<R>,
+    start: &DeviceTensor<R>,
+    q_out: &DeviceTensor<R>,
+    caches: Caches<'_, R>,
+    norm: Option<QkNorm<'_, R>>,
+) -> Result<()> {
+    let (k_cache, v_cache) = (caches.k, caches.v);
+    check_operands(
+        client,
+        op,
+        qkv,
+        heads,
+        cos,
+        sin,
+        q_out,
+        k_cache,
+        v_cache,
+        norm.as_ref(),
+    )?;
+    let HeadShape {
+        q_heads,
+        kv_heads,
+        head_dim,
+    } = heads;
+    let tokens = qkv.shape()[0];
+    let max_len = k_cache.shape()[0];
+    let half = head_dim / 2;
     let cube_dim = (half as u32).next_power_of_two().max(1);
     let plan = ReducePlan::new(client, cube_dim);
     let cubes = tokens * (q_heads + 2 * kv_heads);

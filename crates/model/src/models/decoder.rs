@@ -12,6 +12,7 @@
 //! q, k = per-head rms_norm(q, q_norm), rms_norm(k, k_norm)           (Qwen3 only)
 //! q, k = rope(q, start + t), rope(k, start + t); cache[start + t] = k, v      (one launch)
 //! a   = attention_cached(q, cache.k, cache.v, kv_len, 1/sqrt(D), causal)
+//!       (one token without q/k norms on CUDA: one launch with the line above)
 //! x   = linear(a, o_proj (+ bias), residual = x)
 //! h   = rms_norm(x, post_attention_layernorm, eps)                           (fused into gate-up)
 //! x   = linear(silu(h · gate_projᵀ) * (h · up_projᵀ), down_proj, residual = x)
@@ -22,9 +23,9 @@
 //! biases on q/k/v/o when `attention_bias` says so.
 
 use cubecl::prelude::*;
-use ops::attention::{attention_cached_into, attention_decode_ragged_into};
+use ops::attention::{attention_decode_ragged_into, rope_attention_decode_into};
 use ops::matmul::InputNorm;
-use ops::qkv::{qkv_rope_cache_into, qkv_rope_cache_ragged_into, QkNorm};
+use ops::qkv::{qkv_rope_cache_ragged_into, QkNorm};
 
 use crate::config::ModelConfig;
 use crate::engine::buffers::StepContext;
@@ -275,25 +276,19 @@ impl<R: Runtime> DecoderLayer<R> {
         };
         match s.ragged {
             None => {
-                qkv_rope_cache_into(
+                rope_attention_decode_into(
                     c,
                     &a.qkv,
                     s.heads,
                     &s.rope.cos,
                     &s.rope.sin,
                     s.start,
-                    &a.q,
                     &cache.k,
                     &cache.v,
                     qk_norm,
-                )?;
-                attention_cached_into(
-                    c,
-                    &a.q,
-                    &cache.k,
-                    &cache.v,
                     s.kv_len.after_append(),
                     s.scale,
+                    &a.q,
                     &a.attn,
                     s.workspace,
                 )?;

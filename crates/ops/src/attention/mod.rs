@@ -51,6 +51,7 @@ mod geometry;
 mod kv_cache;
 mod merge;
 mod plan;
+mod rope_decode;
 mod split_kv;
 mod split_kv_mma;
 mod tiled;
@@ -58,6 +59,7 @@ mod validate;
 mod workspace;
 
 pub use kv_cache::kv_cache_write_into;
+pub use rope_decode::rope_attention_decode_into;
 pub use workspace::AttentionWorkspace;
 
 use cubecl::prelude::*;

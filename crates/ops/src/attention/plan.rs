@@ -320,8 +320,28 @@ pub(crate) fn run<R: Runtime>(
         Plan::Tiled(bp) => tiled::launch(client, op, p, &len_t, bp, 2 * sms)?,
         Plan::Decode(bp) => split_kv::launch(client, op, p, &len_t, bp, sms)?,
         Plan::TensorCoreDecode(bp, per_sm) => {
-            split_kv_mma::launch(client, op, p, &len_t, bp, per_sm * sms)?
+            split_kv_mma::launch(client, op, p, &len_t, bp, per_sm * sms, None)?
         }
     }
     Ok(())
+}
+
+/// Launches `p` (one query of one sequence, `p.q` the first `Hq · D` elements of `rope.qkv`) on
+/// the tensor-core decode kernel with RoPE and the cache append inside, where
+/// [`AttentionStrategy::Auto`] picks that kernel for it; returns false, having launched nothing,
+/// where it picks another.
+pub(crate) fn run_with_rope<R: Runtime>(
+    client: &ComputeClient<R>,
+    op: &'static str,
+    p: &Problem<'_, R>,
+    rope: &split_kv_mma::RopeLaunch<'_, R>,
+) -> Result<bool> {
+    debug_assert!(p.batch == 1 && p.lq == 1 && p.slots.is_none());
+    let Plan::TensorCoreDecode(bp, per_sm) = plan(client, op, p, AttentionStrategy::Auto)? else {
+        return Ok(false);
+    };
+    let len_t = len_buffer(client, p.len);
+    let target = per_sm * caps::num_sms(client) as usize;
+    split_kv_mma::launch(client, op, p, &len_t, bp, target, Some(rope))?;
+    Ok(true)
 }

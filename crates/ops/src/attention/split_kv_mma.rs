@@ -37,6 +37,29 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// caller guarantees that only the kernel launched just before writes the cache, and only
     /// its newest `Lq` rows ([`super::KvLen::Appended`]).
     pub early: bool,
+    /// The decode step's attention block in one launch (one query of one sequence): `q` is the
+    /// QKV projection's row (`[(Hq + 2 Hkv) · D]`, biases added), and the kernel rotates the
+    /// query heads and the newest key (RoPE, rotate-half, the [`RopeTables`] row of position
+    /// `len - 1`) and writes that key and its value to row `len - 1` of the cache itself, where
+    /// a separate kernel (`crate::qkv`) would have done both and ended before this one's wait.
+    pub rope: bool,
+}
+
+/// The operands a [`SplitKvMmaBlueprint::rope`] launch reads beside the problem's: the QKV row
+/// (`[1, (Hq + 2 Hkv) · D]`) and the f32 cos / sin tables (`[rows, D / 2]`), all validated.
+pub(crate) struct RopeLaunch<'a, R: Runtime> {
+    pub qkv: &'a DeviceTensor<R>,
+    pub cos: &'a DeviceTensor<R>,
+    pub sin: &'a DeviceTensor<R>,
+}
+
+/// The RoPE tables of a [`SplitKvMmaBlueprint::rope`] launch (placeholders otherwise): f32
+/// `[rows, D / 2]`, entry `[p, i] = cos(p · inv_freq[i])` and its sine.
+#[derive(CubeLaunch, CubeType)]
+pub(crate) struct RopeTables {
+    pub cos: Box<[f32]>,
+    pub sin: Box<[f32]>,
+    pub rows: u32,
 }
 
 impl SplitKvMmaBlueprint {
@@ -50,6 +73,7 @@ impl SplitKvMmaBlueprint {
             partial: false,
             trigger: false,
             early: false,
+            rope: false,
         }
     }
 
@@ -88,10 +112,11 @@ impl SplitKvMmaBlueprint {
 pub(crate) fn split_kv_mma_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
     geo: Geometry,
+    rope: RopeTables,
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    split_kv_mma::<F>(&mut io, &geo, blueprint);
+    split_kv_mma::<F>(&mut io, &geo, &rope, blueprint);
 }
 
 /// [`split_kv_mma_kernel`] on clusters of [`CLUSTER_SPLITS`] cubes along the key split (the whole
@@ -103,10 +128,11 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
 pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
     geo: Geometry,
+    rope: RopeTables,
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    split_kv_mma::<F>(&mut io, &geo, blueprint);
+    split_kv_mma::<F>(&mut io, &geo, &rope, blueprint);
     // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
     // (acquire), so the partials each cube wrote are visible to all.
     gpu_asm!("barrier.cluster.arrive.release.aligned;");
@@ -187,6 +213,7 @@ fn combine_splits(ms: &Array<f32>, ls: &Array<f32>, accs: &Array<f32>) -> f32 {
 fn split_kv_mma<F: Float>(
     io: &mut SplitBuffers<F, f32>,
     geo: &Geometry,
+    rope: &RopeTables,
     #[comptime] blueprint: SplitKvMmaBlueprint,
 ) {
     if comptime![blueprint.trigger] {
@@ -251,40 +278,106 @@ fn split_kv_mma<F: Float>(
     // their copies go out before the wait, the newest keys' after it, and one barrier waits for
     // both.
     let settled = len.saturating_sub(geo.lq) as usize;
+    // A RoPE launch: whether this cube's split holds the newest key (`owner`), and whether that
+    // key lies in the cube's first tile after an older one (`direct`, under programmatic
+    // dependent launch): the rotated key and its value then go from registers straight into the
+    // tile, whose other rows are older keys (those past the newest repeat the one before it,
+    // as padding the mask hides), all copied before the wait. Otherwise the cube writes the
+    // newest row to the cache and copies it back after a barrier, as the kernel does with a
+    // row an append kernel wrote.
+    let pos = len.saturating_sub(1);
+    let mut owner = false;
+    let mut direct = false;
+    if comptime![blueprint.rope] {
+        owner = len > 0 && pos >= k_begin && pos < split_end;
+        if comptime![blueprint.early] {
+            direct = owner && pos > 0 && pos < k_begin + bk as u32;
+        }
+    }
     if comptime![blueprint.early] {
         if n_tiles > 0 {
-            queue_kv_tile_part::<F>(
-                &io.k,
-                &io.v,
-                &mut k_sh,
-                &mut v_sh,
-                k_begin as usize,
-                kv_base,
-                kv_stride,
-                last_key,
-                settled,
-                true,
-                bk,
-                d,
-                stride,
-            );
+            if direct {
+                queue_tile_but_newest::<F>(
+                    &io.k,
+                    &io.v,
+                    &mut k_sh,
+                    &mut v_sh,
+                    k_begin as usize,
+                    kv_base,
+                    kv_stride,
+                    (pos - k_begin) as usize,
+                    bk,
+                    d,
+                    stride,
+                );
+            } else {
+                queue_kv_tile_part::<F>(
+                    &io.k,
+                    &io.v,
+                    &mut k_sh,
+                    &mut v_sh,
+                    k_begin as usize,
+                    kv_base,
+                    kv_stride,
+                    last_key,
+                    settled,
+                    true,
+                    bk,
+                    d,
+                    stride,
+                );
+            }
         }
         gpu_asm!("griddepcontrol.wait;");
     }
 
-    // Q rows gathered from their heads (16-byte copies).
-    let per_row = comptime![d / 8];
-    for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 8], CUBE_DIM as usize) {
-        let r = e / per_row;
-        let col = (e % per_row) * 8;
-        let rho = min(first_rho + r as u32, rows_total - 1);
-        let qrow = (b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group;
-        let s = qrow as usize * d + col;
-        let dst = r * stride + col;
-        copy_async(&io.q[s..s + 8], &mut q_sh[dst..dst + 8], 8u32);
+    if comptime![blueprint.rope] {
+        // The newest key and value and the query rows are loaded in one batch after the wait.
+        if owner {
+            append_rotated_kv::<F>(
+                io,
+                &mut k_sh,
+                &mut v_sh,
+                rope,
+                geo,
+                pos,
+                kv_base + pos as usize * kv_stride,
+                direct,
+                (pos - k_begin) as usize * stride,
+                d,
+            );
+        }
+        // Q rows gathered from their heads, rotated at the newest position.
+        let half = comptime![d / 2];
+        let p = min(pos, rope.rows - 1) as usize;
+        for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 2], CUBE_DIM as usize) {
+            let r = e / half;
+            let i = e % half;
+            let rho = min(first_rho + r as u32, rows_total - 1);
+            let qrow = hk * geo.group + rho % geo.group;
+            let (ra, rb) = rotate_pair::<F>(&io.q, rope, qrow as usize * d + i, p, i, half);
+            q_sh[r * stride + i] = ra;
+            q_sh[r * stride + i + half] = rb;
+        }
+        // Orders the shared-memory stores before their reads, and the cache writes before the
+        // copies of that row below (a cube's own global writes are visible to it after a
+        // barrier).
+        sync_cube();
+    } else {
+        // Q rows gathered from their heads (16-byte copies).
+        let per_row = comptime![d / 8];
+        for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 8], CUBE_DIM as usize) {
+            let r = e / per_row;
+            let col = (e % per_row) * 8;
+            let rho = min(first_rho + r as u32, rows_total - 1);
+            let qrow = (b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group;
+            let s = qrow as usize * d + col;
+            let dst = r * stride + col;
+            copy_async(&io.q[s..s + 8], &mut q_sh[dst..dst + 8], 8u32);
+        }
     }
     if comptime![blueprint.early] {
-        if n_tiles > 0 {
+        if n_tiles > 0 && !direct {
             queue_kv_tile_part::<F>(
                 &io.k,
                 &io.v,
@@ -435,11 +528,104 @@ fn split_kv_mma<F: Float>(
     }
 }
 
+/// Element pair `(x[src], x[src + half])` of a head rotated by RoPE at table row `p`, pair `i`,
+/// rounded to the dtype: the arithmetic of the separate kernel (`crate::qkv`), so that both
+/// paths give the same bits.
+#[cube]
+fn rotate_pair<F: Float>(
+    x: &[F],
+    rope: &RopeTables,
+    src: usize,
+    p: usize,
+    i: usize,
+    half: usize,
+) -> (F, F) {
+    let a = f32::cast_from(x[src]);
+    let b = f32::cast_from(x[src + half]);
+    let c = rope.cos[p * half + i];
+    let s = rope.sin[p * half + i];
+    (F::cast_from(a * c - b * s), F::cast_from(b * c + a * s))
+}
+
+/// Writes KV head `CUBE_POS_Y`'s key (rotated at position `pos`) and value from the QKV row in
+/// `io.q` to cache row `dst` (the element offset of that row's head) and, with `direct`, to
+/// element `row` of the first tile's shared-memory buffers.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn append_rotated_kv<F: Float>(
+    io: &mut SplitBuffers<F, f32>,
+    k_sh: &mut [F],
+    v_sh: &mut [F],
+    rope: &RopeTables,
+    geo: &Geometry,
+    pos: u32,
+    dst: usize,
+    direct: bool,
+    row: usize,
+    #[comptime] d: usize,
+) {
+    let half = comptime![d / 2];
+    let hk = CUBE_POS_Y as usize;
+    let k_src = (geo.hq as usize + hk) * d;
+    let v_src = (geo.hq + geo.hkv) as usize * d + hk * d;
+    let p = min(pos, rope.rows - 1) as usize;
+    for i in range_stepped(UNIT_POS as usize, half, CUBE_DIM as usize) {
+        let (ka, kb) = rotate_pair::<F>(&io.q, rope, k_src + i, p, i, half);
+        let va = io.q[v_src + i];
+        let vb = io.q[v_src + i + half];
+        io.k[dst + i] = ka;
+        io.k[dst + i + half] = kb;
+        io.v[dst + i] = va;
+        io.v[dst + i + half] = vb;
+        if direct {
+            k_sh[row + i] = ka;
+            k_sh[row + i + half] = kb;
+            v_sh[row + i] = va;
+            v_sh[row + i + half] = vb;
+        }
+    }
+}
+
+/// Queues the copies of the first tile (keys from `tile0`) into buffer 0, all but row `newest`,
+/// the rows past it repeating key `tile0 + newest - 1`: only older keys are read, so the copies
+/// may go out before `griddepcontrol.wait`. The caller guarantees `tile0 + newest >= 1`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn queue_tile_but_newest<F: Float>(
+    k: &[F],
+    v: &[F],
+    k_sh: &mut [F],
+    v_sh: &mut [F],
+    tile0: usize,
+    kv_base: usize,
+    kv_stride: usize,
+    newest: usize,
+    #[comptime] bk: usize,
+    #[comptime] d: usize,
+    #[comptime] stride: usize,
+) {
+    let per_row = comptime![d / 8];
+    let padding = tile0 + newest - 1;
+    for e in range_stepped(UNIT_POS as usize, comptime![bk * d / 8], CUBE_DIM as usize) {
+        let r = e / per_row;
+        let c = (e % per_row) * 8;
+        if r != newest {
+            let sr = select(r < newest, tile0 + r, padding);
+            let s = kv_base + sr * kv_stride + c;
+            let t = r * stride + c;
+            copy_async(&k[s..s + 8], &mut k_sh[t..t + 8], 8u32);
+            copy_async(&v[s..s + 8], &mut v_sh[t..t + 8], 8u32);
+        }
+    }
+}
+
 /// Launches the decode kernel on cubes of `(split, KV head, sequence x 16-row block)`: where the
 /// GPU has thread-block clusters and the keys are few enough for one cluster's splits
 /// ([`Split::new`]), [`split_kv_mma_cluster_kernel`], which merges its own splits;
 /// otherwise [`split_kv_mma_kernel`] with the keys split for about `target` cubes, then the merge
-/// kernel when they are split.
+/// kernel when they are split. With `rope` (one query of one sequence, `p.q` the first `Hq · D`
+/// elements of `rope.qkv`) the kernel applies RoPE and appends the newest key and value itself
+/// ([`SplitKvMmaBlueprint::rope`]).
 pub(crate) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
@@ -447,6 +633,7 @@ pub(crate) fn launch<R: Runtime>(
     len_t: &DeviceTensor<R>,
     mut blueprint: SplitKvMmaBlueprint,
     target: usize,
+    rope: Option<&RopeLaunch<'_, R>>,
 ) -> Result<()> {
     let cluster = crate::caps::has_clusters(client);
     let split = Split::new(client, op, p, 16, blueprint.bk, target, cluster)?;
@@ -462,6 +649,13 @@ pub(crate) fn launch<R: Runtime>(
     );
     let dim = CubeDim::new_1d((32 * blueprint.warps) as u32);
     let dtype = p.q.dtype().elem_type();
+    blueprint.rope = rope.is_some();
+    // Without RoPE the tables are never read: bind the partial statistics (f32).
+    let stats = split.parts.stats();
+    let (q, cos, sin, rows) = match rope {
+        Some(r) => (r.qkv, r.cos, r.sin, r.cos.shape()[0]),
+        None => (p.q, stats, stats, 1),
+    };
     // Both kernels take the same arguments.
     macro_rules! launch_on {
         ($kernel:ident) => {
@@ -469,8 +663,9 @@ pub(crate) fn launch<R: Runtime>(
                 client,
                 count,
                 dim,
-                split.buffers(p, len_t),
+                split.buffers_reading(q, p, len_t),
                 split.geometry(p),
+                RopeTablesLaunch::new(cos.as_buffer_arg(), sin.as_buffer_arg(), rows as u32),
                 blueprint,
                 dtype,
             )

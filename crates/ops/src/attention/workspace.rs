@@ -192,9 +192,24 @@ impl<'a, R: Runtime> Split<'a, R> {
         len_t: &DeviceTensor<R>,
     ) -> SplitBuffersLaunch<E, P, R> {
         // SAFETY: the caller's contract.
+        unsafe { self.buffers_reading(p.q, p, len_t) }
+    }
+
+    /// [`Self::buffers`] with the kernel's `q` bound to `q` instead of `p.q` (a RoPE launch reads
+    /// the QKV row, whose first `Hq · D` elements are `p.q`).
+    ///
+    /// # Safety
+    /// As [`Self::buffers`], for `q`'s elements.
+    pub unsafe fn buffers_reading<E: CubePrimitive, P: CubePrimitive>(
+        &self,
+        q: &DeviceTensor<R>,
+        p: &Problem<'_, R>,
+        len_t: &DeviceTensor<R>,
+    ) -> SplitBuffersLaunch<E, P, R> {
+        // SAFETY: the caller's contract.
         unsafe {
             SplitBuffersLaunch::new(
-                p.q.as_buffer_arg(),
+                q.as_buffer_arg(),
                 p.k.as_buffer_arg(),
                 p.v.as_buffer_arg(),
                 len_t.as_buffer_arg(),

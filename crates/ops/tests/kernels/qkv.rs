@@ -4,7 +4,7 @@ use ops::reference::qkv as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
 
-fn tables<R: Runtime>(
+pub(crate) fn tables<R: Runtime>(
     client: &ComputeClient<R>,
     rows: usize,
     d: usize,

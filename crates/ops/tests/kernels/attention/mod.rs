@@ -8,6 +8,7 @@ mod decode;
 mod errors;
 mod prefill;
 mod ragged;
+mod rope_decode;
 
 use cubecl::prelude::*;
 use ops::attention::{attention_into_with, AttentionStrategy, FlashTiling, SplitKvTiling};
