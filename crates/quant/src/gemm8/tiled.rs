@@ -1,6 +1,13 @@
 //! The tensor-core kernel for M > 16 (CUDA): block tile 128x128x32 bytes, 4 warps of 64x64,
 //! double-buffered shared memory filled with 16-byte loads, conflict-free fragment reads (row
 //! stride of 12 words).
+//!
+//! Where the output tiles are too few to fill the GPU (a 512-token prefill's 1536-wide
+//! projections have 48, on 132 SMs that each hold two cubes), K is split over up to
+//! [`MAX_SPLITS`] cubes per tile: each writes its raw accumulators (i32 for int8, f32 for e4m3)
+//! to a scratch slice, and a second launch sums the slices in slice order and applies the
+//! dequantizing epilogue, so the result does not depend on which cube finished first (int8's
+//! integer sums are exact in any order; e4m3's f32 sums are taken in one fixed order).
 
 use cubecl::prelude::*;
 
@@ -8,11 +15,19 @@ use super::epilogue::{write_output, EpiloguePlan, Gemm8Out};
 use super::mma::mma_m16n8k32;
 use super::words::load_vec;
 use super::Gemm8;
+use ops::{DType, DeviceTensor};
 
 const T_BM: usize = 128;
 const T_BN: usize = 128;
 const T_STRIDE: usize = 12; // words per shared row: 8 + 4 of padding (conflict-free fragments)
 const T_STAGE: usize = T_BM * T_STRIDE;
+/// Most cubes per output tile along K.
+const MAX_SPLITS: usize = 8;
+/// Fewest 32-byte K steps a split takes (shorter slices would spend their time in the prologue).
+const MIN_STEPS_PER_SPLIT: usize = 8;
+/// Cubes of the tile kernel an SM holds at once (128 units, about 25 KB of shared memory and
+/// under 256 registers each).
+const CUBES_PER_SM: usize = 2;
 
 /// Loads this thread's two 16-byte vectors of a 128-row × 32-byte tile into registers (zeros
 /// outside the matrix, bytes past K masked).
@@ -63,9 +78,12 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
     a: &[Vector<i32, Const<4>>],
     b: &[Vector<i32, Const<4>>],
     mut io: Gemm8Out<F>,
+    partials: &mut [Acc],
+    steps_per_split: usize,
     a_pv: usize,
     b_pv: usize,
     #[comptime] plan: EpiloguePlan,
+    #[comptime] split: bool,
     #[define(F, Acc)] _dtypes: [ElemType; 2],
 ) {
     let m = io.m;
@@ -90,16 +108,22 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
     }
     let mut regs = Array::<Vector<i32, Const<4>>>::new(4usize);
 
-    let k_tiles = k.div_ceil(32);
-    load_tile(a, m0, m, 0, k, a_pv, tid, &mut regs, 0usize);
-    load_tile(b, n0, n, 0, k, b_pv, tid, &mut regs, 2usize);
+    // This cube's 32-byte K steps: all of K, or slice `CUBE_POS_Z` of a split.
+    let mut first = 0usize;
+    let mut k_tiles = k.div_ceil(32);
+    if comptime![split] {
+        first = CUBE_POS_Z as usize * steps_per_split;
+        k_tiles = min(k_tiles, first + steps_per_split);
+    }
+    load_tile(a, m0, m, first * 32, k, a_pv, tid, &mut regs, 0usize);
+    load_tile(b, n0, n, first * 32, k, b_pv, tid, &mut regs, 2usize);
     store_tile(&mut a_s, tid, &regs, 0usize, 0usize);
     store_tile(&mut b_s, tid, &regs, 0usize, 2usize);
     sync_cube();
 
-    for kt in 0..k_tiles {
-        let cur = (kt % 2) * T_STAGE;
-        let nxt = ((kt + 1) % 2) * T_STAGE;
+    for kt in first..k_tiles {
+        let cur = ((kt - first) % 2) * T_STAGE;
+        let nxt = ((kt - first + 1) % 2) * T_STAGE;
         let more = kt + 1 < k_tiles;
         if more {
             load_tile(a, m0, m, (kt + 1) * 32, k, a_pv, tid, &mut regs, 0usize);
@@ -152,8 +176,13 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
                 #[unroll]
                 for e in 0..2usize {
                     if row < m && col + e < n {
-                        let acc = f32::cast_from(c.extract(2 * h + e));
-                        write_output::<F>(&mut io, acc, row, col + e, plan);
+                        if comptime![split] {
+                            let at = (CUBE_POS_Z as usize * m + row) * n + col + e;
+                            partials[at] = c.extract(2 * h + e);
+                        } else {
+                            let acc = f32::cast_from(c.extract(2 * h + e));
+                            write_output::<F>(&mut io, acc, row, col + e, plan);
+                        }
                     }
                 }
             }
@@ -161,14 +190,56 @@ fn gemm8_mma_kernel<F: Float, Acc: Numeric>(
     }
 }
 
+/// The split kernel's second launch: output `(row, col)` is the sum of the `splits` slices'
+/// accumulators, in slice order, through the dequantizing epilogue.
+#[cube(launch_unchecked)]
+fn gemm8_split_sum_kernel<F: Float, Acc: Numeric>(
+    partials: &[Acc],
+    mut io: Gemm8Out<F>,
+    splits: usize,
+    #[comptime] plan: EpiloguePlan,
+    #[define(F, Acc)] _dtypes: [ElemType; 2],
+) {
+    let n = io.n;
+    let mn = io.m * n;
+    let at = ABSOLUTE_POS;
+    if at < mn {
+        let mut total = partials[at];
+        for s in 1..splits {
+            total += partials[s * mn + at];
+        }
+        let (row, col) = (at / n, at % n);
+        write_output::<F>(&mut io, f32::cast_from(total), row, col, plan);
+    }
+}
+
+/// Cubes along K per output tile for `tiles` tiles of `k` bytes on `sms` SMs: enough to give
+/// every SM [`CUBES_PER_SM`] cubes where the tiles alone do not, each slice at least
+/// [`MIN_STEPS_PER_SPLIT`] steps long; 1 where the tiles fill the GPU.
+fn splits_for(tiles: usize, k: usize, sms: usize) -> usize {
+    let want = (CUBES_PER_SM * sms / tiles.max(1)).clamp(1, MAX_SPLITS);
+    want.min(k.div_ceil(32) / MIN_STEPS_PER_SPLIT).max(1)
+}
+
 impl<R: Runtime> Gemm8<'_, R> {
-    /// The tensor-core kernel for M > 16: one 128x128 output tile per cube of 4 warps.
+    /// The tensor-core kernel for M > 16: one 128x128 output tile per cube of 4 warps, K split
+    /// over several cubes where the tiles are few ([`splits_for`]; the slices' accumulators go
+    /// to a scratch allocated per call, which prefill-sized products may do).
     pub(super) fn launch_tiled(&self, client: &ComputeClient<R>) {
-        let count = CubeCount::Static(
-            self.n.div_ceil(T_BN) as u32,
-            self.m.div_ceil(T_BM) as u32,
-            1,
-        );
+        let (nx, ny) = (self.n.div_ceil(T_BN), self.m.div_ceil(T_BM));
+        let steps = self.k.div_ceil(32);
+        let splits = splits_for(nx * ny, self.k, ops::caps::num_sms(client) as usize);
+        let per_split = steps.div_ceil(splits);
+        // Slices of `per_split` steps: the last may be shorter, none is empty.
+        let splits = steps.div_ceil(per_split);
+        let acc = if self.fp8 { DType::F32 } else { DType::I32 };
+        let partials = (splits > 1)
+            .then(|| DeviceTensor::<R>::empty(client, &[splits * self.m * self.n], acc));
+        // Without a split the scratch is never touched: bind the output.
+        let scratch = partials.as_ref().unwrap_or(self.out);
+        let count = CubeCount::Static(nx as u32, ny as u32, splits as u32);
+        // SAFETY: the operands were validated against M, N and K, the scratch holds
+        // `splits · M · N` accumulators, and the kernels stay within them.
         unsafe {
             gemm8_mma_kernel::launch_unchecked::<R>(
                 client,
@@ -177,11 +248,27 @@ impl<R: Runtime> Gemm8<'_, R> {
                 self.vec_arg(self.a),
                 self.vec_arg(self.b),
                 self.out_arg(),
+                scratch.as_buffer_arg(),
+                per_split,
                 self.a_pitch / 16,
                 self.b_pitch / 16,
                 self.epilogue_plan(),
+                splits > 1,
                 self.dtypes(),
             );
+            if let Some(p) = &partials {
+                let mn = self.m * self.n;
+                gemm8_split_sum_kernel::launch_unchecked::<R>(
+                    client,
+                    ops::launch::cube_count_1d(client, mn.div_ceil(256) as u32),
+                    CubeDim::new_1d(256),
+                    p.as_buffer_arg(),
+                    self.out_arg(),
+                    splits,
+                    self.epilogue_plan(),
+                    self.dtypes(),
+                );
+            }
         }
     }
 }

@@ -172,7 +172,8 @@ fn gemm8_case<R: Runtime>(client: &ComputeClient<R>) {
 
 /// Both kernel choices (on CUDA, `Auto` is the skinny tensor-core kernel for M <= 16 and the
 /// tile one above; elsewhere both are the portable kernel) on shapes that cross the 128x128
-/// tiles, the 16-row limit, the 64-byte K chunks and the K split: int8 accumulators exact, fp8
+/// tiles, the 16-row limit, the 64-byte K chunks and the K splits of both tensor-core kernels:
+/// int8 accumulators exact, fp8
 /// within the f32-summation tolerance, and the scaled epilogue with a bias.
 fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(82);
@@ -190,6 +191,10 @@ fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
             (130, 257, 200),
             (256, 128, 64),
             (129, 300, 1000),
+            // Few tiles over a long K: on CUDA the tile kernel splits K (8 slices of 16 steps,
+            // the last short; 2 slices of 10), the slices summed by a second launch.
+            (40, 200, 4000),
+            (72, 1000, 640),
             // Wide N: several 8-column tiles per cube, fewer (down to one) warps per tile.
             (1, 9000, 64),
             (3, 40000, 32),
