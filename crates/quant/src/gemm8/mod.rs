@@ -11,7 +11,9 @@
 //!   symmetry. Operands stay 32-bit words end to end (4 codes per register, the PTX fragment
 //!   layout), so no 8-bit CubeCL type is ever materialised.
 //!   - M > 16: block tile 128x128x32 bytes, 4 warps of 64x64, double-buffered shared memory
-//!     filled with 16-byte loads, conflict-free fragment reads (row stride of 12 words).
+//!     filled with 16-byte loads, conflict-free fragment reads (row stride of 12 words); K
+//!     split over several cubes per tile where the tiles are too few to fill the GPU, the
+//!     slices summed in a fixed order by a second launch.
 //!   - M <= 16 (decode): m16n8 output tiles, K split over up to 16 warps per tile where the
 //!     tiles are few, weights loaded straight from global memory into fragments (the first
 //!     batch before the kernel waits for its predecessor), the activation codes staged in shared
