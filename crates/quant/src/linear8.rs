@@ -28,7 +28,8 @@ use crate::layout::{
 /// `out[M, N] = (A · Bᵀ) · sa · sb (+ bias)` for 8-bit matrices `a[M, K]` and `b[N, K]` of the
 /// same format (int8 or fp8 e4m3) in the padded layout of [`crate::layout`]. `sa` is `[M]` or a
 /// single scale, `sb` `[N]` or a single scale (f32); `bias` `[N]` and `out` `[M, N]` are float
-/// of one dtype.
+/// of one dtype. Above 16 rows on CUDA, where the output tiles are too few to fill the GPU, it
+/// allocates a scratch for the partial sums of a K split (not in a captured CUDA graph, then).
 #[allow(clippy::too_many_arguments)]
 pub fn gemm8_into<R: Runtime>(
     client: &ComputeClient<R>,
@@ -84,6 +85,7 @@ pub fn gemm8_into<R: Runtime>(
         fp8: format == QuantFormat::Fp8E4M3,
         gate: None,
         norm: None,
+        may_allocate: true,
     }
     .launch(client, choice);
     Ok(())
@@ -215,6 +217,7 @@ impl<R: Runtime> Weight8<R> {
             choice,
             gate,
             norm,
+            may_allocate: workspace.is_none(),
         };
         if epilogue.activation.is_none() {
             return linear8_into(client, call(bias, residual, out, None));
@@ -240,6 +243,7 @@ impl<R: Runtime> Weight8<R> {
                 choice,
                 gate: None,
                 norm,
+                may_allocate: workspace.is_none(),
             };
             linear8_into(client, call)
         })
@@ -281,6 +285,8 @@ struct Call<'a, R: Runtime> {
     choice: KernelChoice,
     gate: Option<Activation>,
     norm: Option<InputNorm<'a, R>>,
+    /// The call may allocate (no workspace was given): see [`Gemm8::may_allocate`].
+    may_allocate: bool,
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
@@ -298,6 +304,7 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         choice,
         gate,
         norm,
+        may_allocate,
     } = call;
     let format = match qweight.dtype() {
         DType::I8 => QuantFormat::Int8,
@@ -379,6 +386,7 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         fp8,
         gate,
         norm,
+        may_allocate,
     };
     let source = match choice {
         KernelChoice::Auto => Gemm8::<R>::decode_source(client, fp8, rows, k, n),
@@ -453,6 +461,7 @@ pub fn w8a8_linear_into<R: Runtime>(
         choice: KernelChoice::default(),
         gate: None,
         norm: None,
+        may_allocate: false,
     };
     linear8_into(client, call)
 }

@@ -83,6 +83,9 @@ pub(crate) struct Gemm8<'a, R: Runtime> {
     /// An RMSNorm of the float activation, applied by the skinny kernel before it quantizes
     /// (only when it quantizes x itself, [`skinny::XSource::Quantize`]).
     pub norm: Option<ops::matmul::InputNorm<'a, R>>,
+    /// The tile kernel may allocate the scratch of a K split (never where the caller promises
+    /// an allocation-free call: a layer run with a workspace, `w8a8_linear_into`).
+    pub may_allocate: bool,
 }
 
 impl<R: Runtime> Gemm8<'_, R> {

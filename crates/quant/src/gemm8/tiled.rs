@@ -223,12 +223,15 @@ fn splits_for(tiles: usize, k: usize, sms: usize) -> usize {
 
 impl<R: Runtime> Gemm8<'_, R> {
     /// The tensor-core kernel for M > 16: one 128x128 output tile per cube of 4 warps, K split
-    /// over several cubes where the tiles are few ([`splits_for`]; the slices' accumulators go
-    /// to a scratch allocated per call, which prefill-sized products may do).
+    /// over several cubes where the tiles are few ([`splits_for`]) and the caller lets the
+    /// product allocate (the slices' accumulators go to a scratch allocated per call).
     pub(super) fn launch_tiled(&self, client: &ComputeClient<R>) {
         let (nx, ny) = (self.n.div_ceil(T_BN), self.m.div_ceil(T_BM));
         let steps = self.k.div_ceil(32);
-        let splits = splits_for(nx * ny, self.k, ops::caps::num_sms(client) as usize);
+        let splits = match self.may_allocate {
+            true => splits_for(nx * ny, self.k, ops::caps::num_sms(client) as usize),
+            false => 1,
+        };
         let per_split = steps.div_ceil(splits);
         // Slices of `per_split` steps: the last may be shorter, none is empty.
         let splits = steps.div_ceil(per_split);
