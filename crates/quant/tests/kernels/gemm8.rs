@@ -173,8 +173,8 @@ fn gemm8_case<R: Runtime>(client: &ComputeClient<R>) {
 /// Both kernel choices (on CUDA, `Auto` is the skinny tensor-core kernel for M <= 16 and the
 /// tile one above; elsewhere both are the portable kernel) on shapes that cross the 128x128
 /// tiles, the 16-row limit, the 64-byte K chunks and the K splits of both tensor-core kernels:
-/// int8 accumulators exact, fp8
-/// within the f32-summation tolerance, and the scaled epilogue with a bias.
+/// int8 accumulators exact, fp8 within the f32-summation tolerance, and the scaled epilogue with
+/// a bias.
 fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(82);
     for fmt in FORMATS {
