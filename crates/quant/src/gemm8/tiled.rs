@@ -213,12 +213,12 @@ fn gemm8_split_sum_kernel<F: Float, Acc: Numeric>(
     }
 }
 
-/// Cubes along K per output tile for `tiles` tiles of `k` bytes on `sms` SMs: enough to give
-/// every SM [`CUBES_PER_SM`] cubes where the tiles alone do not, each slice at least
-/// [`MIN_STEPS_PER_SPLIT`] steps long; 1 where the tiles fill the GPU.
-fn splits_for(tiles: usize, k: usize, sms: usize) -> usize {
+/// Cubes along K per output tile for `tiles` tiles of `steps` 32-byte K steps on `sms` SMs:
+/// enough to give every SM [`CUBES_PER_SM`] cubes where the tiles alone do not, each slice at
+/// least [`MIN_STEPS_PER_SPLIT`] steps long; 1 where the tiles fill the GPU.
+fn splits_for(tiles: usize, steps: usize, sms: usize) -> usize {
     let want = (CUBES_PER_SM * sms / tiles.max(1)).clamp(1, MAX_SPLITS);
-    want.min(k.div_ceil(32) / MIN_STEPS_PER_SPLIT).max(1)
+    want.min(steps / MIN_STEPS_PER_SPLIT).max(1)
 }
 
 impl<R: Runtime> Gemm8<'_, R> {
@@ -229,7 +229,7 @@ impl<R: Runtime> Gemm8<'_, R> {
         let (nx, ny) = (self.n.div_ceil(T_BN), self.m.div_ceil(T_BM));
         let steps = self.k.div_ceil(32);
         let splits = match self.may_allocate {
-            true => splits_for(nx * ny, self.k, ops::caps::num_sms(client) as usize),
+            true => splits_for(nx * ny, steps, ops::caps::num_sms(client) as usize),
             false => 1,
         };
         let per_split = steps.div_ceil(splits);
