@@ -1,7 +1,9 @@
 //! [`W4A16Linear`]: the int4 layer. Its weight is stored column-major (`crate::w4a16_nk`), the
 //! layout of its decode GEMVs (on the tensor cores, `crate::w4a16_mma`, where the runtime and
-//! shape allow, else on the CUDA cores), which fuse the input norm and the whole epilogue;
-//! prefill dequantizes the weight and runs the dense tensor-core GEMM.
+//! shape allow, else on the CUDA cores), which fuse the input norm and the whole epilogue.
+//! Prefill on CUDA runs the int4 tensor-core GEMM (`crate::w4a16_gemm`) with the whole epilogue;
+//! elsewhere, or where K or the groups are not whole 32-k steps, it dequantizes the weight and
+//! runs the dense GEMM.
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
@@ -15,7 +17,8 @@ use crate::w4a16::GEMV_MAX_M;
 /// `y = x · Wᵀ` with `W[out_features, in_features]` quantized to int4 (per output channel, or
 /// per group of `group_size` input features) when the layer is built; the bias, residual and
 /// gated activation come with the [`Epilogue`], and an input RMSNorm with
-/// [`Linear::forward_normed_into`]: up to 16 rows the int4 GEMV applies them all, above they run
+/// [`Linear::forward_normed_into`]: up to 16 rows the int4 GEMV applies them all; above, the
+/// norm runs before the product, and the int4 GEMM (CUDA) applies the epilogue, else it runs
 /// around the dense GEMM.
 ///
 /// The float weight is quantized once in [`W4A16Linear::from_dense`] and not kept, and the layer
@@ -104,10 +107,17 @@ impl<R: Runtime> W4A16Linear<R> {
         )
     }
 
-    /// `x · Wᵀ + bias` into `out` for more than 16 rows (prefill): the weight is dequantized
-    /// into a temporary `[out, in]` matrix of the activation dtype and the dense GEMM (tensor
-    /// cores on CUDA) runs on it, so prefill needs that much transient memory for the largest
-    /// layer. (Up to 16 rows the int4 GEMV runs with the whole epilogue: [`Self::gemv_into`].)
+    /// Whether a forward pass over more than 16 rows (prefill) runs the int4 tensor-core GEMM
+    /// with the epilogue fused (CUDA with the bf16/f16 `mma`, in_features and the group a
+    /// multiple of 32); otherwise the weight is dequantized and the dense GEMM runs.
+    pub fn prefills_on_tensor_cores(&self, client: &ComputeClient<R>) -> bool {
+        let k = self.in_features;
+        crate::w4a16_gemm::can_run(client, self.act_dtype, k, self.group_size.unwrap_or(k))
+    }
+
+    /// `x · Wᵀ + bias` into `out` for more than 16 rows where the int4 GEMM cannot run: the
+    /// weight is dequantized into a temporary `[out, in]` matrix of the activation dtype and the
+    /// dense GEMM runs on it, so prefill needs that much transient memory for the largest layer.
     fn product_into(
         &self,
         client: &ComputeClient<R>,
@@ -132,22 +142,21 @@ impl<R: Runtime> W4A16Linear<R> {
         ops::matmul::linear_into(client, x, &w, bias, None, out)
     }
 
-    /// The decode GEMV (M <= 16) with `epilogue` fused in; allocates nothing (safe inside CUDA
-    /// graph capture).
-    fn gemv_into(
+    /// Validates the epilogue and the output for a fused product over `x` (and the norm, if
+    /// any); returns the output width (half the rows when gated).
+    fn check_fused(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
         norm: Option<InputNorm<'_, R>>,
-        epilogue: Epilogue<'_, R>,
+        epilogue: &Epilogue<'_, R>,
         out: &DeviceTensor<R>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         const OP: &str = "W4A16Linear::forward";
         if let Some(nm) = norm {
             ops::norm::check_eps(OP, nm.eps)?;
             ops::norm::check_weight(OP, x, nm.weight)?;
         }
-        let (m, k) = (x.rows(), self.in_features);
         let n = epilogue.out_width(self.out_features);
         if epilogue.activation.is_some()
             && (!self.out_features.is_multiple_of(2)
@@ -170,6 +179,21 @@ impl<R: Runtime> W4A16Linear<R> {
                 ));
             }
         }
+        Ok(n)
+    }
+
+    /// The decode GEMV (M <= 16) with `epilogue` fused in; allocates nothing (safe inside CUDA
+    /// graph capture).
+    fn gemv_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        norm: Option<InputNorm<'_, R>>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+    ) -> Result<()> {
+        let n = self.check_fused(client, x, norm, &epilogue, out)?;
+        let (m, k) = (x.rows(), self.in_features);
         let nk_epilogue = crate::w4a16_nk::NkEpilogue {
             bias: epilogue.bias,
             residual: epilogue.residual,
@@ -193,6 +217,38 @@ impl<R: Runtime> W4A16Linear<R> {
             m,
             k,
             n,
+        )
+    }
+
+    /// The tensor-core GEMM above 16 rows (prefill) with `epilogue` fused in, the weight read as
+    /// it is stored; where the caller gives no workspace, K may be split over a scratch
+    /// allocated per call.
+    fn gemm_into(
+        &self,
+        client: &ComputeClient<R>,
+        x: &DeviceTensor<R>,
+        epilogue: Epilogue<'_, R>,
+        out: &DeviceTensor<R>,
+        may_allocate: bool,
+    ) -> Result<()> {
+        let n = self.check_fused(client, x, None, &epilogue, out)?;
+        let k = self.in_features;
+        let nk_epilogue = crate::w4a16_nk::NkEpilogue {
+            bias: epilogue.bias,
+            residual: epilogue.residual,
+            gate: epilogue.activation,
+            norm: None,
+        };
+        crate::w4a16_gemm::gemm(
+            client,
+            x,
+            &self.qweight,
+            &self.scales,
+            self.group_size.unwrap_or(k),
+            nk_epilogue,
+            out,
+            [x.rows(), k, n],
+            may_allocate,
         )
     }
 
@@ -244,6 +300,10 @@ impl<R: Runtime> Linear<R> for W4A16Linear<R> {
         self.check_x(x)?;
         if x.rows() <= GEMV_MAX_M {
             return self.gemv_into(client, x, None, epilogue, out);
+        }
+        let k = self.in_features;
+        if crate::w4a16_gemm::can_run(client, x.dtype(), k, self.group_size.unwrap_or(k)) {
+            return self.gemm_into(client, x, epilogue, out, workspace.is_none());
         }
         unfused_epilogue(
             client,

@@ -125,7 +125,7 @@ impl MmaPlan {
 }
 
 /// Whether the runtime runs `mma.sync.m16n8k16` on `dtype` (bf16 or f16) with f32 accumulators.
-fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
+pub(crate) fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
     let t = match dtype {
         DType::BF16 => ElemType::Float(FloatKind::BF16),
         DType::F16 => ElemType::Float(FloatKind::F16),
@@ -157,7 +157,7 @@ pub(crate) fn can_run<R: Runtime>(
 /// `mma.sync.m16n8k16` with f32 accumulators on packed bf16 (f16) pairs.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn mma_m16n8k16(
+pub(crate) fn mma_m16n8k16(
     a0: u32,
     a1: u32,
     a2: u32,
@@ -245,7 +245,7 @@ fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
 /// `lo` and `hi` (values of the activation dtype, so exact) packed as a bf16 (f16) pair, `lo` in
 /// the low half.
 #[cube]
-fn pack_pair(lo: f32, hi: f32, #[comptime] f16: bool) -> u32 {
+pub(crate) fn pack_pair(lo: f32, hi: f32, #[comptime] f16: bool) -> u32 {
     let d: u32;
     if comptime![f16] {
         gpu_asm!(

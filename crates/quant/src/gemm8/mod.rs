@@ -45,6 +45,7 @@ use ops::{caps, DType, DeviceTensor};
 use epilogue::{EpiloguePlan, Gemm8OutLaunch};
 pub(crate) use skinny::XSource;
 use skinny::SKINNY_MAX_M;
+pub(crate) use tiled::splits_for;
 
 /// Which kernel runs the 8-bit GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -213,10 +213,12 @@ fn gemm8_split_sum_kernel<F: Float, Acc: Numeric>(
     }
 }
 
-/// Cubes along K per output tile for `tiles` tiles of `steps` 32-byte K steps on `sms` SMs:
-/// enough to give every SM [`CUBES_PER_SM`] cubes where the tiles alone do not, each slice at
-/// least [`MIN_STEPS_PER_SPLIT`] steps long; 1 where the tiles fill the GPU.
-fn splits_for(tiles: usize, steps: usize, sms: usize) -> usize {
+/// Cubes along K per output tile for `tiles` tiles of `steps` K steps on `sms` SMs: enough to
+/// give every SM [`CUBES_PER_SM`] cubes where the tiles alone do not, each slice at least
+/// [`MIN_STEPS_PER_SPLIT`] steps long; 1 where the tiles fill the GPU. Shared by the tensor-core
+/// tile kernels whose cubes are 4 warps of 64x64 over steps of 32 k (32 bytes of 8-bit codes
+/// here, 16 bytes of int4 codes in `crate::w4a16_gemm`): two such cubes fit an SM.
+pub(crate) fn splits_for(tiles: usize, steps: usize, sms: usize) -> usize {
     let want = (CUBES_PER_SM * sms / tiles.max(1)).clamp(1, MAX_SPLITS);
     want.min(steps / MIN_STEPS_PER_SPLIT).max(1)
 }

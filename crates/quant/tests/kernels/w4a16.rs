@@ -548,6 +548,78 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The layer's prefill GEMM on the tensor cores (CUDA, bf16/f16; elsewhere the dequantizing
+/// path runs and the same checks apply): M past whole 128-row tiles, N past whole tiles, K of a
+/// few 32-k steps, groups of one step, per-channel scales, K split over 8 slices of which the
+/// last is shorter (125 steps) and over 2, bias with residual through the split's sum, and the
+/// gated MLP (64-column tiles, the last partly past N), against the f64 reference of the same
+/// quantized product.
+fn prefill_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(404);
+    let cuda = caps::runtime_name(client).contains("cuda");
+    let shapes = [
+        (17usize, 256usize, 70usize, Some(128)),
+        (130, 96, 300, Some(32)),
+        (40, 4000, 200, Some(160)),
+        (300, 1024, 264, None),
+        (64, 512, 136, Some(64)),
+    ];
+    for dtype in float_dtypes(client) {
+        for (i, &(m, k, n, group)) in shapes.iter().enumerate() {
+            // Elsewhere these shapes dequantize and run the dense GEMM, which `layer_case`
+            // covers: one shape suffices there (each is a kernel compile, slow on a software
+            // Vulkan device).
+            if !cuda && i != 0 {
+                continue;
+            }
+            let w = random(&mut rng, n * k, 0.5);
+            let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
+            let tc = layer.prefills_on_tensor_cores(client);
+            let what = format!("prefill {dtype} {m}x{k}x{n} group {group:?} (mma {tc})");
+            // On CUDA every bf16/f16 case here must take the tensor-core kernel.
+            assert_eq!(tc, cuda && dtype != DType::F32, "{what}: kernel choice");
+            let qw = host::quantize_weight_int4(&w, n, k, group).unwrap();
+            let (x, xr) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let product = qref::w4a16(&xr, m, &qw, None);
+
+            let bias = random(&mut rng, n, 1.0);
+            let (b, _) = upload(client, &bias, &[n], dtype);
+            let (r, rr) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let br = round_to(&bias, dtype);
+            let out = poisoned(client, &[m, n], dtype);
+            let epilogue = Epilogue::NONE.bias(Some(&b)).residual(&r);
+            layer
+                .forward_into(client, &x, epilogue, &out, None)
+                .unwrap();
+            let want: Vec<f64> = (0..m * n).map(|e| product[e] + br[e % n] + rr[e]).collect();
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close(
+                &format!("{what} bias+residual"),
+                &got,
+                &want,
+                tolerance(dtype),
+            );
+
+            let half = n / 2;
+            let out = poisoned(client, &[m, half], dtype);
+            let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
+            layer.forward_into(client, &x, gated, &out, None).unwrap();
+            let want: Vec<f64> = (0..m * half)
+                .map(|e| {
+                    let (row, col) = (e / half, e % half);
+                    ops::reference::matmul::silu(product[row * n + col])
+                        * product[row * n + half + col]
+                })
+                .collect();
+            let got = out.to_f64_vec(client).unwrap();
+            // Gate and up are rounded to the dtype before the activation (two roundings the
+            // f64 reference does not make).
+            let tol = 2.0 * tolerance(dtype);
+            assert_close(&format!("{what} gated"), &got, &want, tol);
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let (m, k, n) = (2usize, 128usize, 16usize);
     let f = DType::F32;
@@ -712,6 +784,11 @@ fn input_norm_matches_reference() {
 #[test]
 fn tensor_core_decode() {
     on_each_runtime!(tensor_core_case);
+}
+
+#[test]
+fn tensor_core_prefill() {
+    on_each_runtime!(prefill_case);
 }
 
 #[test]
