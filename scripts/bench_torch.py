@@ -287,7 +287,8 @@ def quant_cases():
     """Peers of bench::quant (bf16 activations): W8A8 as per-row int8 quantization of x,
     torch._int_mm and the float dequantization (the same work as ours; _int_mm needs M > 16, so
     the decode cases compare with our own bf16 GEMV instead), and torch._scaled_mm on e4m3
-    operands quantized beforehand with per-row / per-column scales."""
+    operands quantized beforehand with per-row / per-column scales; W4A16 against the bf16
+    torch.matmul of the same shape (the dense product the int4 layer replaces)."""
     dt = torch.bfloat16
     for m in [512, 4096]:
         k = n = 4096
@@ -310,6 +311,12 @@ def quant_cases():
         yield (f"fp8_gemm {m}x{k}x{n}", "bf16", m * k + n * k + 2 * m * n,
                lambda a=a, b=b, sa=sa, sb=sb: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=dt),
                2.0 * m * n * k)
+    for m in [512, 4096]:
+        k = n = 4096
+        x = torch.randn(m, k, device="cuda", dtype=dt)
+        w = torch.randn(n, k, device="cuda", dtype=dt)
+        yield (f"w4a16 {m}x{k}x{n}", "bf16", 2 * (m * k + m * n + n * k),
+               lambda x=x, w=w: torch.matmul(x, w.t()), 2.0 * m * n * k)
 
 
 def graph_of(fn, count):

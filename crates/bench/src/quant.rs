@@ -103,8 +103,8 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             }),
         });
     }
-    // W4A16 (group 128): decode shapes against this run's bf16 GEMVs, and M = 4096 against
-    // cuBLAS bf16 (`matmul` family `gemm 4096x4096x4096` in the PyTorch run).
+    // W4A16 (group 128): decode shapes against this run's bf16 GEMVs, and M = 512 and 4096
+    // against cuBLAS bf16 at the same shape (the dense product the int4 layer replaces).
     let mut w4a16 = |name: String, m: usize, k: usize, n: usize| {
         let w = pseudo_random(n * k, 7);
         let layer =
@@ -122,7 +122,9 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             }),
         });
     };
-    w4a16("w4a16 4096x4096x4096".into(), 4096, 4096, 4096);
+    for m in [512, 4096] {
+        w4a16(format!("w4a16 {m}x4096x4096"), m, 4096, 4096);
+    }
     for (name, k, n) in MODEL_SHAPES {
         for m in [1, 16] {
             w4a16(format!("w4a16 {name} {m}x{k}x{n}"), m, k, n);
