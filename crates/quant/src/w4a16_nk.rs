@@ -622,7 +622,8 @@ fn dequantize_nk_kernel<F: Float, NV: Size>(
 }
 
 /// The layer's weight dequantized to a dense `[N, K]` matrix of `dtype` (bandwidth-bound: 0.5
-/// byte read and 2 written per weight), for the tensor-core GEMM at prefill sizes.
+/// byte read and 2 written per weight), for the dense GEMM at prefill sizes where the int4 GEMM
+/// cannot run (`crate::w4a16_gemm::can_run`: other runtimes, K or groups not whole 32-k steps).
 pub(crate) fn dequantize_nk<R: Runtime>(
     client: &ComputeClient<R>,
     qweight_nk: &DeviceTensor<R>,
