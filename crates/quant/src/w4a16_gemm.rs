@@ -36,7 +36,7 @@ use cubecl::prelude::*;
 use ops::gemm::{epilogue_value, EpilogueBlueprint};
 use ops::{caps, DType, DeviceTensor, Result};
 
-use crate::w4a16_mma::{has_mma16, mma_m16n8k16, pack_pair};
+use crate::w4a16_mma::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
 
 /// Output rows per tile.
@@ -142,34 +142,6 @@ fn load_w(
     (v, s)
 }
 
-/// Nibbles `p` and `p + 4` of `u` (two's complement) as an exact bf16 pair, the first in the
-/// low half: `(u >> 4p) & 0x000F000F ^ 0x43084308` is `136 + n` in each half, and one packed
-/// FMA takes 136 off.
-#[cube]
-fn nibbles_bf16(u: u32, #[comptime] p: u32) -> u32 {
-    let shifted = if comptime![p == 0] {
-        u
-    } else {
-        u >> comptime![4 * p]
-    };
-    let mask = 0x000F_000Fu32;
-    let magic = 0x4308_4308u32;
-    let one = 0x3F80_3F80u32;
-    let minus = 0xC308_C308u32;
-    let d: u32;
-    gpu_asm!(
-        "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.bf16x2 {d}, t, {one}, {minus}; }}",
-        a = in(_) shifted,
-        mask = in(_) mask,
-        magic = in(_) magic,
-        one = in(_) one,
-        minus = in(_) minus,
-        d = out(_) d,
-        options(pure, nomem),
-    );
-    d
-}
-
 /// Writes this unit's weight row of a step (`v`, 32 nibbles, 8 consecutive k per word) into
 /// shared row `UNIT_POS` at `base` as pairs of `F(n · s)` (k, k + 1), one vector per word.
 #[cube]
@@ -183,11 +155,12 @@ fn store_w(
     let at = base + UNIT_POS as usize * STRIDE;
     #[unroll]
     for w in 0..4usize {
-        let u = u32::reinterpret(v.extract(w));
+        let word = v.extract(w);
         let mut vals = Array::<f32>::new(8usize);
         #[unroll]
         for p in 0..4u32 {
-            let pair = nibbles_bf16(u, p);
+            // Exact bf16 `n` whatever the activation dtype: each half widens to f32 in one op.
+            let pair = nibble_pair(word, p, false, false);
             vals[p as usize] = f32::reinterpret(pair << 16u32) * s;
             vals[p as usize + 4] = f32::reinterpret(pair & 0xFFFF_0000u32) * s;
         }

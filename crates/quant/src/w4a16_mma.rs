@@ -202,10 +202,16 @@ pub(crate) fn mma_m16n8k16(
 /// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` (one LOP3, written out in PTX
 /// because the compiler otherwise splits it into two, an instruction takes one immediate) puts
 /// each nibble, its sign bit flipped (`n + 8`), in the units of a float whose value is then
-/// `136 + n` (bf16, exponent 2^7; left biased, see `MmaPlan::biased`) or `1032 + n` (f16, 2^10),
-/// from which one packed FMA subtracts 1032.
+/// `136 + n` (bf16, exponent 2^7) or `1032 + n` (f16, 2^10), from which one packed FMA subtracts
+/// 136 (1032). `biased` (bf16 only): the pair stays `136 + n`, the caller takes the offset off its
+/// sums (see `MmaPlan::biased`).
 #[cube]
-fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
+pub(crate) fn nibble_pair(
+    word: i32,
+    #[comptime] p: u32,
+    #[comptime] f16: bool,
+    #[comptime] biased: bool,
+) -> u32 {
     let u = u32::reinterpret(word);
     let shifted = if comptime![p == 0] {
         u
@@ -228,13 +234,27 @@ fn nibble_pair(word: i32, #[comptime] p: u32, #[comptime] f16: bool) -> u32 {
             d = out(_) d,
             options(pure, nomem),
         );
-    } else {
+    } else if comptime![biased] {
         let magic = 0x4308_4308u32;
         gpu_asm!(
             "lop3.b32 {d}, {a}, {mask}, {magic}, 0x6a;",
             a = in(_) shifted,
             mask = in(_) mask,
             magic = in(_) magic,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+    } else {
+        let magic = 0x4308_4308u32;
+        let one = 0x3F80_3F80u32;
+        let minus = 0xC308_C308u32;
+        gpu_asm!(
+            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.bf16x2 {d}, t, {one}, {minus}; }}",
+            a = in(_) shifted,
+            mask = in(_) mask,
+            magic = in(_) magic,
+            one = in(_) one,
+            minus = in(_) minus,
             d = out(_) d,
             options(pure, nomem),
         );
@@ -520,10 +540,10 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                             // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
                             // the same k in B.
                             let mut a = Vector::<u32, Const<4>>::new(0u32);
-                            a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16));
-                            a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16));
-                            a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16));
-                            a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16));
+                            a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16, true));
+                            a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16, true));
+                            a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16, true));
+                            a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16, true));
                             #[unroll]
                             for xh in 0..x_halves {
                                 let di = (half * x_halves + xh) * 2 + hh;

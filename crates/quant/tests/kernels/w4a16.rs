@@ -310,14 +310,7 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
             let out = poisoned(client, &[m, i], dtype);
             let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
             layer.forward_into(client, &x, gated, &out, None).unwrap();
-            let want: Vec<f64> = (0..m * i)
-                .map(|e| {
-                    let (row, col) = (e / i, e % i);
-                    let g = product[row * n + col];
-                    let u = product[row * n + i + col];
-                    ops::reference::matmul::silu(g) * u
-                })
-                .collect();
+            let want = gated_reference(&product, m, n);
             let got = out.to_f64_vec(client).unwrap();
             // Gate and up are rounded to the dtype before the activation (two roundings the
             // f64 reference does not make).
@@ -368,13 +361,7 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
                 layer
                     .forward_normed_into(client, input, epilogue, &out, None)
                     .unwrap();
-                let want: Vec<f64> = (0..m * i)
-                    .map(|e| {
-                        let (row, col) = (e / i, e % i);
-                        let gate = product[row * n + col];
-                        ops::reference::matmul::silu(gate) * product[row * n + i + col]
-                    })
-                    .collect();
+                let want = gated_reference(&product, m, n);
                 (out, want, 2.0 * tolerance(dtype))
             } else {
                 let out = poisoned(client, &[m, n], dtype);
@@ -446,6 +433,49 @@ fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f6
     out
 }
 
+/// The gated MLP's reference over an f64 product of `n` columns per row (the first `n / 2` the
+/// gate, the rest the matching up columns): `silu(gate) * up`, `[m, n / 2]`.
+fn gated_reference(product: &[f64], m: usize, n: usize) -> Vec<f64> {
+    let half = n / 2;
+    (0..m * half)
+        .map(|e| {
+            let (row, col) = (e / half, e % half);
+            ops::reference::matmul::silu(product[row * n + col]) * product[row * n + half + col]
+        })
+        .collect()
+}
+
+/// `layer` on `x` with `bias` and `residual` (host values, uploaded in x's dtype) into a
+/// poisoned output, against `product` (the f64 reference of the bare product, `[m, n]`) plus
+/// both.
+fn check_bias_residual<R: Runtime>(
+    client: &ComputeClient<R>,
+    layer: &W4A16Linear<R>,
+    x: &DeviceTensor<R>,
+    product: &[f64],
+    bias: &[f32],
+    residual: &[f32],
+    what: &str,
+) {
+    let dtype = x.dtype();
+    let n = bias.len();
+    let m = product.len() / n;
+    let (b, _) = upload(client, bias, &[n], dtype);
+    let (r, rr) = upload(client, residual, &[m, n], dtype);
+    let br = round_to(bias, dtype);
+    let out = poisoned(client, &[m, n], dtype);
+    let epilogue = Epilogue::NONE.bias(Some(&b)).residual(&r);
+    layer.forward_into(client, x, epilogue, &out, None).unwrap();
+    let want: Vec<f64> = (0..m * n).map(|e| product[e] + br[e % n] + rr[e]).collect();
+    let got = out.to_f64_vec(client).unwrap();
+    assert_close(
+        &format!("{what} bias+residual"),
+        &got,
+        &want,
+        tolerance(dtype),
+    );
+}
+
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
 /// step), N past whole 16-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
@@ -486,24 +516,9 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
             let (xt, xh) = upload(client, &x, &[m, k], dtype);
             let product = qref::w4a16(&xh, m, &qw, None);
 
-            // Bias and residual together.
             let bias = random(&mut rng, n, 1.0);
-            let (b, _) = upload(client, &bias, &[n], dtype);
-            let (r, rr) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
-            let br = round_to(&bias, dtype);
-            let out = poisoned(client, &[m, n], dtype);
-            let epilogue = Epilogue::NONE.bias(Some(&b)).residual(&r);
-            layer
-                .forward_into(client, &xt, epilogue, &out, None)
-                .unwrap();
-            let want: Vec<f64> = (0..m * n).map(|e| product[e] + br[e % n] + rr[e]).collect();
-            let got = out.to_f64_vec(client).unwrap();
-            assert_close(
-                &format!("{what} bias+residual"),
-                &got,
-                &want,
-                tolerance(dtype),
-            );
+            let residual = random(&mut rng, m * n, 1.0);
+            check_bias_residual(client, &layer, &xt, &product, &bias, &residual, &what);
 
             // The input norm with the gated epilogue (gate rows, then up rows).
             let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
@@ -530,13 +545,7 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
             layer
                 .forward_normed_into(client, input, gated, &out, None)
                 .unwrap();
-            let want: Vec<f64> = (0..m * i)
-                .map(|e| {
-                    let (row, col) = (e / i, e % i);
-                    ops::reference::matmul::silu(product[row * n + col])
-                        * product[row * n + i + col]
-                })
-                .collect();
+            let want = gated_reference(&product, m, n);
             let got = out.to_f64_vec(client).unwrap();
             assert_close(
                 &format!("{what} normed gated"),
@@ -583,34 +592,14 @@ fn prefill_case<R: Runtime>(client: &ComputeClient<R>) {
             let product = qref::w4a16(&xr, m, &qw, None);
 
             let bias = random(&mut rng, n, 1.0);
-            let (b, _) = upload(client, &bias, &[n], dtype);
-            let (r, rr) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
-            let br = round_to(&bias, dtype);
-            let out = poisoned(client, &[m, n], dtype);
-            let epilogue = Epilogue::NONE.bias(Some(&b)).residual(&r);
-            layer
-                .forward_into(client, &x, epilogue, &out, None)
-                .unwrap();
-            let want: Vec<f64> = (0..m * n).map(|e| product[e] + br[e % n] + rr[e]).collect();
-            let got = out.to_f64_vec(client).unwrap();
-            assert_close(
-                &format!("{what} bias+residual"),
-                &got,
-                &want,
-                tolerance(dtype),
-            );
+            let residual = random(&mut rng, m * n, 1.0);
+            check_bias_residual(client, &layer, &x, &product, &bias, &residual, &what);
 
             let half = n / 2;
             let out = poisoned(client, &[m, half], dtype);
             let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
             layer.forward_into(client, &x, gated, &out, None).unwrap();
-            let want: Vec<f64> = (0..m * half)
-                .map(|e| {
-                    let (row, col) = (e / half, e % half);
-                    ops::reference::matmul::silu(product[row * n + col])
-                        * product[row * n + half + col]
-                })
-                .collect();
+            let want = gated_reference(&product, m, n);
             let got = out.to_f64_vec(client).unwrap();
             // Gate and up are rounded to the dtype before the activation (two roundings the
             // f64 reference does not make).
