@@ -277,3 +277,22 @@ impl<R: Runtime> Gemm8<'_, R> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::splits_for;
+
+    #[test]
+    fn splits_fill_the_gpu_only_where_tiles_are_few() {
+        // A 512-token prompt's 1536-wide projection on 132 SMs: 48 tiles, 48 steps of K = 1536.
+        assert_eq!(splits_for(48, 48, 132), 5);
+        // Enough tiles for two cubes per SM: no split.
+        assert_eq!(splits_for(264, 48, 132), 1);
+        assert_eq!(splits_for(560, 48, 132), 1);
+        // At most 8 slices, each of at least 8 steps.
+        assert_eq!(splits_for(1, 1000, 132), 8);
+        assert_eq!(splits_for(1, 20, 132), 2);
+        assert_eq!(splits_for(2, 7, 132), 1);
+        assert_eq!(splits_for(0, 64, 132), 8);
+    }
+}
