@@ -13,6 +13,7 @@ use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::layout::{check_output, output_shape};
 use crate::w4a16::GEMV_MAX_M;
+use crate::w4a16_nk::NkEpilogue;
 
 /// `y = x · Wᵀ` with `W[out_features, in_features]` quantized to int4 (per output channel, or
 /// per group of `group_size` input features) when the layer is built; the bias, residual and
@@ -143,15 +144,16 @@ impl<R: Runtime> W4A16Linear<R> {
     }
 
     /// Validates the epilogue and the output for a fused product over `x` (and the norm, if
-    /// any); returns the output width (half the rows when gated).
-    fn check_fused(
+    /// any); returns the output width (half the rows when gated) and what the int4 kernels
+    /// apply after the product.
+    fn fused_epilogue<'a>(
         &self,
         client: &ComputeClient<R>,
         x: &DeviceTensor<R>,
-        norm: Option<InputNorm<'_, R>>,
-        epilogue: &Epilogue<'_, R>,
+        norm: Option<InputNorm<'a, R>>,
+        epilogue: Epilogue<'a, R>,
         out: &DeviceTensor<R>,
-    ) -> Result<usize> {
+    ) -> Result<(usize, NkEpilogue<'a, R>)> {
         const OP: &str = "W4A16Linear::forward";
         if let Some(nm) = norm {
             ops::norm::check_eps(OP, nm.eps)?;
@@ -179,7 +181,13 @@ impl<R: Runtime> W4A16Linear<R> {
                 ));
             }
         }
-        Ok(n)
+        let nk = NkEpilogue {
+            bias: epilogue.bias,
+            residual: epilogue.residual,
+            gate: epilogue.activation,
+            norm,
+        };
+        Ok((n, nk))
     }
 
     /// The decode GEMV (M <= 16) with `epilogue` fused in; allocates nothing (safe inside CUDA
@@ -192,14 +200,8 @@ impl<R: Runtime> W4A16Linear<R> {
         epilogue: Epilogue<'_, R>,
         out: &DeviceTensor<R>,
     ) -> Result<()> {
-        let n = self.check_fused(client, x, norm, &epilogue, out)?;
+        let (n, nk_epilogue) = self.fused_epilogue(client, x, norm, epilogue, out)?;
         let (m, k) = (x.rows(), self.in_features);
-        let nk_epilogue = crate::w4a16_nk::NkEpilogue {
-            bias: epilogue.bias,
-            residual: epilogue.residual,
-            gate: epilogue.activation,
-            norm,
-        };
         let group = self.group_size.unwrap_or(k);
         let gemv = if crate::w4a16_mma::can_run(client, x.dtype(), m, k, group) {
             crate::w4a16_mma::gemv_mma
@@ -231,14 +233,8 @@ impl<R: Runtime> W4A16Linear<R> {
         out: &DeviceTensor<R>,
         may_allocate: bool,
     ) -> Result<()> {
-        let n = self.check_fused(client, x, None, &epilogue, out)?;
+        let (n, nk_epilogue) = self.fused_epilogue(client, x, None, epilogue, out)?;
         let k = self.in_features;
-        let nk_epilogue = crate::w4a16_nk::NkEpilogue {
-            bias: epilogue.bias,
-            residual: epilogue.residual,
-            gate: epilogue.activation,
-            norm: None,
-        };
         crate::w4a16_gemm::gemm(
             client,
             x,
@@ -301,8 +297,8 @@ impl<R: Runtime> Linear<R> for W4A16Linear<R> {
         if x.rows() <= GEMV_MAX_M {
             return self.gemv_into(client, x, None, epilogue, out);
         }
-        let k = self.in_features;
-        if crate::w4a16_gemm::can_run(client, x.dtype(), k, self.group_size.unwrap_or(k)) {
+        // x has the layer's dtype (checked above), which is what the choice is made for.
+        if self.prefills_on_tensor_cores(client) {
             return self.gemm_into(client, x, epilogue, out, workspace.is_none());
         }
         unfused_epilogue(

@@ -306,16 +306,7 @@ fn layer_epilogues_case<R: Runtime>(client: &ComputeClient<R>) {
             assert_close(&format!("{what} residual"), &got, &want, tolerance(dtype));
 
             // Gated: the first n/2 rows are the gate, the rest the up rows.
-            let i = n / 2;
-            let out = poisoned(client, &[m, i], dtype);
-            let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
-            layer.forward_into(client, &x, gated, &out, None).unwrap();
-            let want = gated_reference(&product, m, n);
-            let got = out.to_f64_vec(client).unwrap();
-            // Gate and up are rounded to the dtype before the activation (two roundings the
-            // f64 reference does not make).
-            let tol = 2.0 * tolerance(dtype);
-            assert_close(&format!("{what} gated"), &got, &want, tol);
+            check_gated(client, &layer, &x, &product, &what);
         }
     }
 }
@@ -443,6 +434,33 @@ fn gated_reference(product: &[f64], m: usize, n: usize) -> Vec<f64> {
             ops::reference::matmul::silu(product[row * n + col]) * product[row * n + half + col]
         })
         .collect()
+}
+
+/// `layer` on `x` with the gated SiLU epilogue into a poisoned output, against
+/// [`gated_reference`] of `product` (the f64 reference of the bare product, `[m, n]`).
+fn check_gated<R: Runtime>(
+    client: &ComputeClient<R>,
+    layer: &W4A16Linear<R>,
+    x: &DeviceTensor<R>,
+    product: &[f64],
+    what: &str,
+) {
+    let dtype = x.dtype();
+    let n = layer.out_rows();
+    let m = product.len() / n;
+    let out = poisoned(client, &[m, n / 2], dtype);
+    let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
+    layer.forward_into(client, x, gated, &out, None).unwrap();
+    let want = gated_reference(product, m, n);
+    let got = out.to_f64_vec(client).unwrap();
+    // Gate and up are rounded to the dtype before the activation (two roundings the f64
+    // reference does not make).
+    assert_close(
+        &format!("{what} gated"),
+        &got,
+        &want,
+        2.0 * tolerance(dtype),
+    );
 }
 
 /// `layer` on `x` with `bias` and `residual` (host values, uploaded in x's dtype) into a
@@ -595,16 +613,7 @@ fn prefill_case<R: Runtime>(client: &ComputeClient<R>) {
             let residual = random(&mut rng, m * n, 1.0);
             check_bias_residual(client, &layer, &x, &product, &bias, &residual, &what);
 
-            let half = n / 2;
-            let out = poisoned(client, &[m, half], dtype);
-            let gated = Epilogue::NONE.gated(ops::matmul::Activation::Silu);
-            layer.forward_into(client, &x, gated, &out, None).unwrap();
-            let want = gated_reference(&product, m, n);
-            let got = out.to_f64_vec(client).unwrap();
-            // Gate and up are rounded to the dtype before the activation (two roundings the
-            // f64 reference does not make).
-            let tol = 2.0 * tolerance(dtype);
-            assert_close(&format!("{what} gated"), &got, &want, tol);
+            check_gated(client, &layer, &x, &product, &what);
         }
     }
 }
