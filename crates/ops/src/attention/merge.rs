@@ -6,7 +6,7 @@ use super::plan::Problem;
 use super::workspace::Partials;
 use crate::launch::cube_count_1d;
 use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
-use crate::reduce::{cube_max, cube_sum, ReducePlan};
+use crate::reduce::{cube_max, ReducePlan};
 
 /// The comptime shape of [`merge_kernel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -51,9 +51,10 @@ impl MergeBlueprint {
 
 /// Combines the per-split partials of one output row (one cube per row): `out = Σ_s w_s acc_s /
 /// Σ_s w_s sum_s` with `w_s = exp(max_s - max)`. Splits that saw no key (max = EMPTY_MAX) weigh
-/// 0. First the cube reduces the split statistics (max, then the weighted sum), then each unit
-/// adds its `per_group` splits with all their loads issued together: the kernel is a few
-/// dependent memory latencies long, whatever the split count.
+/// 0. Unit (group, lane) takes the splits `group + i · groups` and issues the loads of all their
+/// statistics and accumulator elements in one batch, so that the kernel is one memory latency
+/// long, not one per dependent step: the cube's maximum is the only reduction before the
+/// weighted sums, which the groups then add in shared memory in a fixed order.
 #[cube(launch_unchecked)]
 pub(crate) fn merge_kernel<F: Float>(
     part_acc: &[f32],
@@ -70,57 +71,60 @@ pub(crate) fn merge_kernel<F: Float>(
     let d = comptime![blueprint.d];
     let lanes = comptime![blueprint.lanes];
     let groups = comptime![blueprint.groups];
+    let per_group = comptime![blueprint.per_group];
     let dpl = comptime![blueprint.d.div_ceil(blueprint.lanes)];
     let row = min(CUBE_POS, rows_out as usize - 1);
     let rows = rows_out as usize;
     let lane = UNIT_POS as usize % lanes;
     let grp = UNIT_POS as usize / lanes;
     let empty = f32::new(EMPTY_MAX);
-    let units = comptime![blueprint.lanes * blueprint.groups];
 
-    // The statistics of up to `units * per_group` splits, unit u taking splits u, u + units, ..
+    // Every load of the unit's splits at once; a split past the count reads as empty.
+    let mut ms = Array::<f32>::new(per_group);
+    let mut ls = Array::<f32>::new(per_group);
+    let mut accs = Array::<f32>::new(comptime![per_group * dpl]);
+    #[unroll]
+    for i in 0..per_group {
+        let s = grp + i * groups;
+        let prow = min(s, splits as usize - 1) * rows + row;
+        let live = s < splits as usize;
+        ms[i] = select(live, part_stats[prow * 2], empty);
+        ls[i] = part_stats[prow * 2 + 1];
+        #[unroll]
+        for t in 0..dpl {
+            let dd = lane + t * lanes;
+            let mut a = 0f32;
+            if comptime![(t + 1) * lanes <= d] || dd < d {
+                a = part_acc[prow * d + dd];
+            }
+            accs[i * dpl + t] = a;
+        }
+    }
     let mut m_local = empty;
     #[unroll]
-    for i in 0..comptime![blueprint.per_group.div_ceil(blueprint.lanes)] {
-        let s = UNIT_POS as usize + i * units;
-        if s < splits as usize {
-            m_local = max(m_local, part_stats[(s * rows + row) * 2]);
-        }
+    for i in 0..per_group {
+        m_local = max(m_local, ms[i]);
     }
     let m = cube_max(m_local, blueprint.plan);
-    let mut l_local = 0f32;
-    #[unroll]
-    for i in 0..comptime![blueprint.per_group.div_ceil(blueprint.lanes)] {
-        let s = UNIT_POS as usize + i * units;
-        if s < splits as usize {
-            let st = (s * rows + row) * 2;
-            l_local += part_stats[st + 1] * exp_or_zero(part_stats[st], m);
-        }
-    }
-    let l = cube_sum(l_local, blueprint.plan);
 
+    let mut l = 0f32;
     let mut acc = Array::<f32>::new(dpl);
     #[unroll]
     for t in 0..dpl {
         acc[t] = 0f32;
     }
     #[unroll]
-    for i in 0..comptime![blueprint.per_group] {
-        let s = grp + i * groups;
-        if s < splits as usize {
-            let prow = s * rows + row;
-            let w = exp_or_zero(part_stats[prow * 2], m);
-            #[unroll]
-            for t in 0..dpl {
-                let dd = lane + t * lanes;
-                if comptime![(t + 1) * lanes <= d] || dd < d {
-                    acc[t] += part_acc[prow * d + dd] * w;
-                }
-            }
+    for i in 0..per_group {
+        let w = exp_or_zero(ms[i], m);
+        l += ls[i] * w;
+        #[unroll]
+        for t in 0..dpl {
+            acc[t] += accs[i * dpl + t] * w;
         }
     }
 
     let mut acc_sh = Shared::<[f32]>::new_slice(comptime![groups * d]);
+    let mut l_sh = Shared::<[f32]>::new_slice(groups);
     #[unroll]
     for t in 0..dpl {
         let dd = lane + t * lanes;
@@ -128,10 +132,18 @@ pub(crate) fn merge_kernel<F: Float>(
             acc_sh[grp * d + dd] = acc[t];
         }
     }
+    if lane == 0 {
+        l_sh[grp] = l;
+    }
     sync_cube();
 
     if grp == 0 && CUBE_POS < rows {
-        let inv = select(l > 0f32, 1f32 / l, 0f32);
+        let mut total_l = 0f32;
+        #[unroll]
+        for g in 0..groups {
+            total_l += l_sh[g];
+        }
+        let inv = select(total_l > 0f32, 1f32 / total_l, 0f32);
         #[unroll]
         for t in 0..dpl {
             let dd = lane + t * lanes;
