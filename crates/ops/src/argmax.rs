@@ -3,6 +3,7 @@
 
 use cubecl::prelude::*;
 
+use crate::gemm::{last_to_finish, SplitNeed, SplitScratch};
 use crate::launch::{check_u32_ids, cube_count_1d, validate_rows};
 use crate::{caps, DType, DeviceTensor, Result};
 
@@ -118,6 +119,216 @@ pub fn argmax_into<R: Runtime>(
             out.as_buffer_arg(),
             x.rows(),
             x.last_dim(),
+            x.dtype().elem_type(),
+        );
+    }
+    Ok(())
+}
+
+/// Units per cube of the split argmax.
+const SPLIT_CUBE: u32 = 256;
+/// Vector loads each unit of the split argmax issues at once (at least; more where the row
+/// would otherwise need more cubes than the GPU has SMs).
+const SPLIT_LOADS: usize = 4;
+
+/// How a row is split across cubes: `splits` cubes of [`SPLIT_CUBE`] units, `loads` vectors per
+/// unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct SplitShape {
+    splits: u32,
+    loads: usize,
+}
+
+impl SplitShape {
+    fn new(row_vectors: usize, sms: usize) -> Self {
+        let per_round = SPLIT_CUBE as usize;
+        let loads = row_vectors
+            .div_ceil(per_round * sms.max(1))
+            .max(SPLIT_LOADS);
+        Self {
+            splits: row_vectors.div_ceil(per_round * loads).max(1) as u32,
+            loads,
+        }
+    }
+}
+
+/// Whether `a` (value, index) beats `b`: the larger value, on a tie the smaller index (an index
+/// of `none` is no candidate and loses every tie). NaN compares false and never wins.
+#[cube]
+fn beats(av: f32, ai: u32, bv: f32, bi: u32) -> bool {
+    av > bv || (av == bv && ai < bi)
+}
+
+/// The best (value, index) of a plane's lanes, returned to every lane.
+#[cube]
+fn plane_best(v: f32, i: u32) -> (f32, u32) {
+    let mut bv = v;
+    let mut bi = i;
+    #[unroll]
+    for step in 0..5u32 {
+        let ov = plane_shuffle_xor(bv, comptime![1u32 << step]);
+        let oi = plane_shuffle_xor(bi, comptime![1u32 << step]);
+        if beats(ov, oi, bv, bi) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    (bv, bi)
+}
+
+/// Argmax with each row split over `shape.splits` cubes (CUDA: 32-unit planes and a device-scope
+/// fence): every cube reduces its slice to one (value, index) candidate in slot `row · splits +
+/// split` of `partials`, and the last cube of the row to finish ([`last_to_finish`]) reduces
+/// the row's candidates. The winner does not depend on the order the cubes finish in: the
+/// comparison (larger value, then smaller index) is a total order on the candidates.
+#[cube(launch_unchecked)]
+fn argmax_split_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    partials: &mut [f32],
+    counters: &[Atomic<u32>],
+    out: &mut [u32],
+    n_cols: usize,
+    #[comptime] shape: SplitShape,
+    #[define(F)] _dtype: ElemType,
+) {
+    let row = CUBE_POS_Y as usize;
+    let split = CUBE_POS_X as usize;
+    let splits = comptime![shape.splits as usize];
+    let loads = comptime![shape.loads];
+    let none = n_cols as u32;
+    let row_vectors = n_cols / x[0].vector_size();
+    let last = row_vectors - 1;
+    let first = split * loads * CUBE_DIM as usize + UNIT_POS as usize;
+    let base = row * row_vectors;
+    let mut batch = Array::<Vector<F, N>>::new(loads);
+    #[unroll]
+    for u in 0..loads {
+        batch[u] = x[base + min(first + u * CUBE_DIM as usize, last)];
+    }
+    let mut best = f32::new(f32::MIN);
+    let mut best_i = none;
+    #[unroll]
+    for u in 0..loads {
+        let i = first + u * CUBE_DIM as usize;
+        if i < row_vectors {
+            let v = batch[u];
+            #[unroll]
+            for k in 0..v.vector_size() {
+                let e = f32::cast_from(v.extract(k));
+                let idx = (i * v.vector_size() + k) as u32;
+                if beats(e, idx, best, best_i) {
+                    best = e;
+                    best_i = idx;
+                }
+            }
+        }
+    }
+    let (pv, pi) = plane_best(best, best_i);
+    let mut vals = Shared::<[f32]>::new_slice(comptime![(SPLIT_CUBE / 32) as usize]);
+    let mut idxs = Shared::<[u32]>::new_slice(comptime![(SPLIT_CUBE / 32) as usize]);
+    let plane = UNIT_POS as usize / 32;
+    let lane = UNIT_POS as usize % 32;
+    if lane == 0 {
+        vals[plane] = pv;
+        idxs[plane] = pi;
+    }
+    sync_cube();
+    if UNIT_POS == 0 {
+        let mut cv = vals[0];
+        let mut ci = idxs[0];
+        #[unroll]
+        for p in 1..comptime![(SPLIT_CUBE / 32) as usize] {
+            if beats(vals[p], idxs[p], cv, ci) {
+                cv = vals[p];
+                ci = idxs[p];
+            }
+        }
+        let slot = row * splits + split;
+        partials[slot * 2] = cv;
+        partials[slot * 2 + 1] = f32::reinterpret(ci);
+    }
+    if last_to_finish(counters, row, comptime![shape.splits]) && plane == 0 {
+        let mut cv = f32::new(f32::MIN);
+        let mut ci = none;
+        for s in range_stepped(lane, splits, 32usize) {
+            let slot = row * splits + s;
+            let v = partials[slot * 2];
+            let i = u32::reinterpret(partials[slot * 2 + 1]);
+            if beats(v, i, cv, ci) {
+                cv = v;
+                ci = i;
+            }
+        }
+        let (_, wi) = plane_best(cv, ci);
+        if lane == 0 {
+            // A row of only NaN has no candidate: report index 0.
+            out[row] = select(wi == none, 0u32, wi);
+        }
+    }
+}
+
+/// Whether [`argmax_split_into`] splits rows across cubes here (CUDA, 32-unit planes).
+fn splits_rows<R: Runtime>(client: &ComputeClient<R>) -> bool {
+    caps::runtime_name(client).contains("cuda")
+        && caps::has_plane_ops(client)
+        && caps::plane_size_min(client) == 32
+}
+
+/// What [`argmax_split_into`] needs of a [`SplitScratch`] for `rows` rows of `n` elements of
+/// `dtype` (nothing where it runs one cube per row).
+pub fn split_need<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    n: usize,
+    dtype: DType,
+) -> SplitNeed {
+    if !splits_rows(client) || n == 0 {
+        return SplitNeed::default();
+    }
+    let vector = caps::vector_size_for(client, dtype, n);
+    let shape = SplitShape::new(n / vector, caps::num_sms(client) as usize);
+    SplitNeed {
+        partials: rows * shape.splits as usize * 2,
+        counters: rows,
+    }
+}
+
+/// [`argmax_into`] with each row split across cubes where the runtime allows it (CUDA) and
+/// `scratch` holds [`split_need`]: a row of a large vocabulary (152k logits) is then read by
+/// many SMs at once instead of one, and the last cube of the row to finish picks among the
+/// cubes' candidates. The result is the same as [`argmax_into`]'s (first index on ties, NaN
+/// never chosen). `scratch` is used by one stream at a time and left as it was found (its
+/// counters at zero); without room in it, one cube per row runs.
+pub fn argmax_split_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    scratch: &SplitScratch<R>,
+) -> Result<()> {
+    const OP: &str = "argmax";
+    validate_rows(client, OP, x, &[])?;
+    check_u32_ids(OP, "out", out, x.rows())?;
+    let (rows, n) = (x.rows(), x.last_dim());
+    let need = split_need(client, rows, n, x.dtype());
+    if need == SplitNeed::default() || !scratch.fits(need) || rows > u16::MAX as usize {
+        return argmax_into(client, x, out);
+    }
+    let vector = caps::vector_size_for(client, x.dtype(), n);
+    let shape = SplitShape::new(n / vector, caps::num_sms(client) as usize);
+    // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and `need.partials` floats of
+    // the scratch (it fits), and leaves the `rows` counters it uses at zero.
+    unsafe {
+        argmax_split_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(shape.splits, rows as u32, 1),
+            CubeDim::new_1d(SPLIT_CUBE),
+            vector,
+            x.as_buffer_arg(),
+            scratch.partials_arg(),
+            scratch.counters_arg(),
+            out.as_buffer_arg(),
+            n,
+            shape,
             x.dtype().elem_type(),
         );
     }

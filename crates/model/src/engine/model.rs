@@ -350,7 +350,12 @@ impl<R: Runtime> Model<R> {
             logits: &step.logits,
         };
         self.forward(&s, &step.token, cache.layers(), head)?;
-        ops::argmax::argmax_into(&self.client, &step.logits, &step.next_token)?;
+        ops::argmax::argmax_split_into(
+            &self.client,
+            &step.logits,
+            &step.next_token,
+            step.scratch.linear.split_k(),
+        )?;
         Ok(())
     }
 
@@ -394,7 +399,12 @@ impl<R: Runtime> Model<R> {
             logits: &step.logits,
         };
         self.forward(&s, &step.tokens, slots.layers(), head)?;
-        ops::argmax::argmax_into(&self.client, &step.logits, &step.next_tokens)?;
+        ops::argmax::argmax_split_into(
+            &self.client,
+            &step.logits,
+            &step.next_tokens,
+            step.scratch.linear.split_k(),
+        )?;
         Ok(())
     }
 }

@@ -84,10 +84,17 @@ impl<R: Runtime> ProjectionScratch<R> {
             [2 * i, h],
             [h, i],
         ];
+        // The step's argmax over the logits splits each row across cubes with the same scratch.
         let need = products
             .iter()
             .map(|&[n, k]| ops::matmul::scratch_need(client, n, k))
-            .fold(SplitNeed::default(), SplitNeed::max);
+            .fold(SplitNeed::default(), SplitNeed::max)
+            .max(ops::argmax::split_need(
+                client,
+                rows,
+                config.vocab_size,
+                dtype,
+            ));
         Self {
             linear: LinearWorkspace::with_split_need(
                 client, rows, widest_in, widest_out, dtype, need,

@@ -1,5 +1,6 @@
 use cubecl::prelude::*;
-use ops::argmax::{argmax, argmax_into};
+use ops::argmax::{argmax, argmax_into, argmax_split_into, split_need};
+use ops::gemm::{SplitNeed, SplitScratch};
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
@@ -41,6 +42,64 @@ fn argmax_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The split argmax (rows across cubes on CUDA, one cube per row elsewhere or without room in
+/// the scratch) against the reference: awkward lengths, a vocabulary of 152k and one past a
+/// whole number of cubes, ties (first index), NaN, rows of only NaN and of equal values, each
+/// call twice on one scratch (the counters must be left at zero).
+fn split_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(43);
+    let cuda = ops::caps::runtime_name(client).contains("cuda");
+    for dtype in float_dtypes(client) {
+        for &n in AWKWARD.iter().chain(&[151_936usize, 2048 * 8 + 8]) {
+            let rows = if n > 10_000 { 3 } else { 5 };
+            let need = split_need(client, rows, n, dtype);
+            assert_eq!(need != SplitNeed::default(), cuda, "split on CUDA only");
+            let scratch = SplitScratch::new(client, need);
+            let mut v = random(&mut rng, rows * n, 4.0);
+            if n > 3 {
+                // Row 0: a tie for the maximum, the first index must win; row 1: the maximum
+                // last; row 2: NaN around a maximum in the middle.
+                let m = v[..n].iter().cloned().fold(f32::MIN, f32::max) + 1.0;
+                v[n / 3] = m;
+                v[n - 1] = m;
+                v[2 * n - 1] = 100.0;
+                v[2 * n] = f32::NAN;
+                v[2 * n + n / 2] = 100.0;
+                v[3 * n - 1] = f32::NAN;
+            }
+            let (x, xh) = upload(client, &v, &[rows, n], dtype);
+            let want = reference::argmax(&xh, n);
+            for round in 0..2 {
+                let out = DeviceTensor::from_slice(client, &vec![u32::MAX; rows], &[rows]).unwrap();
+                argmax_split_into(client, &x, &out, &scratch).unwrap();
+                assert_exact(
+                    &format!("split argmax {dtype} {rows}x{n} round {round}"),
+                    &out.to_vec::<u32>(client).unwrap(),
+                    &want,
+                );
+            }
+        }
+        // Rows of only NaN give 0; equal values give the first index; a scratch without room
+        // falls back to one cube per row.
+        let n = 40_000;
+        let mut v = vec![f32::NAN; n];
+        v.extend(vec![2.5f32; n]);
+        let (x, _) = upload(client, &v, &[2, n], dtype);
+        for scratch in [
+            SplitScratch::new(client, split_need(client, 2, n, dtype)),
+            SplitScratch::new(client, SplitNeed::default()),
+        ] {
+            let out = DeviceTensor::from_slice(client, &[u32::MAX; 2], &[2]).unwrap();
+            argmax_split_into(client, &x, &out, &scratch).unwrap();
+            assert_exact(
+                "split argmax NaN / equal",
+                &out.to_vec::<u32>(client).unwrap(),
+                &[0, 0],
+            );
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let x = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::F32).unwrap();
     let wrong = DeviceTensor::empty(client, &[4], DType::U32);
@@ -54,6 +113,11 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn argmax_matches_reference() {
     on_each_runtime!(argmax_case);
+}
+
+#[test]
+fn split_argmax_matches_reference() {
+    on_each_runtime!(split_case);
 }
 
 #[test]
