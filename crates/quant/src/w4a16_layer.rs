@@ -95,8 +95,8 @@ impl<R: Runtime> W4A16Linear<R> {
 
     /// Whether a forward pass over `rows` rows runs the int4 GEMV on the tensor cores (CUDA
     /// with the bf16/f16 `mma`, at most 16 rows, in_features a multiple of 32, groups of a
-    /// multiple of 128 or one per output channel, x small enough to stage in shared memory);
-    /// otherwise up to 16 rows run the CUDA-core (portable) GEMV.
+    /// multiple of 128 or one per output channel); otherwise up to 16 rows run the CUDA-core
+    /// (portable) GEMV.
     pub fn decodes_on_tensor_cores(&self, client: &ComputeClient<R>, rows: usize) -> bool {
         let k = self.in_features;
         crate::w4a16_mma::can_run(

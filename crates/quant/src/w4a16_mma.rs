@@ -42,7 +42,7 @@ const STEP_K: usize = 128;
 /// Most bytes of shared memory the staged x rows take (M x K padded to whole steps x 2 bytes):
 /// the 1.5B model's down projection at one row needs 17.5 KB, K = 14336 28 KB. With the warps'
 /// partial sums (up to 16 KB) the cube stays within the 48 KB a kernel gets without opting in
-/// to more.
+/// to more. Larger M x K (16 rows at K = 1 536 are 48 KB) is staged in chunks of whole passes.
 const STAGE_MAX_BYTES: usize = 28 * 1024;
 /// Bytes of the warps' partial sums at most: 16 warps of 16 columns x 8 x rows, gated (above 8
 /// rows of x, 8 warps of twice as many).
@@ -83,8 +83,14 @@ struct MmaPlan {
     epilogue: EpilogueBlueprint,
     /// `Some`: x goes through an RMSNorm first (statistics reduced over the cube).
     norm: Option<ReducePlan>,
-    /// Staged 16-byte words (8 k each) per x row: the steps' K.
+    /// Staged 16-byte words (8 k each) per x row: the K of one chunk of steps.
     row_words: u32,
+    /// Chunks of steps x is staged in, one after the other (1: all of K at once). Where M x K
+    /// does not fit [`STAGE_MAX_BYTES`] the cube stages x a chunk of whole passes at a time and
+    /// multiplies it before staging the next.
+    chunks: u32,
+    /// Passes per chunk (with one chunk, all of them).
+    chunk_passes: u32,
     /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
     early_wait: bool,
     /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
@@ -135,8 +141,9 @@ pub(crate) fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> 
 }
 
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
-/// runtime with the bf16/f16 MMA, `m <= 16`, K a multiple of 32 (16-byte weight loads), groups
-/// of whole steps, and the staged x within [`STAGE_MAX_BYTES`].
+/// runtime with the bf16/f16 MMA, `m <= 16`, K a multiple of 32 (16-byte weight loads) and
+/// groups of whole steps. Any K: x is staged in chunks of steps where all of it does not fit
+/// [`STAGE_MAX_BYTES`].
 pub(crate) fn can_run<R: Runtime>(
     client: &ComputeClient<R>,
     dtype: DType,
@@ -147,7 +154,6 @@ pub(crate) fn can_run<R: Runtime>(
     m <= 16
         && k.is_multiple_of(32)
         && (group == k || group.is_multiple_of(STEP_K))
-        && m * k.next_multiple_of(STEP_K) * 2 <= STAGE_MAX_BYTES
         && STAGE_MAX_BYTES + RED_MAX_BYTES + 1024
             <= client.properties().hardware.max_shared_memory_size
         && caps::vector_size_for(client, dtype, 8) == 8
@@ -426,168 +432,191 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     #[unroll]
     for r in 0..m_rows {
         squares[r] = 0f32;
-        for base in range_stepped(0, row_words, CUBE_DIM as usize) {
-            let wi = base + tid;
-            let mut packed = Vector::<u32, Const<4>>::new(0u32);
-            if wi < x_words {
-                let xv = x[r * x_words + wi];
-                let mut xf = Vector::<f32, NX>::cast_from(xv);
-                if comptime![streamed] {
-                    squares[r] += sum_squares(xv);
-                    xf *= Vector::<f32, NX>::cast_from(norm_w[wi]);
-                } else if comptime![plan.norm.is_some()] {
-                    xf = Vector::<f32, NX>::cast_from(scale_by_weight(xv, norm_w[wi], inv_rms[r]));
-                }
-                #[unroll]
-                for p in 0..4usize {
-                    packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
-                }
-            }
-            if wi < row_words {
-                xs[r * row_words + wi] = packed;
-            }
-            if comptime![plan.biased()] {
-                // The staged (rounded) values: a bf16 is the high half of its f32.
-                let mut sum = 0f32;
-                #[unroll]
-                for p in 0..4usize {
-                    let pair = packed.extract(p);
-                    sum +=
-                        f32::reinterpret(pair << 16u32) + f32::reinterpret(pair & 0xFFFF_0000u32);
-                }
-                sum += plane_shuffle_xor(sum, 1u32);
-                sum += plane_shuffle_xor(sum, 2u32);
-                sum += plane_shuffle_xor(sum, 4u32);
-                sum += plane_shuffle_xor(sum, 8u32);
-                if wi < row_words && (wi & 15) == 0 {
-                    xsum[r * steps_staged + wi / 16] = sum;
-                }
-            }
-        }
     }
-    // The cube-wide sums' barrier also publishes the staged x; otherwise a plain one.
-    if comptime![streamed] {
-        #[unroll]
-        for r in 0..m_rows {
-            inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
-        }
-    } else {
-        sync_cube();
-    }
-
     // acc[4 (half · x_halves + xh) + e]: weight row gid + 8 (e / 2), x row 8 xh + 2 tig + e % 2.
     let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
     #[unroll]
     for i in 0..comptime![4 * plan.halves() * plan.x_halves()] {
         acc[i] = 0f32;
     }
-    // The MMA's B column gid is x row gid (rows past M read x row 0: their outputs are never
-    // written); above 8 rows a second MMA takes x rows 8..16.
-    let lo_base = select(gid < m_rows, gid, 0) * row_words;
-    let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
+    let chunks = comptime![plan.chunks as usize];
     let per_pass = warps * batch;
     let passes = steps.div_ceil(per_pass);
-    for p in 0..passes {
-        if p > 0 {
-            load_pass(
-                qweight,
-                scales,
-                &mut wr,
-                &mut sr,
-                row,
-                n,
-                p * per_pass + warp,
-                steps,
-                k_vectors,
-                groups,
-                steps_per_group,
-                up_offset,
-                plan,
-            );
+    let chunk_passes = comptime![plan.chunk_passes as usize];
+    for chunk in 0..chunks {
+        let first_word = chunk * row_words;
+        if chunk > 0 {
+            // Every warp is done with the chunk before.
+            sync_cube();
         }
         #[unroll]
-        for j in 0..batch {
-            let s = p * per_pass + j * warps + warp;
-            if s < steps {
-                // Two MMA chains per (half, x half), one per nibble pair index h, summed at the
-                // end of the step: two independent chains of four instead of one of eight.
-                let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![
-                    2 * plan.halves() * plan.x_halves()
-                ]);
-                #[unroll]
-                for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
-                    d[i] = Vector::<f32, Const<4>>::new(0f32);
+        for r in 0..m_rows {
+            for base in range_stepped(0, row_words, CUBE_DIM as usize) {
+                let wi = base + tid;
+                let gw = first_word + wi;
+                let mut packed = Vector::<u32, Const<4>>::new(0u32);
+                if gw < x_words && wi < row_words {
+                    let xv = x[r * x_words + gw];
+                    let mut xf = Vector::<f32, NX>::cast_from(xv);
+                    if comptime![streamed] {
+                        squares[r] += sum_squares(xv);
+                        xf *= Vector::<f32, NX>::cast_from(norm_w[gw]);
+                    } else if comptime![plan.norm.is_some()] {
+                        xf = Vector::<f32, NX>::cast_from(scale_by_weight(
+                            xv, norm_w[gw], inv_rms[r],
+                        ));
+                    }
+                    #[unroll]
+                    for p in 0..4usize {
+                        packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
+                    }
                 }
-                #[unroll]
-                for w in 0..4usize {
-                    let xw = s * 16 + tig * 4 + w;
-                    // B per x half: x rows 0..8, above 8 rows also 8..16.
-                    let mut xv = Array::<Vector<u32, Const<4>>>::new(comptime![plan.x_halves()]);
-                    xv[0] = xs[lo_base + xw];
-                    if comptime![plan.x_halves() == 2] {
-                        xv[1] = xs[hi_base + xw];
+                if wi < row_words {
+                    xs[r * row_words + wi] = packed;
+                }
+                if comptime![plan.biased()] {
+                    // The staged (rounded) values: a bf16 is the high half of its f32.
+                    let mut sum = 0f32;
+                    #[unroll]
+                    for p in 0..4usize {
+                        let pair = packed.extract(p);
+                        sum += f32::reinterpret(pair << 16u32)
+                            + f32::reinterpret(pair & 0xFFFF_0000u32);
+                    }
+                    sum += plane_shuffle_xor(sum, 1u32);
+                    sum += plane_shuffle_xor(sum, 2u32);
+                    sum += plane_shuffle_xor(sum, 4u32);
+                    sum += plane_shuffle_xor(sum, 8u32);
+                    if wi < row_words && (wi & 15) == 0 {
+                        xsum[r * steps_staged + wi / 16] = sum;
+                    }
+                }
+            }
+        }
+        // In one chunk, the cube-wide sums' barrier also publishes the staged x; otherwise a plain
+        // one, and the sums follow the last chunk.
+        if comptime![streamed && plan.chunks == 1] {
+            #[unroll]
+            for r in 0..m_rows {
+                inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
+            }
+        } else {
+            sync_cube();
+        }
+        // The MMA's B column gid is x row gid (rows past M read x row 0: their outputs are never
+        // written); above 8 rows a second MMA takes x rows 8..16.
+        let lo_base = select(gid < m_rows, gid, 0) * row_words;
+        let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
+        let chunk_steps = chunk_passes * per_pass;
+        for p in chunk * chunk_passes..min(passes, (chunk + 1) * chunk_passes) {
+            if p > 0 {
+                load_pass(
+                    qweight,
+                    scales,
+                    &mut wr,
+                    &mut sr,
+                    row,
+                    n,
+                    p * per_pass + warp,
+                    steps,
+                    k_vectors,
+                    groups,
+                    steps_per_group,
+                    up_offset,
+                    plan,
+                );
+            }
+            #[unroll]
+            for j in 0..batch {
+                let s = p * per_pass + j * warps + warp;
+                if s < steps {
+                    // Two MMA chains per (half, x half), one per nibble pair index h, summed at the
+                    // end of the step: two independent chains of four instead of one of eight.
+                    let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![
+                        2 * plan.halves() * plan.x_halves()
+                    ]);
+                    #[unroll]
+                    for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
+                        d[i] = Vector::<f32, Const<4>>::new(0f32);
+                    }
+                    #[unroll]
+                    for w in 0..4usize {
+                        let xw = (s - chunk * chunk_steps) * 16 + tig * 4 + w;
+                        // B per x half: x rows 0..8, above 8 rows also 8..16.
+                        let mut xv =
+                            Array::<Vector<u32, Const<4>>>::new(comptime![plan.x_halves()]);
+                        xv[0] = xs[lo_base + xw];
+                        if comptime![plan.x_halves() == 2] {
+                            xv[1] = xs[hi_base + xw];
+                        }
+                        #[unroll]
+                        for half in 0..halves {
+                            let i = (j * halves + half) * 2;
+                            let lo = wr[i].extract(w);
+                            let hi = wr[i + 1].extract(w);
+                            #[unroll]
+                            for h in 0..2u32 {
+                                let hh = comptime![h as usize];
+                                // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and
+                                // a3; nibble pair 2h is MMA k (2 tig, 2 tig + 1), pair 2h + 1 is
+                                // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
+                                // the same k in B.
+                                let mut a = Vector::<u32, Const<4>>::new(0u32);
+                                a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16, true));
+                                a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16, true));
+                                a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16, true));
+                                a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16, true));
+                                #[unroll]
+                                for xh in 0..x_halves {
+                                    let di = (half * x_halves + xh) * 2 + hh;
+                                    d[di] = mma_m16n8k16(
+                                        a.extract(0usize),
+                                        a.extract(1usize),
+                                        a.extract(2usize),
+                                        a.extract(3usize),
+                                        xv[xh].extract(2 * hh),
+                                        xv[xh].extract(2 * hh + 1),
+                                        d[di],
+                                        f16,
+                                    );
+                                }
+                            }
+                        }
+                    }
+                    // With biased weights, 136 · Σx of the step for this lane's x rows.
+                    let mut offset = Array::<f32>::new(comptime![2 * plan.x_halves()]);
+                    #[unroll]
+                    for o in 0..comptime![2 * plan.x_halves()] {
+                        offset[o] = 0f32;
+                        if comptime![plan.biased()] {
+                            let xr = 8 * (o / 2) + 2 * tig + o % 2;
+                            let xr = select(xr < m_rows, xr, 0);
+                            offset[o] = 136f32 * xsum[xr * steps_staged + s - chunk * chunk_steps];
+                        }
                     }
                     #[unroll]
                     for half in 0..halves {
-                        let i = (j * halves + half) * 2;
-                        let lo = wr[i].extract(w);
-                        let hi = wr[i + 1].extract(w);
                         #[unroll]
-                        for h in 0..2u32 {
-                            let hh = comptime![h as usize];
-                            // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and
-                            // a3; nibble pair 2h is MMA k (2 tig, 2 tig + 1), pair 2h + 1 is
-                            // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
-                            // the same k in B.
-                            let mut a = Vector::<u32, Const<4>>::new(0u32);
-                            a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16, true));
-                            a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16, true));
-                            a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16, true));
-                            a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16, true));
+                        for xh in 0..x_halves {
+                            let c = (half * x_halves + xh) * 2;
+                            let d0 = d[c];
+                            let d1 = d[c + 1];
                             #[unroll]
-                            for xh in 0..x_halves {
-                                let di = (half * x_halves + xh) * 2 + hh;
-                                d[di] = mma_m16n8k16(
-                                    a.extract(0usize),
-                                    a.extract(1usize),
-                                    a.extract(2usize),
-                                    a.extract(3usize),
-                                    xv[xh].extract(2 * hh),
-                                    xv[xh].extract(2 * hh + 1),
-                                    d[di],
-                                    f16,
-                                );
+                            for e in 0..4usize {
+                                acc[2 * c + e] += (d0.extract(e) + d1.extract(e)
+                                    - offset[2 * xh + e % 2])
+                                    * sr[(j * halves + half) * 2 + e / 2];
                             }
                         }
                     }
                 }
-                // With biased weights, 136 · Σx of the step for this lane's x rows.
-                let mut offset = Array::<f32>::new(comptime![2 * plan.x_halves()]);
-                #[unroll]
-                for o in 0..comptime![2 * plan.x_halves()] {
-                    offset[o] = 0f32;
-                    if comptime![plan.biased()] {
-                        let xr = 8 * (o / 2) + 2 * tig + o % 2;
-                        let xr = select(xr < m_rows, xr, 0);
-                        offset[o] = 136f32 * xsum[xr * steps_staged + s];
-                    }
-                }
-                #[unroll]
-                for half in 0..halves {
-                    #[unroll]
-                    for xh in 0..x_halves {
-                        let c = (half * x_halves + xh) * 2;
-                        let d0 = d[c];
-                        let d1 = d[c + 1];
-                        #[unroll]
-                        for e in 0..4usize {
-                            acc[2 * c + e] += (d0.extract(e) + d1.extract(e)
-                                - offset[2 * xh + e % 2])
-                                * sr[(j * halves + half) * 2 + e / 2];
-                        }
-                    }
-                }
             }
+        }
+    }
+    if comptime![streamed && plan.chunks > 1] {
+        #[unroll]
+        for r in 0..m_rows {
+            inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
         }
     }
     if comptime![plan.trigger && !plan.early_wait] {
@@ -659,6 +688,68 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     }
 }
 
+/// How [`gemv_mma`] lays out its launch for `m` rows of x, `steps` 128-k steps and `tiles`
+/// tiles of 16 output columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct LaunchShape {
+    /// Warps per tile, over interleaved steps.
+    warps: usize,
+    /// Tiles per cube.
+    per_cube: usize,
+    /// Steps per pass of a lane.
+    batch: usize,
+    /// Chunks x is staged in, of `chunk_passes` passes (`chunk_steps` steps) each.
+    chunks: usize,
+    chunk_passes: usize,
+    chunk_steps: usize,
+}
+
+impl LaunchShape {
+    fn new(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -> Self {
+        // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
+        // within RED_MAX_BYTES.
+        let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
+        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one
+        // per step; tiles per cube up to MIN_CUBE_WARPS warps.
+        let mut warps = (WARPS_PER_SM * sms)
+            .div_ceil(tiles)
+            .min(steps)
+            .next_power_of_two()
+            .clamp(1, max_warps);
+        let halves = if gated { 2 } else { 1 };
+        let mut batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
+        // Steps of x that fit the stage: all of K (one chunk, the pass count as it comes), or
+        // chunks of whole passes, with fewer warps and loads per pass if one pass would not fit.
+        let fit = STAGE_MAX_BYTES / (m.max(1) * STEP_K * 2);
+        let passes = steps.div_ceil(warps * batch);
+        if steps <= fit {
+            return Self {
+                warps,
+                per_cube: (MIN_CUBE_WARPS / warps).max(1),
+                batch,
+                chunks: 1,
+                chunk_passes: passes,
+                chunk_steps: steps,
+            };
+        }
+        while warps > 1 && warps > fit {
+            warps /= 2;
+        }
+        batch = batch.min(fit / warps).max(1);
+        let per_pass = warps * batch;
+        let chunk_passes = fit / per_pass;
+        let chunk_steps = chunk_passes * per_pass;
+        Self {
+            warps,
+            per_cube: (MIN_CUBE_WARPS / warps).max(1),
+            batch,
+            chunks: steps.div_ceil(chunk_steps),
+            chunk_passes,
+            chunk_steps,
+        }
+    }
+}
+
 /// The tensor-core GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous
 /// bf16/f16, `qweight_nk[N, K/8]` (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32,
 /// `out[M, N]`.
@@ -679,32 +770,23 @@ pub(crate) fn gemv_mma<R: Runtime>(
     let steps = k.div_ceil(STEP_K);
     let tiles = n.div_ceil(TILE_N);
     let sms = caps::num_sms(client) as usize;
-    // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them within
-    // RED_MAX_BYTES.
-    let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
-    // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one per
-    // step; tiles per cube up to MIN_CUBE_WARPS warps.
-    let warps = (WARPS_PER_SM * sms)
-        .div_ceil(tiles)
-        .min(steps)
-        .next_power_of_two()
-        .clamp(1, max_warps);
-    let per_cube = (MIN_CUBE_WARPS / warps).max(1);
-    let halves = if epilogue.gate.is_some() { 2 } else { 1 };
-    let batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
-    let units = (32 * warps * per_cube) as u32;
+    let shape = LaunchShape::new(m, steps, tiles, sms, epilogue.gate.is_some());
+    let units = (32 * shape.warps * shape.per_cube) as u32;
     let plan = MmaPlan {
         m: m as u32,
-        warps: warps as u32,
-        tiles: per_cube as u32,
-        batch: batch as u32,
+        warps: shape.warps as u32,
+        tiles: shape.per_cube as u32,
+        batch: shape.batch as u32,
         f16: x.dtype() == DType::F16,
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
-        row_words: (steps * STEP_K / 8) as u32,
+        row_words: (shape.chunk_steps * STEP_K / 8) as u32,
+        chunks: shape.chunks as u32,
+        chunk_passes: shape.chunk_passes as u32,
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
+    let per_cube = shape.per_cube;
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let cubes = tiles.div_ceil(per_cube) as u32;
     let up_offset = if epilogue.gate.is_some() { n } else { 0 };
@@ -736,4 +818,43 @@ pub(crate) fn gemv_mma<R: Runtime>(
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every launch shape stages at most [`STAGE_MAX_BYTES`] of x, in chunks of whole passes
+    /// that cover K, and where all of K fits the shape is the one-chunk rule.
+    #[test]
+    fn launch_shapes_stage_within_bounds() {
+        for m in 1..=16usize {
+            for k in [128usize, 384, 1536, 4480, 8960, 14336, 18944] {
+                for tiles in [3usize, 96, 128, 560, 9496] {
+                    for gated in [false, true] {
+                        let steps = k.div_ceil(STEP_K);
+                        let s = LaunchShape::new(m, steps, tiles, 132, gated);
+                        let what = format!("m {m} k {k} tiles {tiles} gated {gated}: {s:?}");
+                        assert!(m * s.chunk_steps * STEP_K * 2 <= STAGE_MAX_BYTES, "{what}");
+                        assert!(s.chunks * s.chunk_steps >= steps, "{what}");
+                        assert!(
+                            s.chunk_passes >= 1 && s.warps >= 1 && s.batch >= 1,
+                            "{what}"
+                        );
+                        assert!(s.batch * 2 * (1 + gated as usize) <= MAX_LOADS, "{what}");
+                        let per_pass = s.warps * s.batch;
+                        if s.chunks == 1 {
+                            assert_eq!(s.chunk_steps, steps, "{what}");
+                            assert_eq!(s.chunk_passes, steps.div_ceil(per_pass), "{what}");
+                        } else {
+                            assert_eq!(s.chunk_steps, s.chunk_passes * per_pass, "{what}");
+                            assert!((s.chunks - 1) * s.chunk_steps < steps, "{what}");
+                        }
+                        let fits = m * steps * STEP_K * 2 <= STAGE_MAX_BYTES;
+                        assert_eq!(s.chunks == 1, fits, "{what}");
+                    }
+                }
+            }
+        }
+    }
 }

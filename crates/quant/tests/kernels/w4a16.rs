@@ -497,9 +497,9 @@ fn check_bias_residual<R: Runtime>(
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
 /// step), N past whole 16-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
-/// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 go through a second MMA),
-/// bias, residual, the gated MLP and the input norm, against the f64 reference of the same
-/// quantized product.
+/// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 go through a second MMA), x
+/// staged whole or in chunks of steps, bias, residual, the gated MLP and the input norm, against
+/// the f64 reference of the same quantized product.
 fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
     const EPS: f32 = 1e-6;
     let mut rng = rng(403);
@@ -514,6 +514,13 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         // Three steps: tiles of four warps, two to a cube; 44 columns: the last cube's tiles
         // partly and wholly past N; gated (22): one cube, its second tile partly past N.
         (1, 384, 44, Some(128)),
+        // x staged in chunks of steps (M x K past the stage): 16 rows at the 1.5B model's
+        // hidden size, 2 rows over 70 steps (the last chunk partly past K), 12 rows with
+        // per-channel scales, 5 rows with groups of two steps.
+        (16, 1536, 40, Some(128)),
+        (2, 8960, 24, Some(128)),
+        (12, 4480, 20, None),
+        (5, 8960, 18, Some(256)),
     ];
     for dtype in float_dtypes(client) {
         for (i, &(m, k, n, group)) in shapes.iter().enumerate() {
