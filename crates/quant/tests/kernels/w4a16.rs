@@ -514,11 +514,11 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         // Three steps: tiles of four warps, two to a cube; 44 columns: the last cube's tiles
         // partly and wholly past N; gated (22): one cube, its second tile partly past N.
         (1, 384, 44, Some(128)),
-        // x staged in chunks of steps (M x K past the stage): 16 rows at the 1.5B model's
-        // hidden size, 2 rows over 70 steps (the last chunk partly past K), 12 rows with
-        // per-channel scales, 5 rows with groups of two steps.
+        // 16 rows at the 1.5B model's hidden size (48 KB of x, staged whole); then x staged in
+        // chunks of steps (M x K past the stage): 8 rows over 70 steps (the last chunk partly
+        // past K), 12 rows with per-channel scales, 5 rows with groups of two steps.
         (16, 1536, 40, Some(128)),
-        (2, 8960, 24, Some(128)),
+        (8, 8960, 24, Some(128)),
         (12, 4480, 20, None),
         (5, 8960, 18, Some(256)),
     ];
