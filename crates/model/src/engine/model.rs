@@ -268,6 +268,18 @@ impl<R: Runtime> Model<R> {
     }
 
     /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
+    /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
+    /// runtime allows it (the step's projection scratch holds the candidates).
+    fn greedy_into(
+        &self,
+        logits: &DeviceTensor<R>,
+        ids: &DeviceTensor<R>,
+        scratch: &ProjectionScratch<R>,
+    ) -> Result<()> {
+        ops::argmax::argmax_split_into(&self.client, logits, ids, scratch.linear.split_k())?;
+        Ok(())
+    }
+
     fn logits_into(
         &self,
         x: &DeviceTensor<R>,
@@ -350,13 +362,7 @@ impl<R: Runtime> Model<R> {
             logits: &step.logits,
         };
         self.forward(&s, &step.token, cache.layers(), head)?;
-        ops::argmax::argmax_split_into(
-            &self.client,
-            &step.logits,
-            &step.next_token,
-            step.scratch.linear.split_k(),
-        )?;
-        Ok(())
+        self.greedy_into(&step.logits, &step.next_token, &step.scratch)
     }
 
     /// One decode step of a ragged batch, allocation-free and graph-capturable: row `b` runs
@@ -399,12 +405,6 @@ impl<R: Runtime> Model<R> {
             logits: &step.logits,
         };
         self.forward(&s, &step.tokens, slots.layers(), head)?;
-        ops::argmax::argmax_split_into(
-            &self.client,
-            &step.logits,
-            &step.next_tokens,
-            step.scratch.linear.split_k(),
-        )?;
-        Ok(())
+        self.greedy_into(&step.logits, &step.next_tokens, &step.scratch)
     }
 }
