@@ -26,7 +26,9 @@
 //! Each step's MMAs start from zero and their sum is scaled by the step's group scale into f32
 //! accumulators, so groups must be whole steps (a multiple of 128, or one per output channel).
 //! The warps of a tile split the steps and meet in shared memory; bias, residual and the gated
-//! activation follow as in the dense kernels.
+//! activation follow as in the dense kernels. x is staged whole where it fits the stage (every
+//! one-row launch of the 1.5B model, 16 rows at K = 1 536); larger M x K is staged in chunks of
+//! whole passes, each multiplied before the next is staged, so any M up to 16 runs here.
 
 use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
