@@ -19,6 +19,7 @@ pub mod reference;
 pub mod rowquant;
 pub mod transpose;
 pub mod w4a16;
+mod w4a16_fragments;
 mod w4a16_gemm;
 mod w4a16_layer;
 mod w4a16_mma;

@@ -36,7 +36,7 @@ use cubecl::prelude::*;
 use ops::gemm::{epilogue_value, EpilogueBlueprint};
 use ops::{caps, DType, DeviceTensor, Result};
 
-use crate::w4a16_mma::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
+use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
 
 /// Output rows per tile.

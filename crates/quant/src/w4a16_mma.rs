@@ -30,14 +30,17 @@
 //! one-row launch of the 1.5B model, 16 rows at K = 1 536); larger M x K is staged in chunks of
 //! whole passes, each multiplied before the next is staged, so any M up to 16 runs here.
 
-use cubecl::ir::{ElemType, FloatKind};
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
 use ops::norm::{cube_inv_rms, row_inv_rms, scale_by_weight, sum_squares};
 use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
+use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
+
+mod shape;
+use shape::LaunchShape;
 
 /// K per step: a quad's four lanes x 32.
 const STEP_K: usize = 128;
@@ -133,16 +136,6 @@ impl MmaPlan {
     }
 }
 
-/// Whether the runtime runs `mma.sync.m16n8k16` on `dtype` (bf16 or f16) with f32 accumulators.
-pub(crate) fn has_mma16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> bool {
-    let t = match dtype {
-        DType::BF16 => ElemType::Float(FloatKind::BF16),
-        DType::F16 => ElemType::Float(FloatKind::F16),
-        _ => return false,
-    };
-    crate::gemm8::has_warp_mma(client, t, ElemType::Float(FloatKind::F32), 16)
-}
-
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
 /// runtime with the bf16/f16 MMA, `m <= 16`, K a multiple of 32 (16-byte weight loads) and
 /// groups of whole steps. Any K: x is staged in chunks of steps where all of it does not fit
@@ -161,139 +154,6 @@ pub(crate) fn can_run<R: Runtime>(
             <= client.properties().hardware.max_shared_memory_size
         && caps::vector_size_for(client, dtype, 8) == 8
         && has_mma16(client, dtype)
-}
-
-/// `mma.sync.m16n8k16` with f32 accumulators on packed bf16 (f16) pairs.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn mma_m16n8k16(
-    a0: u32,
-    a1: u32,
-    a2: u32,
-    a3: u32,
-    b0: u32,
-    b1: u32,
-    c: Vector<f32, Const<4>>,
-    #[comptime] f16: bool,
-) -> Vector<f32, Const<4>> {
-    let d: Vector<f32, Const<4>>;
-    if comptime![f16] {
-        gpu_asm!(
-            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {d}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {c};",
-            a0 = in(_) a0,
-            a1 = in(_) a1,
-            a2 = in(_) a2,
-            a3 = in(_) a3,
-            b0 = in(_) b0,
-            b1 = in(_) b1,
-            c = in(_) c,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    } else {
-        gpu_asm!(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d}, {{{a0}, {a1}, {a2}, {a3}}}, {{{b0}, {b1}}}, {c};",
-            a0 = in(_) a0,
-            a1 = in(_) a1,
-            a2 = in(_) a2,
-            a3 = in(_) a3,
-            b0 = in(_) b0,
-            b1 = in(_) b1,
-            c = in(_) c,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    }
-    d
-}
-
-/// Nibbles `p` and `p + 4` of `word` (two's complement, `-8..=7`) as an exact bf16 (f16) pair,
-/// the first in the low half: `(word >> 4p) & 0x000F000F ^ magic` (one LOP3, written out in PTX
-/// because the compiler otherwise splits it into two, an instruction takes one immediate) puts
-/// each nibble, its sign bit flipped (`n + 8`), in the units of a float whose value is then
-/// `136 + n` (bf16, exponent 2^7) or `1032 + n` (f16, 2^10), from which one packed FMA subtracts
-/// 136 (1032). `biased` (bf16 only): the pair stays `136 + n`, the caller takes the offset off its
-/// sums (see `MmaPlan::biased`).
-#[cube]
-pub(crate) fn nibble_pair(
-    word: i32,
-    #[comptime] p: u32,
-    #[comptime] f16: bool,
-    #[comptime] biased: bool,
-) -> u32 {
-    let u = u32::reinterpret(word);
-    let shifted = if comptime![p == 0] {
-        u
-    } else {
-        u >> comptime![4 * p]
-    };
-    let mask = 0x000F_000Fu32;
-    let d: u32;
-    if comptime![f16] {
-        let magic = 0x6408_6408u32;
-        let one = 0x3C00_3C00u32;
-        let minus = 0xE408_E408u32;
-        gpu_asm!(
-            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.f16x2 {d}, t, {one}, {minus}; }}",
-            a = in(_) shifted,
-            mask = in(_) mask,
-            magic = in(_) magic,
-            one = in(_) one,
-            minus = in(_) minus,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    } else if comptime![biased] {
-        let magic = 0x4308_4308u32;
-        gpu_asm!(
-            "lop3.b32 {d}, {a}, {mask}, {magic}, 0x6a;",
-            a = in(_) shifted,
-            mask = in(_) mask,
-            magic = in(_) magic,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    } else {
-        let magic = 0x4308_4308u32;
-        let one = 0x3F80_3F80u32;
-        let minus = 0xC308_C308u32;
-        gpu_asm!(
-            "{{ .reg .b32 t; lop3.b32 t, {a}, {mask}, {magic}, 0x6a; fma.rn.bf16x2 {d}, t, {one}, {minus}; }}",
-            a = in(_) shifted,
-            mask = in(_) mask,
-            magic = in(_) magic,
-            one = in(_) one,
-            minus = in(_) minus,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    }
-    d
-}
-
-/// `lo` and `hi` (values of the activation dtype, so exact) packed as a bf16 (f16) pair, `lo` in
-/// the low half.
-#[cube]
-pub(crate) fn pack_pair(lo: f32, hi: f32, #[comptime] f16: bool) -> u32 {
-    let d: u32;
-    if comptime![f16] {
-        gpu_asm!(
-            "cvt.rn.f16x2.f32 {d}, {hi}, {lo};",
-            hi = in(_) hi,
-            lo = in(_) lo,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    } else {
-        gpu_asm!(
-            "cvt.rn.bf16x2.f32 {d}, {hi}, {lo};",
-            hi = in(_) hi,
-            lo = in(_) lo,
-            d = out(_) d,
-            options(pure, nomem),
-        );
-    }
-    d
 }
 
 /// The weight vectors of one pass of a lane: step `s0 + j · warps` of its two rows (`gid` and
@@ -691,68 +551,6 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     }
 }
 
-/// How [`gemv_mma`] lays out its launch for `m` rows of x, `steps` 128-k steps and `tiles`
-/// tiles of 16 output columns.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct LaunchShape {
-    /// Warps per tile, over interleaved steps.
-    warps: usize,
-    /// Tiles per cube.
-    per_cube: usize,
-    /// Steps per pass of a lane.
-    batch: usize,
-    /// Chunks x is staged in, of `chunk_passes` passes (`chunk_steps` steps) each.
-    chunks: usize,
-    chunk_passes: usize,
-    chunk_steps: usize,
-}
-
-impl LaunchShape {
-    fn new(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -> Self {
-        // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
-        // within RED_MAX_BYTES.
-        let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
-        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one
-        // per step; tiles per cube up to MIN_CUBE_WARPS warps.
-        let mut warps = (WARPS_PER_SM * sms)
-            .div_ceil(tiles)
-            .min(steps)
-            .next_power_of_two()
-            .clamp(1, max_warps);
-        let halves = if gated { 2 } else { 1 };
-        let mut batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
-        // Steps of x that fit the stage: all of K (one chunk, the pass count as it comes), or
-        // chunks of whole passes, with fewer warps and loads per pass if one pass would not fit.
-        let fit = STAGE_MAX_BYTES / (m.max(1) * STEP_K * 2);
-        let passes = steps.div_ceil(warps * batch);
-        if steps <= fit {
-            return Self {
-                warps,
-                per_cube: (MIN_CUBE_WARPS / warps).max(1),
-                batch,
-                chunks: 1,
-                chunk_passes: passes,
-                chunk_steps: steps,
-            };
-        }
-        while warps > 1 && warps > fit {
-            warps /= 2;
-        }
-        batch = batch.min(fit / warps).max(1);
-        let per_pass = warps * batch;
-        let chunk_passes = fit / per_pass;
-        let chunk_steps = chunk_passes * per_pass;
-        Self {
-            warps,
-            per_cube: (MIN_CUBE_WARPS / warps).max(1),
-            batch,
-            chunks: steps.div_ceil(chunk_steps),
-            chunk_passes,
-            chunk_steps,
-        }
-    }
-}
-
 /// The tensor-core GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous
 /// bf16/f16, `qweight_nk[N, K/8]` (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32,
 /// `out[M, N]`.
@@ -821,43 +619,4 @@ pub(crate) fn gemv_mma<R: Runtime>(
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every launch shape stages at most [`STAGE_MAX_BYTES`] of x, in chunks of whole passes
-    /// that cover K, and where all of K fits the shape is the one-chunk rule.
-    #[test]
-    fn launch_shapes_stage_within_bounds() {
-        for m in 1..=16usize {
-            for k in [128usize, 384, 1536, 4480, 8960, 14336, 18944] {
-                for tiles in [3usize, 96, 128, 560, 9496] {
-                    for gated in [false, true] {
-                        let steps = k.div_ceil(STEP_K);
-                        let s = LaunchShape::new(m, steps, tiles, 132, gated);
-                        let what = format!("m {m} k {k} tiles {tiles} gated {gated}: {s:?}");
-                        assert!(m * s.chunk_steps * STEP_K * 2 <= STAGE_MAX_BYTES, "{what}");
-                        assert!(s.chunks * s.chunk_steps >= steps, "{what}");
-                        assert!(
-                            s.chunk_passes >= 1 && s.warps >= 1 && s.batch >= 1,
-                            "{what}"
-                        );
-                        assert!(s.batch * 2 * (1 + gated as usize) <= MAX_LOADS, "{what}");
-                        let per_pass = s.warps * s.batch;
-                        if s.chunks == 1 {
-                            assert_eq!(s.chunk_steps, steps, "{what}");
-                            assert_eq!(s.chunk_passes, steps.div_ceil(per_pass), "{what}");
-                        } else {
-                            assert_eq!(s.chunk_steps, s.chunk_passes * per_pass, "{what}");
-                            assert!((s.chunks - 1) * s.chunk_steps < steps, "{what}");
-                        }
-                        let fits = m * steps * STEP_K * 2 <= STAGE_MAX_BYTES;
-                        assert_eq!(s.chunks == 1, fits, "{what}");
-                    }
-                }
-            }
-        }
-    }
 }

@@ -1,0 +1,106 @@
+//! The launch shape of the int4 tensor-core GEMV: warps per tile, steps per pass, and the
+//! chunks x is staged in.
+
+use super::{MAX_LOADS, MAX_WARPS, MIN_CUBE_WARPS, STAGE_MAX_BYTES, STEP_K, WARPS_PER_SM};
+
+/// How [`super::gemv_mma`] lays out its launch for `m` rows of x, `steps` 128-k steps and `tiles`
+/// tiles of 16 output columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct LaunchShape {
+    /// Warps per tile, over interleaved steps.
+    pub warps: usize,
+    /// Tiles per cube.
+    pub per_cube: usize,
+    /// Steps per pass of a lane.
+    pub batch: usize,
+    /// Chunks x is staged in, of `chunk_passes` passes (`chunk_steps` steps) each.
+    pub chunks: usize,
+    pub chunk_passes: usize,
+    pub chunk_steps: usize,
+}
+
+impl LaunchShape {
+    pub fn new(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -> Self {
+        // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
+        // within RED_MAX_BYTES.
+        let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
+        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one
+        // per step; tiles per cube up to MIN_CUBE_WARPS warps.
+        let mut warps = (WARPS_PER_SM * sms)
+            .div_ceil(tiles)
+            .min(steps)
+            .next_power_of_two()
+            .clamp(1, max_warps);
+        let halves = if gated { 2 } else { 1 };
+        let mut batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
+        // Steps of x that fit the stage: all of K (one chunk, the pass count as it comes), or
+        // chunks of whole passes, with fewer warps and loads per pass if one pass would not fit.
+        let fit = STAGE_MAX_BYTES / (m.max(1) * STEP_K * 2);
+        let passes = steps.div_ceil(warps * batch);
+        if steps <= fit {
+            return Self {
+                warps,
+                per_cube: (MIN_CUBE_WARPS / warps).max(1),
+                batch,
+                chunks: 1,
+                chunk_passes: passes,
+                chunk_steps: steps,
+            };
+        }
+        while warps > 1 && warps > fit {
+            warps /= 2;
+        }
+        batch = batch.min(fit / warps).max(1);
+        let per_pass = warps * batch;
+        let chunk_passes = fit / per_pass;
+        let chunk_steps = chunk_passes * per_pass;
+        Self {
+            warps,
+            per_cube: (MIN_CUBE_WARPS / warps).max(1),
+            batch,
+            chunks: steps.div_ceil(chunk_steps),
+            chunk_passes,
+            chunk_steps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{MAX_LOADS, STAGE_MAX_BYTES, STEP_K};
+    use super::LaunchShape;
+
+    /// Every launch shape stages at most [`STAGE_MAX_BYTES`] of x, in chunks of whole passes
+    /// that cover K, and where all of K fits the shape is the one-chunk rule.
+    #[test]
+    fn launch_shapes_stage_within_bounds() {
+        for m in 1..=16usize {
+            for k in [128usize, 384, 1536, 4480, 8960, 14336, 18944] {
+                for tiles in [3usize, 96, 128, 560, 9496] {
+                    for gated in [false, true] {
+                        let steps = k.div_ceil(STEP_K);
+                        let s = LaunchShape::new(m, steps, tiles, 132, gated);
+                        let what = format!("m {m} k {k} tiles {tiles} gated {gated}: {s:?}");
+                        assert!(m * s.chunk_steps * STEP_K * 2 <= STAGE_MAX_BYTES, "{what}");
+                        assert!(s.chunks * s.chunk_steps >= steps, "{what}");
+                        assert!(
+                            s.chunk_passes >= 1 && s.warps >= 1 && s.batch >= 1,
+                            "{what}"
+                        );
+                        assert!(s.batch * 2 * (1 + gated as usize) <= MAX_LOADS, "{what}");
+                        let per_pass = s.warps * s.batch;
+                        if s.chunks == 1 {
+                            assert_eq!(s.chunk_steps, steps, "{what}");
+                            assert_eq!(s.chunk_passes, steps.div_ceil(per_pass), "{what}");
+                        } else {
+                            assert_eq!(s.chunk_steps, s.chunk_passes * per_pass, "{what}");
+                            assert!((s.chunks - 1) * s.chunk_steps < steps, "{what}");
+                        }
+                        let fits = m * steps * STEP_K * 2 <= STAGE_MAX_BYTES;
+                        assert_eq!(s.chunks == 1, fits, "{what}");
+                    }
+                }
+            }
+        }
+    }
+}
