@@ -150,6 +150,14 @@ impl SplitShape {
             loads,
         }
     }
+
+    /// The scratch `rows` rows take: a (value, index) candidate per cube, a counter per row.
+    fn need(&self, rows: usize) -> SplitNeed {
+        SplitNeed {
+            partials: rows * self.splits as usize * 2,
+            counters: rows,
+        }
+    }
 }
 
 /// Whether `a` (value, index) beats `b`: the larger value, on a tie the smaller index (an index
@@ -274,6 +282,23 @@ fn splits_rows<R: Runtime>(client: &ComputeClient<R>) -> bool {
         && caps::plane_size_min(client) == 32
 }
 
+/// The split of rows of `n` elements of `dtype`, and the vector width it loads (none where
+/// one cube per row runs).
+fn split_shape<R: Runtime>(
+    client: &ComputeClient<R>,
+    n: usize,
+    dtype: DType,
+) -> Option<(SplitShape, usize)> {
+    if !splits_rows(client) || n == 0 {
+        return None;
+    }
+    let vector = caps::vector_size_for(client, dtype, n);
+    Some((
+        SplitShape::new(n / vector, caps::num_sms(client) as usize),
+        vector,
+    ))
+}
+
 /// What [`argmax_split_into`] needs of a [`SplitScratch`] for `rows` rows of `n` elements of
 /// `dtype` (nothing where it runs one cube per row).
 pub fn split_need<R: Runtime>(
@@ -282,15 +307,7 @@ pub fn split_need<R: Runtime>(
     n: usize,
     dtype: DType,
 ) -> SplitNeed {
-    if !splits_rows(client) || n == 0 {
-        return SplitNeed::default();
-    }
-    let vector = caps::vector_size_for(client, dtype, n);
-    let shape = SplitShape::new(n / vector, caps::num_sms(client) as usize);
-    SplitNeed {
-        partials: rows * shape.splits as usize * 2,
-        counters: rows,
-    }
+    split_shape(client, n, dtype).map_or(SplitNeed::default(), |(shape, _)| shape.need(rows))
 }
 
 /// [`argmax_into`] with each row split across cubes where the runtime allows it (CUDA) and
@@ -309,14 +326,14 @@ pub fn argmax_split_into<R: Runtime>(
     validate_rows(client, OP, x, &[])?;
     check_u32_ids(OP, "out", out, x.rows())?;
     let (rows, n) = (x.rows(), x.last_dim());
-    let need = split_need(client, rows, n, x.dtype());
-    if need == SplitNeed::default() || !scratch.fits(need) || rows > u16::MAX as usize {
+    let Some((shape, vector)) = split_shape(client, n, x.dtype()) else {
+        return argmax_into(client, x, out);
+    };
+    if !scratch.fits(shape.need(rows)) || rows > u16::MAX as usize {
         return argmax_into(client, x, out);
     }
-    let vector = caps::vector_size_for(client, x.dtype(), n);
-    let shape = SplitShape::new(n / vector, caps::num_sms(client) as usize);
-    // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and `need.partials` floats of
-    // the scratch (it fits), and leaves the `rows` counters it uses at zero.
+    // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and the split's partials in
+    // the scratch (they fit), and leaves the `rows` counters it uses at zero.
     unsafe {
         argmax_split_kernel::launch_unchecked::<R>(
             client,

@@ -267,7 +267,6 @@ impl<R: Runtime> Model<R> {
         self.logits_into(head.normed, head.logits, s.scratch)
     }
 
-    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
     /// runtime allows it (the step's projection scratch holds the candidates).
     fn greedy_into(
@@ -280,6 +279,7 @@ impl<R: Runtime> Model<R> {
         Ok(())
     }
 
+    /// The logits `x · lm_headᵀ` (`embed_tokens` when tied) into `out`.
     fn logits_into(
         &self,
         x: &DeviceTensor<R>,
