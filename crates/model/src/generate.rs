@@ -42,6 +42,16 @@ pub trait CausalLm {
     fn prefill(&mut self, tokens: &[u32]) -> Result<()>;
     /// Runs one token; its logits become current.
     fn decode(&mut self, token: u32) -> Result<()>;
+    /// Greedy decoding one step ahead of the host, after a [`Self::decode`]: runs the next
+    /// step on the current argmax as the device holds it (the host has not seen it yet) and
+    /// returns that token, read back while the step runs; its logits become current. The
+    /// device then never waits for the host between steps. `Ok(None)` (the default) when the
+    /// model cannot, or the cache has no room for the step: the caller then reads the argmax
+    /// ([`Self::argmax`]) and decodes it. A caller that does not want the step (the token ended
+    /// the generation) truncates it away ([`Self::truncate`] to `len() - 1`).
+    fn decode_argmax_ahead(&mut self) -> Result<Option<u32>> {
+        Ok(None)
+    }
     /// Copies the current logits (f32, `vocab_size` values) into `out`.
     fn logits(&mut self, out: &mut Vec<f32>) -> Result<()>;
     /// The argmax of the current logits (first on ties). Models override this to compute it on
@@ -139,8 +149,10 @@ pub struct GenerationStats {
     /// launching it (the device works asynchronously).
     pub decode_launch_time: Duration,
     /// Of `decode_time`, the time spent choosing each next token: waiting for the step to finish
-    /// and reading back its choice (or sampling on the host). The rest of `decode_time` is the
-    /// host's own per-token work (detokenizer, stop conditions, the text callback).
+    /// and reading back its choice (or sampling on the host); in greedy decoding one step ahead
+    /// ([`CausalLm::decode_argmax_ahead`]), also launching the step after it. The rest of
+    /// `decode_time` is the host's own per-token work (detokenizer, stop conditions, the text
+    /// callback).
     pub decode_choose_time: Duration,
     pub stop_reason: StopReason,
 }
@@ -384,15 +396,35 @@ impl<M: CausalLm> Generator<M> {
         let mut token = seq.choose(&mut self.model, &mut logits)?;
         seq.first_token_chosen();
 
-        let reason = loop {
+        let reason = 'generation: loop {
             if let Some(reason) = seq.push(token, self.model.len(), &mut on_text)? {
                 break reason;
             }
             let launch = Instant::now();
             self.model.decode(token)?;
+            seq.stats.decode_launch_time += launch.elapsed();
+            if seq.greedy {
+                // Each next step is launched on the device's choice before the host reads that
+                // choice back, so the device never waits for the host between steps.
+                loop {
+                    let ahead = Instant::now();
+                    let Some(chosen) = self.model.decode_argmax_ahead()? else {
+                        break;
+                    };
+                    seq.stats.decode_choose_time += ahead.elapsed();
+                    // The model already holds the step on `chosen`.
+                    let held = self.model.len() - 1;
+                    if let Some(reason) = seq.push(chosen, held, &mut on_text)? {
+                        // The step that ran on the last token is not wanted.
+                        if !self.model.truncate(held)? {
+                            self.model.reset()?;
+                        }
+                        break 'generation reason;
+                    }
+                }
+            }
             let choose = Instant::now();
             token = seq.choose(&mut self.model, &mut logits)?;
-            seq.stats.decode_launch_time += choose - launch;
             seq.stats.decode_choose_time += choose.elapsed();
         };
         let output = seq.finish(reason, &mut on_text)?;

@@ -29,6 +29,6 @@ pub mod tensor;
 
 pub use dtype::{DType, HostElement};
 pub use error::{OpsError, Result};
-pub use tensor::DeviceTensor;
+pub use tensor::{DeviceTensor, PendingRead};
 
 pub use cubecl;

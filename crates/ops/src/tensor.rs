@@ -303,6 +303,24 @@ impl<R: Runtime> DeviceTensor<R> {
         Ok(out)
     }
 
+    /// Queues a download of a contiguous tensor behind the work already submitted on `client`'s
+    /// stream and returns without waiting: work submitted afterwards (a kernel that overwrites
+    /// the tensor) does not change what [`PendingRead::wait`] returns. A decode loop uses it to
+    /// read a step's chosen token while the next step, fed that token on the device, runs.
+    pub fn read_queued<'a>(&self, client: &'a ComputeClient<R>) -> Result<PendingRead<'a>> {
+        if !self.is_contiguous() {
+            return Err(OpsError::invalid(
+                "DeviceTensor::read_queued",
+                "the tensor is not contiguous",
+            ));
+        }
+        Ok(PendingRead {
+            bytes: Box::pin(client.read_async(vec![self.handle().clone()])),
+            len: self.numel() * self.dtype.size(),
+            dtype: self.dtype,
+        })
+    }
+
     /// Downloads the values as their own host type (the dtype must match `T`).
     pub fn to_vec<T: HostElement>(&self, client: &ComputeClient<R>) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {
@@ -347,5 +365,42 @@ impl<R: Runtime> DeviceTensor<R> {
             cubecl_environment::bytes::Bytes::from_bytes_vec(bytes.to_vec()),
         );
         Ok(())
+    }
+}
+
+/// A download queued by [`DeviceTensor::read_queued`] (it borrows the client that queued it).
+pub struct PendingRead<'a> {
+    #[allow(clippy::type_complexity)]
+    bytes: std::pin::Pin<
+        Box<
+            dyn std::future::Future<
+                    Output = std::result::Result<
+                        Vec<cubecl::bytes::Bytes>,
+                        cubecl::server::ServerError,
+                    >,
+                > + Send
+                + 'a,
+        >,
+    >,
+    len: usize,
+    dtype: DType,
+}
+
+impl PendingRead<'_> {
+    /// Waits for the download (and everything queued before it) and returns the values as
+    /// their own host type (the dtype must match `T`).
+    pub fn wait<T: HostElement>(self) -> Result<Vec<T>> {
+        if T::DTYPE != self.dtype {
+            return Err(OpsError::invalid(
+                "PendingRead::wait",
+                format!("tensor is {} but {} was asked for", self.dtype, T::DTYPE),
+            ));
+        }
+        let mut bytes = cubecl::future::block_on(self.bytes).map_err(|e| OpsError::Device {
+            op: "DeviceTensor::read_queued",
+            detail: format!("{e:?}"),
+        })?;
+        let first = bytes.remove(0);
+        Ok(bytemuck::pod_collect_to_vec(&first[..self.len]))
     }
 }

@@ -347,6 +347,24 @@ impl<R: Runtime> Model<R> {
     /// leaves the logits in `step.logits` and their argmax in `step.next_token`. The caller
     /// commits the append afterwards ([`KvCache::commit_append`]).
     pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
+        self.decode_step_reading(cache, step, &step.token)
+    }
+
+    /// [`Self::decode_step`] on the token the step before chose: reads the id from
+    /// `step.next_token` (the previous step's argmax, never copied to the host first) and
+    /// overwrites it with this step's argmax. Greedy decoding then runs one step ahead of the
+    /// host: the host queues the read of a step's choice, then this step, and only then waits
+    /// for the choice (the read sees the id from before this step: stream order).
+    pub fn decode_step_on_argmax(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
+        self.decode_step_reading(cache, step, &step.next_token)
+    }
+
+    fn decode_step_reading(
+        &self,
+        cache: &KvCache<R>,
+        step: &DecodeBuffers<R>,
+        token: &DeviceTensor<R>,
+    ) -> Result<()> {
         self.check_cache(cache, "decode_step")?;
         step.check_dtype(self.dtype)?;
         if cache.pending() != Some(1) {
@@ -361,7 +379,9 @@ impl<R: Runtime> Model<R> {
             normed: &step.act.normed,
             logits: &step.logits,
         };
-        self.forward(&s, &step.token, cache.layers(), head)?;
+        // The embedding (the first kernel) reads the id before the argmax (the last) writes
+        // one, also when both are `step.next_token`.
+        self.forward(&s, token, cache.layers(), head)?;
         self.greedy_into(&step.logits, &step.next_token, &step.scratch)
     }
 

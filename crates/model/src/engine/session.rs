@@ -168,6 +168,9 @@ pub struct Session<R: Runtime> {
     step: DecodeBuffers<R>,
     current: Current<R>,
     graph: StepGraph<R>,
+    /// The step fed by the previous step's argmax ([`CausalLm::decode_argmax_ahead`]): its own
+    /// graph, since a graph reads the buffers it was captured with.
+    ahead_graph: StepGraph<R>,
     options: SessionOptions,
     sampler: Option<DeviceSampler<R>>,
     /// The input token of the last decode step (what the step's presence mark adds).
@@ -187,12 +190,14 @@ impl<R: Runtime> Session<R> {
         // Block-sparse projections run eagerly (see `Projection::graph_safe`).
         let graph_safe = model.projections().all(Projection::graph_safe);
         let graph = StepGraph::new(model.client(), options.cuda_graphs && graph_safe);
+        let ahead_graph = StepGraph::new(model.client(), options.cuda_graphs && graph_safe);
         Ok(Self {
             model,
             cache,
             step,
             current: Current::None,
             graph,
+            ahead_graph,
             options,
             sampler: None,
             last_decoded: None,
@@ -313,6 +318,34 @@ impl<R: Runtime> CausalLm for Session<R> {
         self.current = Current::Decode;
         self.last_decoded = Some(token);
         Ok(())
+    }
+
+    fn decode_argmax_ahead(&mut self) -> Result<Option<u32>> {
+        if !matches!(self.current, Current::Decode) || self.cache.len() >= self.cache.max_len() {
+            return Ok(None);
+        }
+        let c = self.model.client().clone();
+        let _device = device_lock::for_step(self.ahead_graph.capturing());
+        // Queued before the step that overwrites the id: it reads the previous step's choice.
+        let chosen = self.step.next_token.read_queued(&c)?;
+        self.cache.begin_append(&c, 1)?;
+        let (model, cache, step) = (&self.model, &self.cache, &self.step);
+        // SAFETY: as in `run_step`: the graph touches only this session's buffers, on the one
+        // client's stream.
+        unsafe {
+            self.ahead_graph
+                .run(&c, || model.decode_step_on_argmax(cache, step))?
+        };
+        self.cache.commit_append()?;
+        let token = chosen.wait::<u32>()?[0];
+        if token as usize >= self.model.config().vocab_size {
+            return Err(ModelError::BadLogits {
+                step: self.cache.len() - 1,
+                detail: format!("the device argmax chose {token}, outside the vocabulary"),
+            });
+        }
+        self.last_decoded = Some(token);
+        Ok(Some(token))
     }
 
     fn argmax(&mut self) -> Result<u32> {

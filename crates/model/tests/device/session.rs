@@ -332,3 +332,85 @@ fn prefix_kept<R: Runtime>(client: &ComputeClient<R>) {
 fn a_kept_prefix_gives_the_logits_of_a_whole_prefill() {
     on_each_runtime_one_cuda_at_a_time!(prefix_kept);
 }
+
+/// Greedy decoding one step ahead of the host (each step fed the previous step's argmax on the
+/// device before the host reads it back) chooses the tokens of host-fed steps and leaves the
+/// same logits, stops launching where the cache is full, and a generation that ends on an eos or
+/// its token budget keeps exactly the decoded tokens in the cache (the step launched on the last
+/// token is truncated away).
+fn greedy_ahead<R: Runtime>(client: &ComputeClient<R>) {
+    const MAX_LEN: usize = 40;
+    let demo = Demo::new();
+    let prompt = [5u32, 80, 300, 17, 999, 42];
+    let session = || {
+        let options = LoadOptions {
+            max_len: Some(MAX_LEN),
+            ..LoadOptions::default()
+        };
+        Session::new(load(client, &demo.0, &options).unwrap().0).unwrap()
+    };
+
+    let mut host = session();
+    let vocab = host.vocab_size();
+    host.prefill(&prompt).unwrap();
+    let mut tokens = Vec::new();
+    while host.len() < MAX_LEN {
+        let next = host.argmax().unwrap();
+        tokens.push(next);
+        host.decode(next).unwrap();
+    }
+    let (mut want, mut got) = (Vec::new(), Vec::new());
+    host.logits(&mut want).unwrap();
+
+    let mut ahead = session();
+    ahead.prefill(&prompt).unwrap();
+    // Before any decode step there is no device choice to run on.
+    assert_eq!(ahead.decode_argmax_ahead().unwrap(), None);
+    let first = ahead.argmax().unwrap();
+    ahead.decode(first).unwrap();
+    let mut chosen = vec![first];
+    while let Some(token) = ahead.decode_argmax_ahead().unwrap() {
+        chosen.push(token);
+    }
+    assert_eq!(ahead.len(), MAX_LEN, "a full cache stops the steps ahead");
+    assert_eq!(chosen, tokens);
+    ahead.logits(&mut got).unwrap();
+    let err = worst_row_error(&got, &want, vocab);
+    assert!(err < 1e-6, "logits after steps ahead differ by {err:.2e}");
+    assert_eq!(ahead.argmax().unwrap(), host.argmax().unwrap());
+
+    let config = ahead.model().config().clone();
+    let tok = Tokenizer::from_dir(&demo.0, &config, ahead.model().generation_config()).unwrap();
+    let mut g = Generator::new(session(), tok);
+    g.set_prefix_reuse(false);
+    let mut generate = |max_new_tokens, eos: Vec<u32>| {
+        let options = GenerateOptions {
+            max_new_tokens,
+            eos_token_ids: Some(eos),
+            ..GenerateOptions::default()
+        };
+        let prompt = Prompt::Tokens(prompt.to_vec());
+        let out = g
+            .generate(&prompt, &options, |_| std::ops::ControlFlow::Continue(()))
+            .unwrap();
+        (out.tokens, g.model().len())
+    };
+    // The token budget: every chosen token but the last was decoded.
+    assert_eq!(
+        generate(20, Vec::new()),
+        (tokens[..20].to_vec(), prompt.len() + 19)
+    );
+    // An eos: the first token that has not occurred before it.
+    let j = (1..20)
+        .find(|&j| !tokens[..j].contains(&tokens[j]))
+        .expect("the demo's greedy tokens vary");
+    assert_eq!(
+        generate(30, vec![tokens[j]]),
+        (tokens[..=j].to_vec(), prompt.len() + j)
+    );
+}
+
+#[test]
+fn greedy_decoding_one_step_ahead_of_the_host() {
+    on_each_runtime_one_cuda_at_a_time!(greedy_ahead);
+}
