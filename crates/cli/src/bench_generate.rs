@@ -152,6 +152,10 @@ pub fn bench_generate<R: Runtime>(
     // token (waiting for the step, reading back), and the rest (detokenizer, stop checks).
     type Timed = (f64, f64, [f64; 3]);
     let timed = |g: &mut Generator<Session<R>>, params| -> anyhow::Result<Timed> {
+        // Two warm-ups: a generation's first step runs on the host's token and greedy decoding
+        // runs the later ones on the device's choice, each its own graph, captured at its
+        // second run (the first step's in the second generation).
+        run_with(g, &prompt, 8, params)?;
         run_with(g, &prompt, 8, params)?;
         let (mut prefill, mut decode) = (Vec::new(), Vec::new());
         let mut host = [Vec::new(), Vec::new(), Vec::new()];
