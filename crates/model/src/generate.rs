@@ -407,6 +407,11 @@ impl<M: CausalLm> Generator<M> {
                 // Each next step is launched on the device's choice before the host reads that
                 // choice back, so the device never waits for the host between steps.
                 loop {
+                    // A token that ends the generation by its budget is read without a step
+                    // launched on it (a step no one wants would delay the next generation).
+                    if seq.stats.generated_tokens + 1 >= seq.max_new_tokens {
+                        break;
+                    }
                     let ahead = Instant::now();
                     let Some(chosen) = self.model.decode_argmax_ahead()? else {
                         break;
