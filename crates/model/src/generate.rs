@@ -52,6 +52,14 @@ pub trait CausalLm {
     fn decode_argmax_ahead(&mut self) -> Result<Option<u32>> {
         Ok(None)
     }
+    /// [`Self::decode_argmax_ahead`] for sampled decoding: draws the next token from the
+    /// current logits with `params` and the uniform `u` ([`Self::sample_on_device`]'s draw) on
+    /// the device, runs the next step on it there, and returns it, read back while the step
+    /// runs. `Ok(None)` (the default) when the model cannot (then nothing was drawn).
+    fn decode_sample_ahead(&mut self, params: &SamplingParams, u: f64) -> Result<Option<u32>> {
+        let _ = (params, u);
+        Ok(None)
+    }
     /// Copies the current logits (f32, `vocab_size` values) into `out`.
     fn logits(&mut self, out: &mut Vec<f32>) -> Result<()>;
     /// The argmax of the current logits (first on ties). Models override this to compute it on
@@ -403,29 +411,41 @@ impl<M: CausalLm> Generator<M> {
             let launch = Instant::now();
             self.model.decode(token)?;
             seq.stats.decode_launch_time += launch.elapsed();
-            if seq.greedy {
-                // Each next step is launched on the device's choice before the host reads that
-                // choice back, so the device never waits for the host between steps.
-                loop {
-                    // A token that ends the generation by its budget is read without a step
-                    // launched on it (a step no one wants would delay the next generation).
-                    if seq.stats.generated_tokens + 1 >= seq.max_new_tokens {
-                        break;
+            // Each next step is launched on the device's choice before the host reads that
+            // choice back, so the device never waits for the host between steps.
+            loop {
+                // A token that ends the generation by its budget is read without a step
+                // launched on it (a step no one wants would delay the next generation).
+                if seq.stats.generated_tokens + 1 >= seq.max_new_tokens {
+                    break;
+                }
+                let ahead = Instant::now();
+                let chosen = if seq.greedy {
+                    self.model.decode_argmax_ahead()?
+                } else {
+                    // The draw's uniform is taken back when the model cannot sample ahead, so
+                    // the seeded stream is the same either way.
+                    let before = seq.sampler.clone();
+                    let u = seq.sampler.next_uniform();
+                    let params = *seq.sampler.params();
+                    let chosen = self.model.decode_sample_ahead(&params, u)?;
+                    if chosen.is_none() {
+                        seq.sampler = before;
                     }
-                    let ahead = Instant::now();
-                    let Some(chosen) = self.model.decode_argmax_ahead()? else {
-                        break;
-                    };
-                    seq.stats.decode_choose_time += ahead.elapsed();
-                    // The model already holds the step on `chosen`.
-                    let held = self.model.len() - 1;
-                    if let Some(reason) = seq.push(chosen, held, &mut on_text)? {
-                        // The step that ran on the last token is not wanted.
-                        if !self.model.truncate(held)? {
-                            self.model.reset()?;
-                        }
-                        break 'generation reason;
+                    chosen
+                };
+                let Some(chosen) = chosen else {
+                    break;
+                };
+                seq.stats.decode_choose_time += ahead.elapsed();
+                // The model already holds the step on `chosen`.
+                let held = self.model.len() - 1;
+                if let Some(reason) = seq.push(chosen, held, &mut on_text)? {
+                    // The step that ran on the last token is not wanted.
+                    if !self.model.truncate(held)? {
+                        self.model.reset()?;
                     }
+                    break 'generation reason;
                 }
             }
             let choose = Instant::now();

@@ -139,6 +139,9 @@ struct DeviceSampler<R: Runtime> {
     /// captured as a CUDA graph like the step, one per [`SamplingPlan`] (the launches differ).
     /// Declared first: dropped before the buffers.
     graphs: [StepGraph<R>; 4],
+    /// The draw alone, into the decode buffers' input token, for sampling one step ahead of the
+    /// host ([`CausalLm::decode_sample_ahead`]); one per plan as well.
+    ahead_graphs: [StepGraph<R>; 4],
     inputs: SamplingInputs<R>,
     workspace: SamplingWorkspace<R>,
     out: DeviceTensor<R>,
@@ -234,8 +237,10 @@ impl<R: Runtime> Session<R> {
             let c = self.model.client();
             let vocab = self.model.config().vocab_size;
             let graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
+            let ahead_graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
             self.sampler = Some(DeviceSampler {
                 graphs,
+                ahead_graphs,
                 inputs: SamplingInputs::new(c, 1, vocab)?,
                 workspace: SamplingWorkspace::new(c, 1, vocab)?,
                 out: DeviceTensor::empty(c, &[1], DType::U32),
@@ -342,6 +347,60 @@ impl<R: Runtime> CausalLm for Session<R> {
             return Err(ModelError::BadLogits {
                 step: self.cache.len() - 1,
                 detail: format!("the device argmax chose {token}, outside the vocabulary"),
+            });
+        }
+        self.last_decoded = Some(token);
+        Ok(Some(token))
+    }
+
+    fn decode_sample_ahead(&mut self, params: &SamplingParams, u: f64) -> Result<Option<u32>> {
+        let row = params.row_params();
+        // The repetition penalty's presence mask follows the steps' input tokens, which this
+        // path leaves on the device: it samples ahead only without the penalty.
+        if !self.options.device_sampling
+            || row.repetition_penalty != 1.0
+            || !matches!(self.current, Current::Decode)
+            || self.cache.len() >= self.cache.max_len()
+        {
+            return Ok(None);
+        }
+        let c = self.model.client().clone();
+        let vocab = self.model.config().vocab_size;
+        let plan = plan_index(SamplingPlan::for_params(&[row]));
+        let capturing = self.graph.capturing()
+            || self
+                .sampler
+                .as_ref()
+                .is_some_and(|s| s.ahead_graphs[plan].capturing());
+        let _device = device_lock::for_step(capturing);
+        let sampler = self.sampler()?;
+        if sampler.params != Some(row) {
+            sampler.inputs.write_params(&c, &[row])?;
+            sampler.params = Some(row);
+        }
+        sampler.inputs.write_uniforms(&c, &[u])?;
+        sampler.marked = None;
+        let sampler = self.sampler.as_mut().expect("allocated above");
+        let (inputs, workspace, step) = (&sampler.inputs, &sampler.workspace, &self.step);
+        // The draw goes straight into the next step's input token.
+        let draw = || -> Result<()> {
+            ops::sampling::sample_into(&c, &step.logits, inputs, workspace, &step.token)?;
+            Ok(())
+        };
+        // SAFETY: the graph reads and writes only buffers owned by this session (the decode
+        // buffers and the sampler's), which live as long as the graph, on the one client's
+        // stream.
+        unsafe { sampler.ahead_graphs[plan].run(&c, draw)? };
+        // Queued before the step: it reads the draw, which the step does not overwrite.
+        let chosen = self.step.token.read_queued(&c)?;
+        self.cache.begin_append(&c, 1)?;
+        self.run_step()?;
+        self.cache.commit_append()?;
+        let token = chosen.wait::<u32>()?[0];
+        if token as usize >= vocab {
+            return Err(ModelError::BadLogits {
+                step: self.cache.len() - 1,
+                detail: "no candidate to sample (every logit is NaN or -inf)".into(),
             });
         }
         self.last_decoded = Some(token);
