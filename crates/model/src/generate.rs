@@ -53,11 +53,16 @@ pub trait CausalLm {
         Ok(None)
     }
     /// [`Self::decode_argmax_ahead`] for sampled decoding: draws the next token from the
-    /// current logits with `params` and the uniform `u` ([`Self::sample_on_device`]'s draw) on
-    /// the device, runs the next step on it there, and returns it, read back while the step
+    /// current logits with `params`, the penalty's `context` and the uniform `u`
+    /// ([`Self::sample_on_device`]'s draw) on the device, runs the next step on it there, and returns it, read back while the step
     /// runs. `Ok(None)` (the default) when the model cannot (then nothing was drawn).
-    fn decode_sample_ahead(&mut self, params: &SamplingParams, u: f64) -> Result<Option<u32>> {
-        let _ = (params, u);
+    fn decode_sample_ahead(
+        &mut self,
+        params: &SamplingParams,
+        context: &[u32],
+        u: f64,
+    ) -> Result<Option<u32>> {
+        let _ = (params, context, u);
         Ok(None)
     }
     /// Copies the current logits (f32, `vocab_size` values) into `out`.
@@ -428,7 +433,7 @@ impl<M: CausalLm> Generator<M> {
                     let before = seq.sampler.clone();
                     let u = seq.sampler.next_uniform();
                     let params = *seq.sampler.params();
-                    let chosen = self.model.decode_sample_ahead(&params, u)?;
+                    let chosen = self.model.decode_sample_ahead(&params, &seq.context, u)?;
                     if chosen.is_none() {
                         seq.sampler = before;
                     }

@@ -231,6 +231,47 @@ impl<R: Runtime> Session<R> {
         unsafe { self.graph.run(&c, || model.decode_step(cache, step)) }
     }
 
+    /// Writes a draw's parameters (when they changed) and uniform `u`, and brings the
+    /// repetition penalty's presence mask to `context`: after a decode step (`decode`) the
+    /// draw's graph marks the step's input token on the device, so the mask is current when it
+    /// held the context up to that token; otherwise it is filled from the host.
+    fn prepare_draw(
+        &mut self,
+        c: &ComputeClient<R>,
+        row: RowParams,
+        context: &[u32],
+        u: f64,
+        decode: bool,
+    ) -> Result<()> {
+        let last_decoded = self.last_decoded;
+        let sampler = self.sampler()?;
+        if sampler.params != Some(row) {
+            sampler.inputs.write_params(c, &[row])?;
+            sampler.params = Some(row);
+        }
+        sampler.inputs.write_uniforms(c, &[u])?;
+        if row.repetition_penalty == 1.0 {
+            // The mask is unused (and the steps' marks no longer follow a context).
+            sampler.marked = None;
+            return Ok(());
+        }
+        let current = decode
+            && sampler.marked.as_ref().is_some_and(|m| {
+                context.len() == m.len() + 1
+                    && context.starts_with(m)
+                    && context.last().copied() == last_decoded
+            });
+        if current {
+            if let Some(m) = sampler.marked.as_mut() {
+                m.push(context[context.len() - 1]);
+            }
+        } else {
+            sampler.inputs.fill_presence(c, &[context])?;
+            sampler.marked = Some(context.to_vec());
+        }
+        Ok(())
+    }
+
     /// The device sampler, allocated on first use.
     fn sampler(&mut self) -> Result<&mut DeviceSampler<R>> {
         if self.sampler.is_none() {
@@ -353,12 +394,13 @@ impl<R: Runtime> CausalLm for Session<R> {
         Ok(Some(token))
     }
 
-    fn decode_sample_ahead(&mut self, params: &SamplingParams, u: f64) -> Result<Option<u32>> {
-        let row = params.row_params();
-        // The repetition penalty's presence mask follows the steps' input tokens, which this
-        // path leaves on the device: it samples ahead only without the penalty.
+    fn decode_sample_ahead(
+        &mut self,
+        params: &SamplingParams,
+        context: &[u32],
+        u: f64,
+    ) -> Result<Option<u32>> {
         if !self.options.device_sampling
-            || row.repetition_penalty != 1.0
             || !matches!(self.current, Current::Decode)
             || self.cache.len() >= self.cache.max_len()
         {
@@ -366,6 +408,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         }
         let c = self.model.client().clone();
         let vocab = self.model.config().vocab_size;
+        let row = params.row_params();
         let plan = plan_index(SamplingPlan::for_params(&[row]));
         let capturing = self.graph.capturing()
             || self
@@ -373,17 +416,13 @@ impl<R: Runtime> CausalLm for Session<R> {
                 .as_ref()
                 .is_some_and(|s| s.ahead_graphs[plan].capturing());
         let _device = device_lock::for_step(capturing);
-        let sampler = self.sampler()?;
-        if sampler.params != Some(row) {
-            sampler.inputs.write_params(&c, &[row])?;
-            sampler.params = Some(row);
-        }
-        sampler.inputs.write_uniforms(&c, &[u])?;
-        sampler.marked = None;
+        self.prepare_draw(&c, row, context, u, true)?;
         let sampler = self.sampler.as_mut().expect("allocated above");
         let (inputs, workspace, step) = (&sampler.inputs, &sampler.workspace, &self.step);
-        // The draw goes straight into the next step's input token.
+        // The presence mark takes the last step's input token, then the draw overwrites it with
+        // the next step's.
         let draw = || -> Result<()> {
+            ops::sampling::presence_mark_into(&c, &step.token, inputs)?;
             ops::sampling::sample_into(&c, &step.logits, inputs, workspace, &step.token)?;
             Ok(())
         };
@@ -440,7 +479,6 @@ impl<R: Runtime> CausalLm for Session<R> {
                 return Err(ModelError::param("sample", "no forward pass has run yet"))
             }
         };
-        let last_decoded = self.last_decoded;
         let vocab = self.model.config().vocab_size;
         let c = self.model.client().clone();
         let row = params.row_params();
@@ -452,33 +490,7 @@ impl<R: Runtime> CausalLm for Session<R> {
                 .is_some_and(|s| s.graphs[graph].capturing());
         // A capture keeps every other session's device work out of its window.
         let _device = device_lock::for_step(capturing);
-        let sampler = self.sampler()?;
-        if sampler.params != Some(row) {
-            sampler.inputs.write_params(&c, &[row])?;
-            sampler.params = Some(row);
-        }
-        sampler.inputs.write_uniforms(&c, &[u])?;
-        if row.repetition_penalty == 1.0 {
-            // The mask is unused (and the steps' marks no longer follow a context).
-            sampler.marked = None;
-        } else {
-            // After a decode step the step's input token is marked on the device: the mask is
-            // current if it held the context up to that token.
-            let current = decode
-                && sampler.marked.as_ref().is_some_and(|m| {
-                    context.len() == m.len() + 1
-                        && context.starts_with(m)
-                        && context.last().copied() == last_decoded
-                });
-            if current {
-                if let Some(m) = sampler.marked.as_mut() {
-                    m.push(context[context.len() - 1]);
-                }
-            } else {
-                sampler.inputs.fill_presence(&c, &[context])?;
-                sampler.marked = Some(context.to_vec());
-            }
-        }
+        self.prepare_draw(&c, row, context, u, decode)?;
         let sampler = self.sampler.as_mut().expect("allocated above");
         let (inputs, workspace, out) = (&sampler.inputs, &sampler.workspace, &sampler.out);
         match &self.current {
