@@ -54,8 +54,9 @@ pub trait CausalLm {
     }
     /// [`Self::decode_argmax_ahead`] for sampled decoding: draws the next token from the
     /// current logits with `params`, the penalty's `context` and the uniform `u`
-    /// ([`Self::sample_on_device`]'s draw) on the device, runs the next step on it there, and returns it, read back while the step
-    /// runs. `Ok(None)` (the default) when the model cannot (then nothing was drawn).
+    /// ([`Self::sample_on_device`]'s draw) on the device, runs the next step on it there, and
+    /// returns it, read back while the step runs. `Ok(None)` (the default) when the model
+    /// cannot (then nothing was drawn).
     fn decode_sample_ahead(
         &mut self,
         params: &SamplingParams,

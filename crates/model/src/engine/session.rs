@@ -272,6 +272,39 @@ impl<R: Runtime> Session<R> {
         Ok(())
     }
 
+    /// The end of a step ahead of the host: queues the read of the id the step runs on (the
+    /// argmax in `next_token` when `argmax`, else the draw in `token`), begins the cache's append
+    /// of one position, launches the step (`launch`), and only then waits for the id.
+    fn launch_ahead(
+        &mut self,
+        c: &ComputeClient<R>,
+        argmax: bool,
+        launch: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<Option<u32>> {
+        let source = if argmax {
+            &self.step.next_token
+        } else {
+            &self.step.token
+        };
+        let chosen = source.read_queued(c)?;
+        self.cache.begin_append(c, 1)?;
+        launch(self)?;
+        self.cache.commit_append()?;
+        let token = chosen.wait::<u32>()?[0];
+        if token as usize >= self.model.config().vocab_size {
+            return Err(ModelError::BadLogits {
+                step: self.cache.len() - 1,
+                detail: if argmax {
+                    format!("the device argmax chose {token}, outside the vocabulary")
+                } else {
+                    "no candidate to sample (every logit is NaN or -inf)".into()
+                },
+            });
+        }
+        self.last_decoded = Some(token);
+        Ok(Some(token))
+    }
+
     /// The device sampler, allocated on first use.
     fn sampler(&mut self) -> Result<&mut DeviceSampler<R>> {
         if self.sampler.is_none() {
@@ -372,26 +405,16 @@ impl<R: Runtime> CausalLm for Session<R> {
         }
         let c = self.model.client().clone();
         let _device = device_lock::for_step(self.ahead_graph.capturing());
-        // Queued before the step that overwrites the id: it reads the previous step's choice.
-        let chosen = self.step.next_token.read_queued(&c)?;
-        self.cache.begin_append(&c, 1)?;
-        let (model, cache, step) = (&self.model, &self.cache, &self.step);
-        // SAFETY: as in `run_step`: the graph touches only this session's buffers, on the one
-        // client's stream.
-        unsafe {
-            self.ahead_graph
-                .run(&c, || model.decode_step_on_argmax(cache, step))?
-        };
-        self.cache.commit_append()?;
-        let token = chosen.wait::<u32>()?[0];
-        if token as usize >= self.model.config().vocab_size {
-            return Err(ModelError::BadLogits {
-                step: self.cache.len() - 1,
-                detail: format!("the device argmax chose {token}, outside the vocabulary"),
-            });
-        }
-        self.last_decoded = Some(token);
-        Ok(Some(token))
+        // The id is read before the step, which overwrites it: the previous step's choice.
+        self.launch_ahead(&c, true, |s| {
+            let (model, cache, step) = (&s.model, &s.cache, &s.step);
+            // SAFETY: as in `run_step`: the graph touches only this session's buffers, on the one
+            // client's stream.
+            unsafe {
+                s.ahead_graph
+                    .run(&c, || model.decode_step_on_argmax(cache, step))
+            }
+        })
     }
 
     fn decode_sample_ahead(
@@ -407,7 +430,6 @@ impl<R: Runtime> CausalLm for Session<R> {
             return Ok(None);
         }
         let c = self.model.client().clone();
-        let vocab = self.model.config().vocab_size;
         let row = params.row_params();
         let plan = plan_index(SamplingPlan::for_params(&[row]));
         let capturing = self.graph.capturing()
@@ -430,20 +452,8 @@ impl<R: Runtime> CausalLm for Session<R> {
         // buffers and the sampler's), which live as long as the graph, on the one client's
         // stream.
         unsafe { sampler.ahead_graphs[plan].run(&c, draw)? };
-        // Queued before the step: it reads the draw, which the step does not overwrite.
-        let chosen = self.step.token.read_queued(&c)?;
-        self.cache.begin_append(&c, 1)?;
-        self.run_step()?;
-        self.cache.commit_append()?;
-        let token = chosen.wait::<u32>()?[0];
-        if token as usize >= vocab {
-            return Err(ModelError::BadLogits {
-                step: self.cache.len() - 1,
-                detail: "no candidate to sample (every logit is NaN or -inf)".into(),
-            });
-        }
-        self.last_decoded = Some(token);
-        Ok(Some(token))
+        // The step runs on the draw, which it does not overwrite.
+        self.launch_ahead(&c, false, Self::run_step)
     }
 
     fn argmax(&mut self) -> Result<u32> {
