@@ -163,8 +163,9 @@ pub struct GenerationStats {
     /// launching it (the device works asynchronously).
     pub decode_launch_time: Duration,
     /// Of `decode_time`, the time spent choosing each next token: waiting for the step to finish
-    /// and reading back its choice (or sampling on the host); in greedy decoding one step ahead
-    /// ([`CausalLm::decode_argmax_ahead`]), also launching the step after it. The rest of
+    /// and reading back its choice (or sampling on the host); one step ahead
+    /// ([`CausalLm::decode_argmax_ahead`], [`CausalLm::decode_sample_ahead`]), also launching
+    /// the step after it. The rest of
     /// `decode_time` is the host's own per-token work (detokenizer, stop conditions, the text
     /// callback).
     pub decode_choose_time: Duration,

@@ -323,12 +323,7 @@ impl<R: Runtime> DeviceTensor<R> {
 
     /// Downloads the values as their own host type (the dtype must match `T`).
     pub fn to_vec<T: HostElement>(&self, client: &ComputeClient<R>) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype {
-            return Err(OpsError::invalid(
-                "DeviceTensor::to_vec",
-                format!("tensor is {} but {} was asked for", self.dtype, T::DTYPE),
-            ));
-        }
+        check_host_type::<T>("DeviceTensor::to_vec", self.dtype)?;
         Ok(bytemuck::pod_collect_to_vec(&self.to_bytes(client)?))
     }
 
@@ -368,6 +363,17 @@ impl<R: Runtime> DeviceTensor<R> {
     }
 }
 
+/// Errors unless host values of type `T` are what a tensor of `dtype` holds.
+fn check_host_type<T: HostElement>(op: &'static str, dtype: DType) -> Result<()> {
+    if T::DTYPE != dtype {
+        return Err(OpsError::invalid(
+            op,
+            format!("tensor is {} but {} was asked for", dtype, T::DTYPE),
+        ));
+    }
+    Ok(())
+}
+
 /// A download queued by [`DeviceTensor::read_queued`] (it borrows the client that queued it).
 pub struct PendingRead<'a> {
     #[allow(clippy::type_complexity)]
@@ -390,12 +396,7 @@ impl PendingRead<'_> {
     /// Waits for the download (and everything queued before it) and returns the values as
     /// their own host type (the dtype must match `T`).
     pub fn wait<T: HostElement>(self) -> Result<Vec<T>> {
-        if T::DTYPE != self.dtype {
-            return Err(OpsError::invalid(
-                "PendingRead::wait",
-                format!("tensor is {} but {} was asked for", self.dtype, T::DTYPE),
-            ));
-        }
+        check_host_type::<T>("PendingRead::wait", self.dtype)?;
         let mut bytes = cubecl::future::block_on(self.bytes).map_err(|e| OpsError::Device {
             op: "DeviceTensor::read_queued",
             detail: format!("{e:?}"),

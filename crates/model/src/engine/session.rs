@@ -272,6 +272,12 @@ impl<R: Runtime> Session<R> {
         Ok(())
     }
 
+    /// Whether a step ahead can run: a decode step ran last (its choice is on the device) and
+    /// the cache has room for one more position.
+    fn can_step_ahead(&self) -> bool {
+        matches!(self.current, Current::Decode) && self.cache.len() < self.cache.max_len()
+    }
+
     /// The end of a step ahead of the host: queues the read of the id the step runs on (the
     /// argmax in `next_token` when `argmax`, else the draw in `token`), begins the cache's append
     /// of one position, launches the step (`launch`), and only then waits for the id.
@@ -400,7 +406,7 @@ impl<R: Runtime> CausalLm for Session<R> {
     }
 
     fn decode_argmax_ahead(&mut self) -> Result<Option<u32>> {
-        if !matches!(self.current, Current::Decode) || self.cache.len() >= self.cache.max_len() {
+        if !self.can_step_ahead() {
             return Ok(None);
         }
         let c = self.model.client().clone();
@@ -423,10 +429,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         context: &[u32],
         u: f64,
     ) -> Result<Option<u32>> {
-        if !self.options.device_sampling
-            || !matches!(self.current, Current::Decode)
-            || self.cache.len() >= self.cache.max_len()
-        {
+        if !self.options.device_sampling || !self.can_step_ahead() {
             return Ok(None);
         }
         let c = self.model.client().clone();
