@@ -99,6 +99,12 @@ struct MmaPlan {
     chunk_passes: u32,
     /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
     early_wait: bool,
+    /// Cubes walk tile groups `CUBE_POS, CUBE_POS + CUBE_COUNT, ..` (launched where the groups
+    /// outnumber the cubes one wave holds, [`resident_cubes`]); each issues the first pass of its
+    /// next group's weights as soon as its MMAs are done, so those loads fly while it reduces and
+    /// writes the group before. Only with x staged whole (one chunk), which the cube then stages
+    /// once for all its groups.
+    persistent: bool,
     /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
     /// weight loads are issued, before the wait (the next kernel launches while this one still
     /// runs and issues its own early weight loads, so each projection of the step overlaps the
@@ -134,6 +140,26 @@ impl MmaPlan {
             1
         }
     }
+}
+
+/// Registers of an SM and units it holds at most (sm_80 to sm_90).
+const SM_REGISTERS: usize = 64 * 1024;
+const SM_UNITS: usize = 2048;
+
+/// Cubes of `units` that one SM holds at once, from the registers a unit takes, as measured
+/// (CUPTI, H200, one x row): 77 for the gated kernel, 39-43 for the others; the estimate stays
+/// above them (above 8 x rows a unit's accumulators double), since a persistent launch that
+/// overflows a wave is slower than the plain one.
+fn resident_cubes(units: usize, m: usize, gated: bool) -> usize {
+    let registers = match (gated, m > 8) {
+        (true, false) => 80,
+        (true, true) => 104,
+        (false, false) => 48,
+        (false, true) => 64,
+    };
+    (SM_REGISTERS / (units * registers))
+        .min(SM_UNITS / units)
+        .max(1)
 }
 
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
@@ -217,6 +243,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     norm_w: &[Vector<F, NX>],
     n: usize,
     k: usize,
+    tile_groups: usize,
     steps: usize,
     groups: usize,
     steps_per_group: usize,
@@ -239,9 +266,10 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    let n0 = (CUBE_POS * comptime![plan.tiles as usize] + tile) * TILE_N;
     let k_vectors = k / 32;
-    let row = n0 + gid;
+    // The tile group this cube multiplies: its position, then (persistent) every cube count on.
+    let mut group = CUBE_POS;
+    let mut row = (group * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
 
     let mut wr =
         Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.batch as usize * plan.halves()]);
@@ -298,81 +326,206 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     }
     // acc[4 (half · x_halves + xh) + e]: weight row gid + 8 (e / 2), x row 8 xh + 2 tig + e % 2.
     let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
-    #[unroll]
-    for i in 0..comptime![4 * plan.halves() * plan.x_halves()] {
-        acc[i] = 0f32;
-    }
     let chunks = comptime![plan.chunks as usize];
     let per_pass = warps * batch;
     let passes = steps.div_ceil(per_pass);
     let chunk_passes = comptime![plan.chunk_passes as usize];
-    for chunk in 0..chunks {
-        let first_word = chunk * row_words;
-        if chunk > 0 {
-            // Every warp is done with the chunk before.
-            sync_cube();
-        }
+    let mut red = Shared::<[f32]>::new_slice(comptime![
+        (plan.warps * plan.tiles) as usize * TILE_N * 8 * plan.x_halves() * plan.halves()
+    ]);
+    let mut stage_x = true;
+    while group < tile_groups {
         #[unroll]
-        for r in 0..m_rows {
-            for base in range_stepped(0, row_words, CUBE_DIM as usize) {
-                let wi = base + tid;
-                let gw = first_word + wi;
-                let mut packed = Vector::<u32, Const<4>>::new(0u32);
-                if gw < x_words && wi < row_words {
-                    let xv = x[r * x_words + gw];
-                    let mut xf = Vector::<f32, NX>::cast_from(xv);
-                    if comptime![streamed] {
-                        squares[r] += sum_squares(xv);
-                        xf *= Vector::<f32, NX>::cast_from(norm_w[gw]);
-                    } else if comptime![plan.norm.is_some()] {
-                        xf = Vector::<f32, NX>::cast_from(scale_by_weight(
-                            xv, norm_w[gw], inv_rms[r],
-                        ));
-                    }
-                    #[unroll]
-                    for p in 0..4usize {
-                        packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
+        for i in 0..comptime![4 * plan.halves() * plan.x_halves()] {
+            acc[i] = 0f32;
+        }
+        for chunk in 0..chunks {
+            let first_word = chunk * row_words;
+            if chunk > 0 {
+                // Every warp is done with the chunk before.
+                sync_cube();
+            }
+            // A persistent cube's later groups read the x staged for its first.
+            if stage_x {
+                #[unroll]
+                for r in 0..m_rows {
+                    for base in range_stepped(0, row_words, CUBE_DIM as usize) {
+                        let wi = base + tid;
+                        let gw = first_word + wi;
+                        let mut packed = Vector::<u32, Const<4>>::new(0u32);
+                        if gw < x_words && wi < row_words {
+                            let xv = x[r * x_words + gw];
+                            let mut xf = Vector::<f32, NX>::cast_from(xv);
+                            if comptime![streamed] {
+                                squares[r] += sum_squares(xv);
+                                xf *= Vector::<f32, NX>::cast_from(norm_w[gw]);
+                            } else if comptime![plan.norm.is_some()] {
+                                xf = Vector::<f32, NX>::cast_from(scale_by_weight(
+                                    xv, norm_w[gw], inv_rms[r],
+                                ));
+                            }
+                            #[unroll]
+                            for p in 0..4usize {
+                                packed.insert(p, pack_pair(xf.extract(p), xf.extract(p + 4), f16));
+                            }
+                        }
+                        if wi < row_words {
+                            xs[r * row_words + wi] = packed;
+                        }
+                        if comptime![plan.biased()] {
+                            // The staged (rounded) values: a bf16 is the high half of its f32.
+                            let mut sum = 0f32;
+                            #[unroll]
+                            for p in 0..4usize {
+                                let pair = packed.extract(p);
+                                sum += f32::reinterpret(pair << 16u32)
+                                    + f32::reinterpret(pair & 0xFFFF_0000u32);
+                            }
+                            sum += plane_shuffle_xor(sum, 1u32);
+                            sum += plane_shuffle_xor(sum, 2u32);
+                            sum += plane_shuffle_xor(sum, 4u32);
+                            sum += plane_shuffle_xor(sum, 8u32);
+                            if wi < row_words && (wi & 15) == 0 {
+                                xsum[r * steps_staged + wi / 16] = sum;
+                            }
+                        }
                     }
                 }
-                if wi < row_words {
-                    xs[r * row_words + wi] = packed;
-                }
-                if comptime![plan.biased()] {
-                    // The staged (rounded) values: a bf16 is the high half of its f32.
-                    let mut sum = 0f32;
+                // In one chunk, the cube-wide sums' barrier also publishes the staged x; otherwise a plain
+                // one, and the sums follow the last chunk.
+                if comptime![streamed && plan.chunks == 1] {
                     #[unroll]
-                    for p in 0..4usize {
-                        let pair = packed.extract(p);
-                        sum += f32::reinterpret(pair << 16u32)
-                            + f32::reinterpret(pair & 0xFFFF_0000u32);
+                    for r in 0..m_rows {
+                        inv_rms[r] =
+                            cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
                     }
-                    sum += plane_shuffle_xor(sum, 1u32);
-                    sum += plane_shuffle_xor(sum, 2u32);
-                    sum += plane_shuffle_xor(sum, 4u32);
-                    sum += plane_shuffle_xor(sum, 8u32);
-                    if wi < row_words && (wi & 15) == 0 {
-                        xsum[r * steps_staged + wi / 16] = sum;
+                } else {
+                    sync_cube();
+                }
+            }
+            // The MMA's B column gid is x row gid (rows past M read x row 0: their outputs are never
+            // written); above 8 rows a second MMA takes x rows 8..16.
+            let lo_base = select(gid < m_rows, gid, 0) * row_words;
+            let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
+            let chunk_steps = chunk_passes * per_pass;
+            for p in chunk * chunk_passes..min(passes, (chunk + 1) * chunk_passes) {
+                if p > 0 {
+                    load_pass(
+                        qweight,
+                        scales,
+                        &mut wr,
+                        &mut sr,
+                        row,
+                        n,
+                        p * per_pass + warp,
+                        steps,
+                        k_vectors,
+                        groups,
+                        steps_per_group,
+                        up_offset,
+                        plan,
+                    );
+                }
+                #[unroll]
+                for j in 0..batch {
+                    let s = p * per_pass + j * warps + warp;
+                    if s < steps {
+                        // Two MMA chains per (half, x half), one per nibble pair index h, summed at the
+                        // end of the step: two independent chains of four instead of one of eight.
+                        let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![
+                            2 * plan.halves() * plan.x_halves()
+                        ]);
+                        #[unroll]
+                        for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
+                            d[i] = Vector::<f32, Const<4>>::new(0f32);
+                        }
+                        #[unroll]
+                        for w in 0..4usize {
+                            let xw = (s - chunk * chunk_steps) * 16 + tig * 4 + w;
+                            // B per x half: x rows 0..8, above 8 rows also 8..16.
+                            let mut xv =
+                                Array::<Vector<u32, Const<4>>>::new(comptime![plan.x_halves()]);
+                            xv[0] = xs[lo_base + xw];
+                            if comptime![plan.x_halves() == 2] {
+                                xv[1] = xs[hi_base + xw];
+                            }
+                            #[unroll]
+                            for half in 0..halves {
+                                let i = (j * halves + half) * 2;
+                                let lo = wr[i].extract(w);
+                                let hi = wr[i + 1].extract(w);
+                                #[unroll]
+                                for h in 0..2u32 {
+                                    let hh = comptime![h as usize];
+                                    // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and
+                                    // a3; nibble pair 2h is MMA k (2 tig, 2 tig + 1), pair 2h + 1 is
+                                    // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
+                                    // the same k in B.
+                                    let mut a = Vector::<u32, Const<4>>::new(0u32);
+                                    a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16, true));
+                                    a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16, true));
+                                    a.insert(
+                                        2usize,
+                                        nibble_pair(lo, comptime![2 * h + 1], f16, true),
+                                    );
+                                    a.insert(
+                                        3usize,
+                                        nibble_pair(hi, comptime![2 * h + 1], f16, true),
+                                    );
+                                    #[unroll]
+                                    for xh in 0..x_halves {
+                                        let di = (half * x_halves + xh) * 2 + hh;
+                                        d[di] = mma_m16n8k16(
+                                            a.extract(0usize),
+                                            a.extract(1usize),
+                                            a.extract(2usize),
+                                            a.extract(3usize),
+                                            xv[xh].extract(2 * hh),
+                                            xv[xh].extract(2 * hh + 1),
+                                            d[di],
+                                            f16,
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                        // With biased weights, 136 · Σx of the step for this lane's x rows.
+                        let mut offset = Array::<f32>::new(comptime![2 * plan.x_halves()]);
+                        #[unroll]
+                        for o in 0..comptime![2 * plan.x_halves()] {
+                            offset[o] = 0f32;
+                            if comptime![plan.biased()] {
+                                let xr = 8 * (o / 2) + 2 * tig + o % 2;
+                                let xr = select(xr < m_rows, xr, 0);
+                                offset[o] =
+                                    136f32 * xsum[xr * steps_staged + s - chunk * chunk_steps];
+                            }
+                        }
+                        #[unroll]
+                        for half in 0..halves {
+                            #[unroll]
+                            for xh in 0..x_halves {
+                                let c = (half * x_halves + xh) * 2;
+                                let d0 = d[c];
+                                let d1 = d[c + 1];
+                                #[unroll]
+                                for e in 0..4usize {
+                                    acc[2 * c + e] += (d0.extract(e) + d1.extract(e)
+                                        - offset[2 * xh + e % 2])
+                                        * sr[(j * halves + half) * 2 + e / 2];
+                                }
+                            }
+                        }
                     }
                 }
             }
         }
-        // In one chunk, the cube-wide sums' barrier also publishes the staged x; otherwise a plain
-        // one, and the sums follow the last chunk.
-        if comptime![streamed && plan.chunks == 1] {
-            #[unroll]
-            for r in 0..m_rows {
-                inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
-            }
-        } else {
-            sync_cube();
-        }
-        // The MMA's B column gid is x row gid (rows past M read x row 0: their outputs are never
-        // written); above 8 rows a second MMA takes x rows 8..16.
-        let lo_base = select(gid < m_rows, gid, 0) * row_words;
-        let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
-        let chunk_steps = chunk_passes * per_pass;
-        for p in chunk * chunk_passes..min(passes, (chunk + 1) * chunk_passes) {
-            if p > 0 {
+        // The next group's first pass, into the registers the MMAs are done with: it loads while
+        // this group is reduced and written.
+        let next = group + CUBE_COUNT;
+        if comptime![plan.persistent] {
+            if next < tile_groups {
+                row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
                 load_pass(
                     qweight,
                     scales,
@@ -380,7 +533,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                     &mut sr,
                     row,
                     n,
-                    p * per_pass + warp,
+                    warp,
                     steps,
                     k_vectors,
                     groups,
@@ -389,165 +542,83 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                     plan,
                 );
             }
+        }
+        if comptime![streamed && plan.chunks > 1] {
             #[unroll]
-            for j in 0..batch {
-                let s = p * per_pass + j * warps + warp;
-                if s < steps {
-                    // Two MMA chains per (half, x half), one per nibble pair index h, summed at the
-                    // end of the step: two independent chains of four instead of one of eight.
-                    let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![
-                        2 * plan.halves() * plan.x_halves()
-                    ]);
-                    #[unroll]
-                    for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
-                        d[i] = Vector::<f32, Const<4>>::new(0f32);
-                    }
-                    #[unroll]
-                    for w in 0..4usize {
-                        let xw = (s - chunk * chunk_steps) * 16 + tig * 4 + w;
-                        // B per x half: x rows 0..8, above 8 rows also 8..16.
-                        let mut xv =
-                            Array::<Vector<u32, Const<4>>>::new(comptime![plan.x_halves()]);
-                        xv[0] = xs[lo_base + xw];
-                        if comptime![plan.x_halves() == 2] {
-                            xv[1] = xs[hi_base + xw];
-                        }
-                        #[unroll]
-                        for half in 0..halves {
-                            let i = (j * halves + half) * 2;
-                            let lo = wr[i].extract(w);
-                            let hi = wr[i + 1].extract(w);
-                            #[unroll]
-                            for h in 0..2u32 {
-                                let hh = comptime![h as usize];
-                                // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and
-                                // a3; nibble pair 2h is MMA k (2 tig, 2 tig + 1), pair 2h + 1 is
-                                // (2 tig + 8, 2 tig + 9), and x's staged pairs 2h and 2h + 1 are
-                                // the same k in B.
-                                let mut a = Vector::<u32, Const<4>>::new(0u32);
-                                a.insert(0usize, nibble_pair(lo, comptime![2 * h], f16, true));
-                                a.insert(1usize, nibble_pair(hi, comptime![2 * h], f16, true));
-                                a.insert(2usize, nibble_pair(lo, comptime![2 * h + 1], f16, true));
-                                a.insert(3usize, nibble_pair(hi, comptime![2 * h + 1], f16, true));
-                                #[unroll]
-                                for xh in 0..x_halves {
-                                    let di = (half * x_halves + xh) * 2 + hh;
-                                    d[di] = mma_m16n8k16(
-                                        a.extract(0usize),
-                                        a.extract(1usize),
-                                        a.extract(2usize),
-                                        a.extract(3usize),
-                                        xv[xh].extract(2 * hh),
-                                        xv[xh].extract(2 * hh + 1),
-                                        d[di],
-                                        f16,
-                                    );
-                                }
-                            }
-                        }
-                    }
-                    // With biased weights, 136 · Σx of the step for this lane's x rows.
-                    let mut offset = Array::<f32>::new(comptime![2 * plan.x_halves()]);
-                    #[unroll]
-                    for o in 0..comptime![2 * plan.x_halves()] {
-                        offset[o] = 0f32;
-                        if comptime![plan.biased()] {
-                            let xr = 8 * (o / 2) + 2 * tig + o % 2;
-                            let xr = select(xr < m_rows, xr, 0);
-                            offset[o] = 136f32 * xsum[xr * steps_staged + s - chunk * chunk_steps];
-                        }
-                    }
-                    #[unroll]
-                    for half in 0..halves {
-                        #[unroll]
-                        for xh in 0..x_halves {
-                            let c = (half * x_halves + xh) * 2;
-                            let d0 = d[c];
-                            let d1 = d[c + 1];
-                            #[unroll]
-                            for e in 0..4usize {
-                                acc[2 * c + e] += (d0.extract(e) + d1.extract(e)
-                                    - offset[2 * xh + e % 2])
-                                    * sr[(j * halves + half) * 2 + e / 2];
-                            }
-                        }
-                    }
-                }
+            for r in 0..m_rows {
+                inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
             }
         }
-    }
-    if comptime![streamed && plan.chunks > 1] {
-        #[unroll]
-        for r in 0..m_rows {
-            inv_rms[r] = cube_inv_rms(squares[r], inv_k, eps, comptime![plan.norm.unwrap()]);
+        if comptime![plan.trigger && !plan.early_wait] {
+            gpu_asm!("griddepcontrol.launch_dependents;");
         }
-    }
-    if comptime![plan.trigger && !plan.early_wait] {
-        gpu_asm!("griddepcontrol.launch_dependents;");
-    }
 
-    // The tile's warps summed in warp order; a slot holds a (tile, warp, half)'s outputs, x row
-    // major.
-    let slot_len = comptime![TILE_N * 8 * plan.x_halves()];
-    let mut red = Shared::<[f32]>::new_slice(comptime![
-        (plan.warps * plan.tiles) as usize * TILE_N * 8 * plan.x_halves() * plan.halves()
-    ]);
-    #[unroll]
-    for half in 0..halves {
+        // The tile's warps summed in warp order; a slot holds a (tile, warp, half)'s outputs, x row
+        // major.
+        let slot_len = comptime![TILE_N * 8 * plan.x_halves()];
         #[unroll]
-        for xh in 0..x_halves {
+        for half in 0..halves {
             #[unroll]
-            for e in 0..4usize {
-                let nr = gid + 8 * (e / 2);
-                let xr = 8 * xh + 2 * tig + e % 2;
-                let slot = (tile * warps + warp) * halves + half;
-                red[slot * slot_len + xr * TILE_N + nr] = acc[4 * (half * x_halves + xh) + e];
-            }
-        }
-    }
-    sync_cube();
-    for idx in range_stepped(
-        tid,
-        comptime![plan.tiles as usize * TILE_N * 8 * plan.x_halves()],
-        CUBE_DIM as usize,
-    ) {
-        let t = idx / slot_len;
-        let o = idx % slot_len;
-        let r = o / TILE_N;
-        let col = (CUBE_POS * comptime![plan.tiles as usize] + t) * TILE_N + o % TILE_N;
-        let mut total = 0f32;
-        let mut total_up = 0f32;
-        #[unroll]
-        for w in 0..warps {
-            total += red[((t * warps + w) * halves) * slot_len + o];
-            if comptime![plan.epilogue.is_gated()] {
-                total_up += red[((t * warps + w) * halves + 1) * slot_len + o];
-            }
-        }
-        if comptime![streamed] {
-            let mut inv = 1f32;
-            #[unroll]
-            for m in 0..m_rows {
-                if r == m {
-                    inv = inv_rms[m];
+            for xh in 0..x_halves {
+                #[unroll]
+                for e in 0..4usize {
+                    let nr = gid + 8 * (e / 2);
+                    let xr = 8 * xh + 2 * tig + e % 2;
+                    let slot = (tile * warps + warp) * halves + half;
+                    red[slot * slot_len + xr * TILE_N + nr] = acc[4 * (half * x_halves + xh) + e];
                 }
             }
-            total *= inv;
-            total_up *= inv;
         }
-        if r < m_rows && col < n {
-            write_epilogue::<F>(
-                out,
-                total,
-                total_up,
-                r,
-                col,
-                n,
-                bias,
-                residual,
-                plan.epilogue,
-            );
+        sync_cube();
+        for idx in range_stepped(
+            tid,
+            comptime![plan.tiles as usize * TILE_N * 8 * plan.x_halves()],
+            CUBE_DIM as usize,
+        ) {
+            let t = idx / slot_len;
+            let o = idx % slot_len;
+            let r = o / TILE_N;
+            let col = (group * comptime![plan.tiles as usize] + t) * TILE_N + o % TILE_N;
+            let mut total = 0f32;
+            let mut total_up = 0f32;
+            #[unroll]
+            for w in 0..warps {
+                total += red[((t * warps + w) * halves) * slot_len + o];
+                if comptime![plan.epilogue.is_gated()] {
+                    total_up += red[((t * warps + w) * halves + 1) * slot_len + o];
+                }
+            }
+            if comptime![streamed] {
+                let mut inv = 1f32;
+                #[unroll]
+                for m in 0..m_rows {
+                    if r == m {
+                        inv = inv_rms[m];
+                    }
+                }
+                total *= inv;
+                total_up *= inv;
+            }
+            if r < m_rows && col < n {
+                write_epilogue::<F>(
+                    out,
+                    total,
+                    total_up,
+                    r,
+                    col,
+                    n,
+                    bias,
+                    residual,
+                    plan.epilogue,
+                );
+            }
         }
+        if comptime![plan.persistent] {
+            // Every unit is done reading this group's partial sums before the next group's land.
+            sync_cube();
+        }
+        stage_x = false;
+        group = next;
     }
 }
 
@@ -573,6 +644,10 @@ pub(crate) fn gemv_mma<R: Runtime>(
     let sms = caps::num_sms(client) as usize;
     let shape = LaunchShape::new(m, steps, tiles, sms, epilogue.gate.is_some());
     let units = (32 * shape.warps * shape.per_cube) as u32;
+    // Tile groups past one wave: cubes for one wave, each walking several groups.
+    let tile_groups = tiles.div_ceil(shape.per_cube);
+    let wave = sms * resident_cubes(units as usize, m, epilogue.gate.is_some());
+    let persistent = shape.chunks == 1 && tile_groups > wave;
     let plan = MmaPlan {
         m: m as u32,
         warps: shape.warps as u32,
@@ -584,12 +659,12 @@ pub(crate) fn gemv_mma<R: Runtime>(
         row_words: (shape.chunk_steps * STEP_K / 8) as u32,
         chunks: shape.chunks as u32,
         chunk_passes: shape.chunk_passes as u32,
+        persistent,
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
-    let per_cube = shape.per_cube;
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
-    let cubes = tiles.div_ceil(per_cube) as u32;
+    let cubes = if persistent { wave } else { tile_groups } as u32;
     let up_offset = if epilogue.gate.is_some() { n } else { 0 };
     let groups = k / group;
     unsafe {
@@ -607,6 +682,7 @@ pub(crate) fn gemv_mma<R: Runtime>(
             norm_w.as_buffer_arg(),
             n,
             k,
+            tile_groups,
             steps,
             groups,
             // One group per output channel: every step in group 0.

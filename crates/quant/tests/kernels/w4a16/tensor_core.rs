@@ -17,8 +17,9 @@ use super::{check_bias_residual, check_gated, gated_reference, norm_rounded_twic
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
 /// step), N past whole 16-column tiles and cubes of several tiles (K of 3-4 steps), per-channel
 /// scales and groups of 128 and 256, 1 to 16 rows (x rows 8..16 go through a second MMA), x
-/// staged whole or in chunks of steps, bias, residual, the gated MLP and the input norm, against
-/// the f64 reference of the same quantized product.
+/// staged whole or in chunks of steps, bias, residual, the gated MLP and the input norm, and
+/// more tiles than one wave of cubes (each cube then multiplies several), against the f64
+/// reference of the same quantized product.
 fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
     const EPS: f32 = 1e-6;
     let mut rng = rng(403);
@@ -40,6 +41,10 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         (8, 8960, 24, Some(128)),
         (12, 4480, 20, None),
         (5, 8960, 18, Some(256)),
+        // The 1.5B model's gate-up with 8 more columns (561 tiles, the last partly past N): more
+        // tile groups than one wave of cubes holds, so cubes walk several (1 and 5 rows).
+        (1, 1536, 17936, Some(128)),
+        (5, 1536, 17936, Some(128)),
     ];
     for dtype in float_dtypes(client) {
         for (i, &(m, k, n, group)) in shapes.iter().enumerate() {
