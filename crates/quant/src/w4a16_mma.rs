@@ -105,6 +105,9 @@ struct MmaPlan {
     /// writes the group before. Only with x staged whole (one chunk), which the cube then stages
     /// once for all its groups.
     persistent: bool,
+    /// With `persistent`: the cubes one SM holds, which the launch's one wave counts on; the
+    /// kernel asks the compiler for them (its registers are capped to fit).
+    cubes_per_sm: u32,
     /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
     /// weight loads are issued, before the wait (the next kernel launches while this one still
     /// runs and issues its own early weight loads, so each projection of the step overlaps the
@@ -160,6 +163,23 @@ fn resident_cubes(units: usize, m: usize, gated: bool) -> usize {
     (SM_REGISTERS / (units * registers))
         .min(SM_UNITS / units)
         .max(1)
+}
+
+/// Asks that `n` cubes fit one SM: the patched CUDA runtime reads this PTX comment and gives the
+/// entry point `__launch_bounds__(units, n)`, so ptxas caps the registers per unit to fit.
+#[cube]
+fn request_cubes_per_sm(#[comptime] n: u32) {
+    if comptime![n == 2] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 2");
+    } else if comptime![n == 3] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 3");
+    } else if comptime![n == 4] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 4");
+    } else if comptime![n == 5] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 5");
+    } else if comptime![n == 6] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 6");
+    }
 }
 
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a
@@ -266,6 +286,9 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
+    if comptime![plan.persistent] {
+        request_cubes_per_sm(comptime![plan.cubes_per_sm]);
+    }
     let k_vectors = k / 32;
     // The tile group this cube multiplies: its position, then (persistent) every cube count on.
     let mut group = CUBE_POS;
@@ -520,29 +543,6 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 }
             }
         }
-        // The next group's first pass, into the registers the MMAs are done with: it loads while
-        // this group is reduced and written.
-        let next = group + CUBE_COUNT;
-        if comptime![plan.persistent] {
-            if next < tile_groups {
-                row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
-                load_pass(
-                    qweight,
-                    scales,
-                    &mut wr,
-                    &mut sr,
-                    row,
-                    n,
-                    warp,
-                    steps,
-                    k_vectors,
-                    groups,
-                    steps_per_group,
-                    up_offset,
-                    plan,
-                );
-            }
-        }
         if comptime![streamed && plan.chunks > 1] {
             #[unroll]
             for r in 0..m_rows {
@@ -567,6 +567,29 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                     let slot = (tile * warps + warp) * halves + half;
                     red[slot * slot_len + xr * TILE_N + nr] = acc[4 * (half * x_halves + xh) + e];
                 }
+            }
+        }
+        // The next group's first pass, into the registers the MMAs and the partial sums are done
+        // with: it loads while this group is reduced and written.
+        let next = group + CUBE_COUNT;
+        if comptime![plan.persistent] {
+            if next < tile_groups {
+                row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
+                load_pass(
+                    qweight,
+                    scales,
+                    &mut wr,
+                    &mut sr,
+                    row,
+                    n,
+                    warp,
+                    steps,
+                    k_vectors,
+                    groups,
+                    steps_per_group,
+                    up_offset,
+                    plan,
+                );
             }
         }
         sync_cube();
@@ -646,7 +669,8 @@ pub(crate) fn gemv_mma<R: Runtime>(
     let units = (32 * shape.warps * shape.per_cube) as u32;
     // Tile groups past one wave: cubes for one wave, each walking several groups.
     let tile_groups = tiles.div_ceil(shape.per_cube);
-    let wave = sms * resident_cubes(units as usize, m, epilogue.gate.is_some());
+    let resident = resident_cubes(units as usize, m, epilogue.gate.is_some());
+    let wave = sms * resident;
     let persistent = shape.chunks == 1 && tile_groups > wave;
     let plan = MmaPlan {
         m: m as u32,
@@ -660,6 +684,7 @@ pub(crate) fn gemv_mma<R: Runtime>(
         chunks: shape.chunks as u32,
         chunk_passes: shape.chunk_passes as u32,
         persistent,
+        cubes_per_sm: if persistent { resident as u32 } else { 0 },
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };

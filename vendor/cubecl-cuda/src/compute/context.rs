@@ -179,6 +179,12 @@ impl CudaContext {
         {
             kernel_compiled.source = source;
         }
+        // cubellm patch: a kernel's request for cubes per SM (see `crate::pdl::with_min_cubes`).
+        if let Some(source) =
+            crate::pdl::with_min_cubes(&kernel_compiled.source, &kernel_compiled.entrypoint_name)
+        {
+            kernel_compiled.source = source;
+        }
 
         if logger.compilation_source_activated() {
             kernel_compiled.debug_info = Some(DebugInformation::new("cpp", kernel_id.clone()));

@@ -27,7 +27,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{DriverError, sys};
 
+mod launch_bounds;
 mod prologue;
+pub(crate) use launch_bounds::with_min_cubes;
 pub(crate) use prologue::{waits_first, with_prologue};
 
 static OFF: AtomicBool = AtomicBool::new(false);

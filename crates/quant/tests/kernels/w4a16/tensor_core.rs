@@ -54,6 +54,10 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
             if !cuda && !matches!(i, 0 | 3) {
                 continue;
             }
+            // The tile-group shapes test the tensor-core kernel's launch, which f32 never takes.
+            if m * k * n > 16 << 20 && !(cuda && dtype != DType::F32) {
+                continue;
+            }
             let w = random(&mut rng, n * k, 0.5);
             let layer = W4A16Linear::from_dense(client, &w, [n, k], dtype, group).unwrap();
             let mma = layer.decodes_on_tensor_cores(client, m);
