@@ -170,20 +170,33 @@ fn run(cli: Cli) -> anyhow::Result<bool> {
     }
     let backend = runtime::resolve(cli.runtime)?;
     eprintln!("runtime: {backend}");
-    runtime::with_runtime!(backend, |client: R| match &cli.command {
-        Command::Selfcheck => selfcheck::<R>(&client),
+    runtime::with_runtime!(backend, |client: R| {
+        let outcome = run_command::<R>(&client, &cli.command);
+        // The command's device buffers and graphs are freed by the runtime's device thread; let
+        // it finish before the process exits, where the CUDA driver shuts down under a thread
+        // still at work (it panicked with CUDA_ERROR_DEINITIALIZED after `bench-generate`).
+        let _ = cubecl::future::block_on(client.sync());
+        outcome
+    })
+}
+
+/// Runs a device command; its device resources are dropped when it returns.
+fn run_command<R: Runtime>(client: &ComputeClient<R>, command: &Command) -> anyhow::Result<bool> {
+    match command {
+        Command::Selfcheck => selfcheck::<R>(client),
         Command::Bench {
             family,
             filter,
             gemm_tile,
-        } => bench::<R>(&client, family.as_deref(), filter, *gemm_tile).map(|_| true),
-        Command::Generate(args) => generate::generate::<R>(&client, args).map(|_| true),
-        Command::Chat(args) => chat::chat::<R>(&client, args).map(|_| true),
-        Command::Serve(args) => serve::serve::<R>(&client, args).map(|_| true),
-        Command::BenchGenerate(args) =>
-            bench_generate::bench_generate::<R>(&client, args).map(|_| true),
+        } => bench::<R>(client, family.as_deref(), filter, *gemm_tile).map(|_| true),
+        Command::Generate(args) => generate::generate::<R>(client, args).map(|_| true),
+        Command::Chat(args) => chat::chat::<R>(client, args).map(|_| true),
+        Command::Serve(args) => serve::serve::<R>(client, args).map(|_| true),
+        Command::BenchGenerate(args) => {
+            bench_generate::bench_generate::<R>(client, args).map(|_| true)
+        }
         Command::MakeDemoModel(_) => unreachable!("handled before the runtime is created"),
-    })
+    }
 }
 
 fn main() -> ExitCode {

@@ -163,8 +163,9 @@ fn resident_cubes(units: usize, m: usize) -> usize {
         .max(1)
 }
 
-/// Asks that `n` cubes fit one SM: the patched CUDA runtime reads this PTX comment and gives the
-/// entry point `__launch_bounds__(units, n)`, so ptxas caps the registers per unit to fit.
+/// Asks that `n` cubes fit one SM (2 to 6; one always fits): the patched CUDA runtime reads this
+/// PTX comment and gives the entry point `__launch_bounds__(units, n)`, so ptxas caps the
+/// registers per unit to fit.
 #[cube]
 fn request_cubes_per_sm(#[comptime] n: u32) {
     if comptime![n == 2] {
@@ -672,7 +673,9 @@ pub(crate) fn gemv_mma<R: Runtime>(
     let tile_groups = tiles.div_ceil(shape.per_cube);
     let resident = resident_cubes(units as usize, m);
     let wave = sms * resident;
-    let persistent = epilogue.gate.is_some() && shape.chunks == 1 && tile_groups > wave;
+    // `request_cubes_per_sm` names up to 6 cubes (one cube always fits its launch bounds).
+    let persistent =
+        epilogue.gate.is_some() && shape.chunks == 1 && tile_groups > wave && resident <= 6;
     let plan = MmaPlan {
         m: m as u32,
         warps: shape.warps as u32,
