@@ -105,7 +105,8 @@ struct MmaPlan {
     /// while it reduces and writes the group before. Only with x staged whole (one chunk), which
     /// the cube then stages once for all its groups. At the 1.5B model's gate-up on an H200
     /// (560 groups on 396 cubes, 164 of them taking two) W4A16 decoded 2.9% faster (1 187.8
-    /// against 1 154.8 tok/s in one call); on 264 cubes of two groups each, 0.8%.
+    /// against 1 154.8 tok/s in one call); on 264 cubes of two groups each, +0.8% and -0.3% in
+    /// two calls (down's cubes found no room beside gate-up's until gate-up ended).
     persistent: bool,
     /// With `persistent`: the cubes one SM holds, which the launch's one wave counts on; the
     /// kernel asks the compiler for them (its registers are capped to fit).
