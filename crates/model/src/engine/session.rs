@@ -152,6 +152,46 @@ struct DeviceSampler<R: Runtime> {
     marked: Option<Vec<u32>>,
 }
 
+impl<R: Runtime> DeviceSampler<R> {
+    /// Whether the draw after a decode step with `plan` captures its graph next: the one
+    /// writing the next step's input token (`ahead`) or the one writing `out`.
+    fn capturing(&self, plan: usize, ahead: bool) -> bool {
+        if ahead {
+            self.ahead_graphs[plan].capturing()
+        } else {
+            self.graphs[plan].capturing()
+        }
+    }
+
+    /// The draw after a decode step, as `plan`'s graph: the presence mark of the step's input
+    /// token, then the draw from the step's logits into the next step's input token (`ahead`:
+    /// it overwrites the token just marked) or into `out`.
+    fn draw_after_step(
+        &mut self,
+        c: &ComputeClient<R>,
+        step: &DecodeBuffers<R>,
+        plan: usize,
+        ahead: bool,
+    ) -> Result<()> {
+        let (inputs, workspace) = (&self.inputs, &self.workspace);
+        let target = if ahead { &step.token } else { &self.out };
+        let draw = || -> Result<()> {
+            ops::sampling::presence_mark_into(c, &step.token, inputs)?;
+            ops::sampling::sample_into(c, &step.logits, inputs, workspace, target)?;
+            Ok(())
+        };
+        let graph = if ahead {
+            &mut self.ahead_graphs[plan]
+        } else {
+            &mut self.graphs[plan]
+        };
+        // SAFETY: the graph reads and writes only buffers owned by the session (the decode
+        // buffers and the sampler's), which live as long as the graph, on the one client's
+        // stream.
+        unsafe { graph.run(c, draw) }
+    }
+}
+
 /// A model with its KV cache and decode buffers: what [`crate::Generator`] drives.
 ///
 /// On CUDA the decode step is captured once as a graph (after a first eager step has compiled
@@ -439,22 +479,11 @@ impl<R: Runtime> CausalLm for Session<R> {
             || self
                 .sampler
                 .as_ref()
-                .is_some_and(|s| s.ahead_graphs[plan].capturing());
+                .is_some_and(|s| s.capturing(plan, true));
         let _device = device_lock::for_step(capturing);
         self.prepare_draw(&c, row, context, u, true)?;
         let sampler = self.sampler.as_mut().expect("allocated above");
-        let (inputs, workspace, step) = (&sampler.inputs, &sampler.workspace, &self.step);
-        // The presence mark takes the last step's input token, then the draw overwrites it with
-        // the next step's.
-        let draw = || -> Result<()> {
-            ops::sampling::presence_mark_into(&c, &step.token, inputs)?;
-            ops::sampling::sample_into(&c, &step.logits, inputs, workspace, &step.token)?;
-            Ok(())
-        };
-        // SAFETY: the graph reads and writes only buffers owned by this session (the decode
-        // buffers and the sampler's), which live as long as the graph, on the one client's
-        // stream.
-        unsafe { sampler.ahead_graphs[plan].run(&c, draw)? };
+        sampler.draw_after_step(&c, &self.step, plan, true)?;
         // The step runs on the draw, which it does not overwrite.
         self.launch_ahead(&c, false, Self::run_step)
     }
@@ -495,35 +524,24 @@ impl<R: Runtime> CausalLm for Session<R> {
         let vocab = self.model.config().vocab_size;
         let c = self.model.client().clone();
         let row = params.row_params();
-        let graph = plan_index(SamplingPlan::for_params(&[row]));
+        let plan = plan_index(SamplingPlan::for_params(&[row]));
         let capturing = decode
             && self
                 .sampler
                 .as_ref()
-                .is_some_and(|s| s.graphs[graph].capturing());
+                .is_some_and(|s| s.capturing(plan, false));
         // A capture keeps every other session's device work out of its window.
         let _device = device_lock::for_step(capturing);
         self.prepare_draw(&c, row, context, u, decode)?;
         let sampler = self.sampler.as_mut().expect("allocated above");
-        let (inputs, workspace, out) = (&sampler.inputs, &sampler.workspace, &sampler.out);
         match &self.current {
             Current::Prefill(logits) => {
-                ops::sampling::sample_into(&c, logits, inputs, workspace, out)?;
+                let (inputs, workspace) = (&sampler.inputs, &sampler.workspace);
+                ops::sampling::sample_into(&c, logits, inputs, workspace, &sampler.out)?;
             }
-            _ => {
-                let step = &self.step;
-                let run = || -> Result<()> {
-                    ops::sampling::presence_mark_into(&c, &step.token, inputs)?;
-                    ops::sampling::sample_into(&c, &step.logits, inputs, workspace, out)?;
-                    Ok(())
-                };
-                // SAFETY: the graph reads and writes only buffers owned by this session (the
-                // decode buffers and the sampler's), which live as long as the graph, on the
-                // one client's stream.
-                unsafe { sampler.graphs[graph].run(&c, run)? };
-            }
+            _ => sampler.draw_after_step(&c, &self.step, plan, false)?,
         }
-        let token = out.to_vec::<u32>(&c)?[0];
+        let token = sampler.out.to_vec::<u32>(&c)?[0];
         if token as usize >= vocab {
             return Err(ModelError::BadLogits {
                 step: self.cache.len(),
