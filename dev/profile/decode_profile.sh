@@ -22,6 +22,7 @@ args=(--runtime cuda bench-generate --model "$model" --prompt-len "${PROMPT_LEN:
 for mode in $modes; do
   q=(); [ "$mode" != none ] && q=(--quant "$mode")
   CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
+    KERNEL_TRACE_COPIES="$out/copies_$mode.csv" \
     "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"
   ncu_arg=()
   if [ "${NCU:-0}" = 1 ]; then

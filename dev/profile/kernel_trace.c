@@ -4,6 +4,8 @@
 // Used to profile cubellm's graph-replayed decode step as it runs (dev/README.md,
 // docs/investigations/decode-step.md):
 //   CUDA_INJECTION64_PATH=$PWD/libkernel_trace.so KERNEL_TRACE_OUT=trace.csv ./cubellm ...
+// With KERNEL_TRACE_COPIES set, memory copies and sets go to that file too, one CSV line each:
+//   start_ns,end_ns,bytes,kind   (kind: the CUPTI copy kind, or "memset")
 // Build (headers and libcupti from the nvidia-cuda-cupti wheel that PyTorch ships):
 //   gcc -O2 -shared -fPIC -I$CU13/include kernel_trace.c -L$CU13/lib -l:libcupti.so.13
 //       -o libkernel_trace.so   (crt/ headers: add -I of a full CUDA include dir)
@@ -16,6 +18,20 @@
 #define ALIGN 8
 
 static FILE *out;
+static FILE *copies;
+
+static void write_copy(CUpti_Activity *record) {
+  if (!copies) return;
+  if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+    CUpti_ActivityMemcpy6 *m = (CUpti_ActivityMemcpy6 *)record;
+    fprintf(copies, "%llu,%llu,%llu,%u\n", (unsigned long long)m->start,
+            (unsigned long long)m->end, (unsigned long long)m->bytes, (unsigned)m->copyKind);
+  } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+    CUpti_ActivityMemset4 *m = (CUpti_ActivityMemset4 *)record;
+    fprintf(copies, "%llu,%llu,%llu,memset\n", (unsigned long long)m->start,
+            (unsigned long long)m->end, (unsigned long long)m->bytes);
+  }
+}
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
   uint8_t *b = (uint8_t *)malloc(BUF_SIZE + ALIGN);
@@ -32,8 +48,10 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
   CUpti_Activity *record = NULL;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL &&
-        record->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+        record->kind != CUPTI_ACTIVITY_KIND_KERNEL) {
+      write_copy(record);
       continue;
+    }
     CUpti_ActivityKernel10 *k = (CUpti_ActivityKernel10 *)record;
     if (out)
       fprintf(out, "%llu,%llu,%d,%d,%d,%d,%d,%d,%u,%u,%llu,%s\n", (unsigned long long)k->start,
@@ -50,6 +68,10 @@ static void at_exit(void) {
     fclose(out);
     out = NULL;
   }
+  if (copies) {
+    fclose(copies);
+    copies = NULL;
+  }
 }
 
 int InitializeInjection(void) {
@@ -61,6 +83,12 @@ int InitializeInjection(void) {
   if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS)
     return 0;
   if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) return 0;
+  const char *copies_path = getenv("KERNEL_TRACE_COPIES");
+  if (copies_path && (copies = fopen(copies_path, "w")) != NULL) {
+    fprintf(copies, "start_ns,end_ns,bytes,kind\n");
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);
+    cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET);
+  }
   atexit(at_exit);
   return 1;
 }

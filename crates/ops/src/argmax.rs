@@ -5,7 +5,7 @@ use cubecl::prelude::*;
 
 use crate::gemm::{last_to_finish, SplitNeed, SplitScratch};
 use crate::launch::{check_u32_ids, cube_count_1d, validate_rows};
-use crate::{caps, DType, DeviceTensor, Result};
+use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// Units per cube: one cube per row, a shared-memory tree over the units' candidates.
 const CUBE: u32 = 512;
@@ -190,13 +190,17 @@ fn plane_best(v: f32, i: u32) -> (f32, u32) {
 /// the row's candidates. The winner does not depend on the order the cubes finish in: the
 /// comparison (larger value, then smaller index) is a total order on the candidates.
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 fn argmax_split_kernel<F: Float, N: Size>(
     x: &[Vector<F, N>],
     partials: &mut [f32],
     counters: &[Atomic<u32>],
     out: &mut [u32],
+    first_counter: &mut [u32],
+    second_counter: &mut [u32],
     n_cols: usize,
     #[comptime] shape: SplitShape,
+    #[comptime] advance: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = CUBE_POS_Y as usize;
@@ -271,7 +275,21 @@ fn argmax_split_kernel<F: Float, N: Size>(
         if lane == 0 {
             // A row of only NaN has no candidate: report index 0.
             out[row] = select(wi == none, 0u32, wi);
+            if comptime![advance] {
+                // One row (checked at launch), so this unit runs once per launch.
+                first_counter[0] += 1u32;
+                second_counter[0] += 1u32;
+            }
         }
+    }
+}
+
+/// Adds one to each of two `u32[1]` counters (one unit).
+#[cube(launch_unchecked)]
+fn advance_kernel(first_counter: &mut [u32], second_counter: &mut [u32]) {
+    if ABSOLUTE_POS == 0 {
+        first_counter[0] += 1u32;
+        second_counter[0] += 1u32;
     }
 }
 
@@ -322,18 +340,75 @@ pub fn argmax_split_into<R: Runtime>(
     out: &DeviceTensor<R>,
     scratch: &SplitScratch<R>,
 ) -> Result<()> {
+    split_launch(client, x, out, scratch, None)
+}
+
+/// [`argmax_split_into`] of one row that then adds one to each of two distinct `u32[1]` counters, once
+/// the id is written: a decode step's positions (the first appended row and the length after
+/// it) advanced for the next step on the device, so that replays of a captured step need no
+/// host write of them in between. Where the row is split, the unit that writes the id does it
+/// (after every earlier kernel on the stream ended); elsewhere a one-unit kernel follows the
+/// argmax.
+pub fn argmax_split_advance_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    scratch: &SplitScratch<R>,
+    counters: [&DeviceTensor<R>; 2],
+) -> Result<()> {
+    const OP: &str = "argmax advance";
+    if x.rows() != 1 {
+        return Err(OpsError::shape(
+            OP,
+            format!(
+                "the counters advance once per launch: one row, not {}",
+                x.rows()
+            ),
+        ));
+    }
+    for (name, c) in ["first counter", "second counter"]
+        .into_iter()
+        .zip(counters)
+    {
+        check_u32_ids(OP, name, c, 1)?;
+    }
+    split_launch(client, x, out, scratch, Some(counters))
+}
+
+fn split_launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    out: &DeviceTensor<R>,
+    scratch: &SplitScratch<R>,
+    advance: Option<[&DeviceTensor<R>; 2]>,
+) -> Result<()> {
     const OP: &str = "argmax";
     validate_rows(client, OP, x, &[])?;
     check_u32_ids(OP, "out", out, x.rows())?;
     let (rows, n) = (x.rows(), x.last_dim());
-    let Some((shape, vector)) = split_shape(client, n, x.dtype()) else {
-        return argmax_into(client, x, out);
+    let split = split_shape(client, n, x.dtype())
+        .filter(|(shape, _)| scratch.fits(shape.need(rows)) && rows <= u16::MAX as usize);
+    let Some((shape, vector)) = split else {
+        argmax_into(client, x, out)?;
+        if let Some([first, second]) = advance {
+            // SAFETY: one unit writes element 0 of two u32[1] tensors (checked by the caller).
+            unsafe {
+                advance_kernel::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(1, 1, 1),
+                    CubeDim::new_1d(1),
+                    first.as_buffer_arg(),
+                    second.as_buffer_arg(),
+                );
+            }
+        }
+        return Ok(());
     };
-    if !scratch.fits(shape.need(rows)) || rows > u16::MAX as usize {
-        return argmax_into(client, x, out);
-    }
+    // Without counters the kernel's counter arguments are `out`, which it then never touches.
+    let [first, second] = advance.unwrap_or([out, out]);
     // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and the split's partials in
-    // the scratch (they fit), and leaves the `rows` counters it uses at zero.
+    // the scratch (they fit), leaves the `rows` counters it uses at zero and, with `advance`
+    // (one row), adds one to element 0 of each u32[1] counter.
     unsafe {
         argmax_split_kernel::launch_unchecked::<R>(
             client,
@@ -344,8 +419,11 @@ pub fn argmax_split_into<R: Runtime>(
             scratch.partials_arg(),
             scratch.counters_arg(),
             out.as_buffer_arg(),
+            first.as_buffer_arg(),
+            second.as_buffer_arg(),
             n,
             shape,
+            advance.is_some(),
             x.dtype().elem_type(),
         );
     }

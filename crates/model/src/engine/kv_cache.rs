@@ -9,7 +9,11 @@
 //! so an append goes through [`KvCache::begin_append`], the one place that writes the device
 //! copies the kernels read: `start` (`u32[1]`, the first position appended: RoPE row and cache
 //! row) and `end` (`u32[1]`, the length after the append: the attention length). The forward
-//! pass then writes the rows, and [`KvCache::commit_append`] advances the host length.
+//! pass then writes the rows, and [`KvCache::commit_append`] advances the host length. A decode
+//! step advances the device copies itself after its last read of them (the argmax kernel adds
+//! one to each); [`KvCache::commit_step`] records that, and the next one-position
+//! `begin_append` then writes nothing, so that replays of a captured step follow each other
+//! without host-to-device copies in between.
 
 use cubecl::prelude::*;
 use ops::{DType, DeviceTensor};
@@ -35,6 +39,9 @@ pub struct KvCache<R: Runtime> {
     /// `u32[1]` device copies for the append in progress: `len` and `len + pending`.
     start: DeviceTensor<R>,
     end: DeviceTensor<R>,
+    /// Whether the device copies already hold `len` and `len + 1` (a decode step advanced them
+    /// and nothing moved the length since).
+    advanced: bool,
     max_len: usize,
     num_kv_heads: usize,
     head_dim: usize,
@@ -92,6 +99,7 @@ impl<R: Runtime> KvCache<R> {
             pending: None,
             start: DeviceTensor::from_slice(client, &[0u32], &[1])?,
             end: DeviceTensor::from_slice(client, &[0u32], &[1])?,
+            advanced: false,
             max_len,
             num_kv_heads,
             head_dim,
@@ -163,19 +171,29 @@ impl<R: Runtime> KvCache<R> {
 
     /// Starts an append of `n` positions at the current length: checks that they fit and writes
     /// the device copies the kernels read, `start = len` and `end = len + n` (host to device,
-    /// so outside any graph capture). Nothing else writes them.
+    /// so outside any graph capture), unless a decode step already advanced them to these
+    /// values ([`Self::commit_step`]). Only these two methods and the decode step change them.
     pub fn begin_append(&mut self, client: &ComputeClient<R>, n: usize) -> Result<()> {
         self.check_room(n)?;
         if n == 0 {
             return Err(ModelError::param("append", "nothing to append"));
         }
         self.pending = None;
-        let start = self.len as u32;
-        let end = (self.len + n) as u32;
-        self.start.write_bytes(client, &start.to_le_bytes())?;
-        self.end.write_bytes(client, &end.to_le_bytes())?;
+        if !(n == 1 && self.advanced) {
+            let start = self.len as u32;
+            let end = (self.len + n) as u32;
+            self.start.write_bytes(client, &start.to_le_bytes())?;
+            self.end.write_bytes(client, &end.to_le_bytes())?;
+        }
+        self.advanced = false;
         self.pending = Some(n);
         Ok(())
+    }
+
+    /// Whether the device copies hold `len` and `len + 1` without a write (the last append was
+    /// a decode step's, committed with [`Self::commit_step`]).
+    pub fn device_advanced(&self) -> bool {
+        self.advanced
     }
 
     /// The positions of the append in progress, if one was begun and not committed.
@@ -203,16 +221,34 @@ impl<R: Runtime> KvCache<R> {
         Ok(())
     }
 
+    /// [`Self::commit_append`] of the one position a decode step
+    /// ([`crate::Model::decode_step`]) appended: that step also advanced the device copies to
+    /// the next position's values, so the next one-position append writes nothing. Only for
+    /// an append that a decode step ran on (ran to its end, or was queued to).
+    pub fn commit_step(&mut self) -> Result<()> {
+        if self.pending != Some(1) {
+            return Err(ModelError::param(
+                "append",
+                "no append of one position (a decode step's) in progress",
+            ));
+        }
+        self.commit_append()?;
+        self.advanced = true;
+        Ok(())
+    }
+
     /// Keeps only the first `len` positions (their keys and values are untouched; later appends
     /// overwrite the rest). A `len` above the current length changes nothing.
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);
         self.pending = None;
+        self.advanced = false;
     }
 
     /// Forgets every position (the buffers are kept).
     pub fn reset(&mut self) {
         self.len = 0;
         self.pending = None;
+        self.advanced = false;
     }
 }

@@ -11,7 +11,8 @@
 //! on the host. The decode step runs one token over the preallocated [`DecodeBuffers`], with the
 //! token id read from `DecodeBuffers::token` and its position and the cache length read from
 //! the cache's device copies ([`KvCache::begin_append`]), so the whole step can be captured
-//! once as a CUDA graph and replayed: between replays the host only writes those scalars.
+//! once as a CUDA graph and replayed. Between replays the host writes at most the token id: the
+//! step's last kernel advances those scalars to the next step's values itself.
 
 use std::path::{Path, PathBuf};
 
@@ -269,13 +270,23 @@ impl<R: Runtime> Model<R> {
 
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
     /// runtime allows it (the step's projection scratch holds the candidates).
+    /// The argmax of `logits` into `ids`; with `cache`, the argmax also advances the cache's
+    /// device positions to the next step's.
     fn greedy_into(
         &self,
         logits: &DeviceTensor<R>,
         ids: &DeviceTensor<R>,
         scratch: &ProjectionScratch<R>,
+        cache: Option<&KvCache<R>>,
     ) -> Result<()> {
-        ops::argmax::argmax_split_into(&self.client, logits, ids, scratch.linear.split_k())?;
+        let split = scratch.linear.split_k();
+        match cache {
+            Some(cache) => {
+                let counters = [cache.start(), cache.end()];
+                ops::argmax::argmax_split_advance_into(&self.client, logits, ids, split, counters)?
+            }
+            None => ops::argmax::argmax_split_into(&self.client, logits, ids, split)?,
+        }
         Ok(())
     }
 
@@ -344,8 +355,11 @@ impl<R: Runtime> Model<R> {
     /// `step.token` (written with [`DecodeBuffers::write_token`]) and its position and the cache
     /// length from the append of one position that `cache` has begun
     /// ([`KvCache::begin_append`]), writes the token's keys and values at that position, and
-    /// leaves the logits in `step.logits` and their argmax in `step.next_token`. The caller
-    /// commits the append afterwards ([`KvCache::commit_append`]).
+    /// leaves the logits in `step.logits` and their argmax in `step.next_token`. Its last
+    /// kernel then advances the cache's device copies of the position and length by one (the
+    /// next step's values). The caller commits the append afterwards with
+    /// [`KvCache::commit_step`], after which the next one-position append writes nothing
+    /// ([`KvCache::commit_append`] forgets the advance: the next append writes both).
     pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
         self.decode_step_reading(cache, step, &step.token)
     }
@@ -382,7 +396,7 @@ impl<R: Runtime> Model<R> {
         // The embedding (the first kernel) reads the id before the argmax (the last) writes
         // one, also when both are `step.next_token`.
         self.forward(&s, token, cache.layers(), head)?;
-        self.greedy_into(&step.logits, &step.next_token, &step.scratch)
+        self.greedy_into(&step.logits, &step.next_token, &step.scratch, Some(cache))
     }
 
     /// One decode step of a ragged batch, allocation-free and graph-capturable: row `b` runs
@@ -425,6 +439,6 @@ impl<R: Runtime> Model<R> {
             logits: &step.logits,
         };
         self.forward(&s, &step.tokens, slots.layers(), head)?;
-        self.greedy_into(&step.logits, &step.next_tokens, &step.scratch)
+        self.greedy_into(&step.logits, &step.next_tokens, &step.scratch, None)
     }
 }

@@ -335,7 +335,7 @@ impl<R: Runtime> Session<R> {
         let chosen = source.read_queued(c)?;
         self.cache.begin_append(c, 1)?;
         launch(self)?;
-        self.cache.commit_append()?;
+        self.cache.commit_step()?;
         let token = chosen.wait::<u32>()?[0];
         if token as usize >= self.model.config().vocab_size {
             return Err(ModelError::BadLogits {
@@ -439,7 +439,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         self.cache.begin_append(self.model.client(), 1)?;
         self.step.write_token(self.model.client(), token)?;
         self.run_step()?;
-        self.cache.commit_append()?;
+        self.cache.commit_step()?;
         self.current = Current::Decode;
         self.last_decoded = Some(token);
         Ok(())

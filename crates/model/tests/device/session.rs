@@ -85,6 +85,43 @@ fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
     m.decode_step(&cache, &step).unwrap();
     cache.commit_append().unwrap();
     assert_eq!(cache.len(), 1);
+    // The step advances the device copies to the next step's values itself; committed as a
+    // step, the next one-position append writes nothing, and the copies stay right.
+    assert_eq!(
+        (device(cache.start()), device(cache.end())),
+        (vec![1], vec![2])
+    );
+    assert!(
+        !cache.device_advanced(),
+        "a plain commit forgets the advance"
+    );
+    cache.begin_append(client, 1).unwrap();
+    m.decode_step(&cache, &step).unwrap();
+    cache.commit_step().unwrap();
+    assert!(cache.device_advanced());
+    for len in 2..4 {
+        assert_eq!(
+            (device(cache.start()), device(cache.end())),
+            (vec![len], vec![len + 1]),
+            "the device positions after {len} positions"
+        );
+        cache.begin_append(client, 1).unwrap();
+        m.decode_step(&cache, &step).unwrap();
+        cache.commit_step().unwrap();
+    }
+    assert_eq!(cache.len(), 4);
+    // A truncation forgets the advance: the next append writes the copies.
+    cache.truncate(2);
+    assert!(!cache.device_advanced());
+    cache.begin_append(client, 1).unwrap();
+    assert_eq!(
+        (device(cache.start()), device(cache.end())),
+        (vec![2], vec![3])
+    );
+    // Only an append of one position is a step's.
+    cache.commit_append().unwrap();
+    cache.begin_append(client, 2).unwrap();
+    assert_eq!(cache.commit_step().unwrap_err().kind(), "parameter");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 use cubecl::prelude::*;
-use ops::argmax::{argmax, argmax_into, argmax_split_into, split_need};
+use ops::argmax::{argmax, argmax_into, argmax_split_advance_into, argmax_split_into, split_need};
 use ops::gemm::{SplitNeed, SplitScratch};
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
@@ -100,6 +100,55 @@ fn split_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The argmax that advances two counters: the id as the plain argmax's, and each counter one
+/// higher per call, split (CUDA) and on one cube (a scratch without room, or off CUDA).
+fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(47);
+    let dtype = float_dtypes(client)[0];
+    for n in [151_936usize, 1000] {
+        let (x, xh) = upload(client, &random(&mut rng, n, 4.0), &[1, n], dtype);
+        let want = reference::argmax(&xh, n);
+        for room in [true, false] {
+            let need = if room {
+                split_need(client, 1, n, dtype)
+            } else {
+                SplitNeed::default()
+            };
+            let scratch = SplitScratch::new(client, need);
+            let first = DeviceTensor::from_slice(client, &[7u32], &[1]).unwrap();
+            let second = DeviceTensor::from_slice(client, &[100u32], &[1]).unwrap();
+            for call in 1..=3u32 {
+                let out = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
+                argmax_split_advance_into(client, &x, &out, &scratch, [&first, &second]).unwrap();
+                let what = format!("advancing argmax {dtype} 1x{n} room {room} call {call}");
+                assert_exact(&what, &out.to_vec::<u32>(client).unwrap(), &want);
+                assert_eq!(
+                    (
+                        first.to_vec::<u32>(client).unwrap(),
+                        second.to_vec::<u32>(client).unwrap()
+                    ),
+                    (vec![7 + call], vec![100 + call]),
+                    "{what}: counters"
+                );
+            }
+        }
+    }
+    // The counters advance once per launch: one row only, and u32[1] counters.
+    let scratch = SplitScratch::new(client, split_need(client, 2, 64, dtype));
+    let (x, _) = upload(client, &random(&mut rng, 128, 1.0), &[2, 64], dtype);
+    let out = DeviceTensor::empty(client, &[2], DType::U32);
+    let one = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
+    let other = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other]);
+    assert_err("two rows", err, "shape");
+    let (x, _) = upload(client, &random(&mut rng, 64, 1.0), &[1, 64], dtype);
+    let out = DeviceTensor::empty(client, &[1], DType::U32);
+    let wide = DeviceTensor::from_slice(client, &[0u32, 0], &[2]).unwrap();
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &wide]);
+    assert_err("a counter of two", err, "shape");
+    assert_eq!(one.to_vec::<u32>(client).unwrap(), vec![0], "nothing ran");
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let x = DeviceTensor::from_f32(client, &[1.0; 12], &[3, 4], DType::F32).unwrap();
     let wrong = DeviceTensor::empty(client, &[4], DType::U32);
@@ -118,6 +167,11 @@ fn argmax_matches_reference() {
 #[test]
 fn split_argmax_matches_reference() {
     on_each_runtime!(split_case);
+}
+
+#[test]
+fn advancing_argmax_matches_reference_and_counts() {
+    on_each_runtime!(advance_case);
 }
 
 #[test]
