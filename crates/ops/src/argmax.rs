@@ -260,6 +260,13 @@ fn argmax_split_kernel<F: Float, N: Size>(
         partials[slot * 2 + 1] = f32::reinterpret(ci);
     }
     if last_to_finish(counters, row, comptime![shape.splits]) && plane == 0 {
+        // The counters do not depend on the winner: their loads go out with the partials'.
+        let mut first = 0u32;
+        let mut second = 0u32;
+        if comptime![advance] {
+            first = first_counter[0];
+            second = second_counter[0];
+        }
         let mut cv = f32::new(f32::MIN);
         let mut ci = none;
         for s in range_stepped(lane, splits, 32usize) {
@@ -277,8 +284,8 @@ fn argmax_split_kernel<F: Float, N: Size>(
             out[row] = select(wi == none, 0u32, wi);
             if comptime![advance] {
                 // One row (checked at launch), so this unit runs once per launch.
-                first_counter[0] += 1u32;
-                second_counter[0] += 1u32;
+                first_counter[0] = first + 1u32;
+                second_counter[0] = second + 1u32;
             }
         }
     }
