@@ -27,6 +27,10 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         (9, 640, 18, Some(128)),
         (16, 512, 40, None),
         (1, 4480, 20, Some(128)),
+        // The down projection's K at one and two rows: 8 warps of 9 steps in one pass, beside
+        // the launch before (at two rows with per-channel scales).
+        (1, 8960, 40, Some(128)),
+        (2, 8960, 20, None),
         // Three steps: tiles of four warps, two to a cube; 44 columns: the last cube's tiles
         // partly and wholly past N; gated (22): one cube, its second tile partly past N.
         (1, 384, 44, Some(128)),
