@@ -108,9 +108,8 @@ struct MmaPlan {
     /// against 1 154.8 tok/s in one call); on 264 cubes of two groups each, +0.8% and -0.3% in
     /// two calls (down's cubes found no room beside gate-up's until gate-up ended).
     persistent: bool,
-    /// With `persistent`: the cubes one SM holds, which the launch's one wave counts on; for a
-    /// launch that runs beside the one before, 2. Above 1 the kernel asks the compiler for them
-    /// (its registers are capped to fit).
+    /// With `persistent`: the cubes one SM holds, which the launch's one wave counts on; the
+    /// kernel asks the compiler for them (its registers are capped to fit).
     cubes_per_sm: u32,
     /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
     /// weight loads are issued, before the wait (the next kernel launches while this one still
@@ -288,7 +287,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    if comptime![plan.cubes_per_sm > 1] {
+    if comptime![plan.persistent] {
         request_cubes_per_sm(comptime![plan.cubes_per_sm]);
     }
     let k_vectors = k / 32;
@@ -690,13 +689,7 @@ pub(crate) fn gemv_mma<R: Runtime>(
         chunks: shape.chunks as u32,
         chunk_passes: shape.chunk_passes as u32,
         persistent,
-        cubes_per_sm: if persistent {
-            resident as u32
-        } else if shape.beside {
-            2
-        } else {
-            0
-        },
+        cubes_per_sm: if persistent { resident as u32 } else { 0 },
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };

@@ -3,10 +3,6 @@
 
 use super::{MAX_LOADS, MAX_WARPS, MIN_CUBE_WARPS, STAGE_MAX_BYTES, STEP_K, WARPS_PER_SM};
 
-/// Loads a lane of a [`LaunchShape::beside`] launch may issue in its one pass: 18 16-byte loads
-/// are 72 registers, under the 128 a unit of a half-SM cube of 256 units may take.
-const BESIDE_MAX_LOADS: usize = 18;
-
 /// How [`super::gemv_mma`] lays out its launch for `m` rows of x, `steps` 128-k steps and `tiles`
 /// tiles of 16 output columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,13 +17,6 @@ pub(super) struct LaunchShape {
     pub chunks: usize,
     pub chunk_passes: usize,
     pub chunk_steps: usize,
-    /// The cubes take at most half an SM's registers (the launch asks the compiler for two per
-    /// SM), so that they start beside a cube of the launch before: a plain launch of at most one
-    /// cube per SM whose steps are many (the 1.5B model's down projection: 96 tiles, 70 steps),
-    /// in 8 warps that load all their steps in one pass. At 16 warps its units took 128
-    /// registers, a whole SM's, so its cubes waited for SMs that the gated launch before (three
-    /// persistent cubes per SM) had left entirely.
-    pub beside: bool,
 }
 
 impl LaunchShape {
@@ -47,18 +36,6 @@ impl LaunchShape {
         // Steps of x that fit the stage: all of K (one chunk, the pass count as it comes), or
         // chunks of whole passes, with fewer warps and loads per pass if one pass would not fit.
         let fit = STAGE_MAX_BYTES / (m.max(1) * STEP_K * 2);
-        let half = MAX_WARPS / 2;
-        let beside = !gated
-            && m <= 8
-            && steps <= fit
-            && tiles <= sms
-            && warps > half
-            && batch > 2
-            && steps.div_ceil(half) * 2 <= BESIDE_MAX_LOADS;
-        if beside {
-            warps = half;
-            batch = steps.div_ceil(half);
-        }
         let passes = steps.div_ceil(warps * batch);
         if steps <= fit {
             return Self {
@@ -68,7 +45,6 @@ impl LaunchShape {
                 chunks: 1,
                 chunk_passes: passes,
                 chunk_steps: steps,
-                beside,
             };
         }
         while warps > 1 && warps > fit {
@@ -85,7 +61,6 @@ impl LaunchShape {
             chunks: steps.div_ceil(chunk_steps),
             chunk_passes,
             chunk_steps,
-            beside: false,
         }
     }
 }
@@ -93,26 +68,7 @@ impl LaunchShape {
 #[cfg(test)]
 mod tests {
     use super::super::{MAX_LOADS, STAGE_MAX_BYTES, STEP_K};
-    use super::{LaunchShape, BESIDE_MAX_LOADS};
-
-    /// The 1.5B model's projections at one row on 132 SMs: down (96 tiles, 70 steps) runs
-    /// beside the launch before, in 8 warps of 9 steps; qkv, o and gate-up keep their shapes.
-    #[test]
-    fn the_down_projection_runs_beside() {
-        let down = LaunchShape::new(1, 70, 96, 132, false);
-        assert!(down.beside, "{down:?}");
-        assert_eq!((down.warps, down.batch, down.chunk_passes), (8, 9, 1));
-        for (tiles, gated, warps, batch) in
-            [(128, false, 16, 1), (96, false, 16, 1), (560, true, 8, 2)]
-        {
-            let s = LaunchShape::new(1, 12, tiles, 132, gated);
-            assert!(!s.beside, "{s:?}");
-            assert_eq!((s.warps, s.batch), (warps, batch), "{s:?}");
-        }
-        // More tiles than SMs, or rows past 8: the plain shape.
-        assert!(!LaunchShape::new(1, 70, 140, 132, false).beside);
-        assert!(!LaunchShape::new(9, 70, 96, 132, false).beside);
-    }
+    use super::LaunchShape;
 
     /// Every launch shape stages at most [`STAGE_MAX_BYTES`] of x, in chunks of whole passes
     /// that cover K, and where all of K fits the shape is the one-chunk rule.
@@ -131,14 +87,7 @@ mod tests {
                             s.chunk_passes >= 1 && s.warps >= 1 && s.batch >= 1,
                             "{what}"
                         );
-                        let loads = s.batch * 2 * (1 + gated as usize);
-                        if s.beside {
-                            assert!(!gated && m <= 8 && tiles <= 132, "{what}");
-                            assert_eq!((s.warps, s.chunks, s.chunk_passes), (8, 1, 1), "{what}");
-                            assert!(loads <= BESIDE_MAX_LOADS, "{what}");
-                        } else {
-                            assert!(loads <= MAX_LOADS, "{what}");
-                        }
+                        assert!(s.batch * 2 * (1 + gated as usize) <= MAX_LOADS, "{what}");
                         let per_pass = s.warps * s.batch;
                         if s.chunks == 1 {
                             assert_eq!(s.chunk_steps, steps, "{what}");
