@@ -27,8 +27,8 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
         (9, 640, 18, Some(128)),
         (16, 512, 40, None),
         (1, 4480, 20, Some(128)),
-        // The down projection's K at one and two rows: 8 warps of 9 steps in one pass, beside
-        // the launch before (at two rows with per-channel scales).
+        // The 1.5B model's down projection's K (70 steps, x staged whole) at one row and, with
+        // per-channel scales, at two.
         (1, 8960, 40, Some(128)),
         (2, 8960, 20, None),
         // Three steps: tiles of four warps, two to a cube; 44 columns: the last cube's tiles
