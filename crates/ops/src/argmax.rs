@@ -350,12 +350,12 @@ pub fn argmax_split_into<R: Runtime>(
     split_launch(client, x, out, scratch, None)
 }
 
-/// [`argmax_split_into`] of one row that then adds one to each of two distinct `u32[1]` counters, once
-/// the id is written: a decode step's positions (the first appended row and the length after
-/// it) advanced for the next step on the device, so that replays of a captured step need no
-/// host write of them in between. Where the row is split, the unit that writes the id does it
-/// (after every earlier kernel on the stream ended); elsewhere a one-unit kernel follows the
-/// argmax.
+/// [`argmax_split_into`] of one row that then adds one to each of two distinct `u32[1]`
+/// counters, once the id is written: a decode step's positions (the first appended row and the
+/// length after it) advanced for the next step on the device, so that replays of a captured
+/// step need no host write of them in between. Where the row is split, the unit that writes the
+/// id does it (after every earlier kernel on the stream ended); elsewhere a one-unit kernel
+/// follows the argmax.
 pub fn argmax_split_advance_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,

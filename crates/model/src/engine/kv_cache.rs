@@ -172,7 +172,8 @@ impl<R: Runtime> KvCache<R> {
     /// Starts an append of `n` positions at the current length: checks that they fit and writes
     /// the device copies the kernels read, `start = len` and `end = len + n` (host to device,
     /// so outside any graph capture), unless a decode step already advanced them to these
-    /// values ([`Self::commit_step`]). Only these two methods and the decode step change them.
+    /// values ([`Self::commit_step`]). Nothing but this method and the decode step's argmax
+    /// writes them.
     pub fn begin_append(&mut self, client: &ComputeClient<R>, n: usize) -> Result<()> {
         self.check_room(n)?;
         if n == 0 {

@@ -269,9 +269,9 @@ impl<R: Runtime> Model<R> {
     }
 
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
-    /// runtime allows it (the step's projection scratch holds the candidates).
-    /// The argmax of `logits` into `ids`; with `cache`, the argmax also advances the cache's
-    /// device positions to the next step's.
+    /// runtime allows it (the step's projection scratch holds the candidates). With `cache` (a
+    /// one-sequence step) it also advances the cache's device position and length to the next
+    /// step's.
     fn greedy_into(
         &self,
         logits: &DeviceTensor<R>,
