@@ -46,8 +46,12 @@ pub struct SamplingArgs {
     /// Keep the smallest set of tokens whose probability reaches p, in (0, 1]; 1 disables.
     #[arg(long, allow_negative_numbers = true)]
     pub top_p: Option<f32>,
-    /// Repetition penalty (> 0; 1 disables).
-    #[arg(long, allow_negative_numbers = true)]
+    /// Repetition penalty (> 0; 1 disables). Also `--repetition-penalty`, transformers' name.
+    #[arg(
+        long,
+        visible_alias = "repetition-penalty",
+        allow_negative_numbers = true
+    )]
     pub repeat_penalty: Option<f32>,
     /// Seed of the sampler: the same seed gives the same text.
     #[arg(long, default_value_t = 0)]

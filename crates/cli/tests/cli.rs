@@ -121,6 +121,21 @@ fn bad_input_is_one_line_and_a_failure() {
             "top_p",
         ),
         (
+            // transformers' name of `--repeat-penalty` is accepted, and validated the same way.
+            vec![
+                "--runtime",
+                "wgpu",
+                "generate",
+                "--model",
+                d,
+                "--prompt",
+                "x",
+                "--repetition-penalty",
+                "0",
+            ],
+            "repetition_penalty",
+        ),
+        (
             vec![
                 "--runtime",
                 "wgpu",
