@@ -67,128 +67,42 @@ fn bad_input_is_one_line_and_a_failure() {
             .success()
     );
     let d = demo.to_str().unwrap();
+    // `generate` on wgpu with a model, a prompt and further flags.
+    fn generate<'a>(model: &'a str, prompt: &'a str, flags: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "--runtime",
+            "wgpu",
+            "generate",
+            "--model",
+            model,
+            "--prompt",
+            prompt,
+        ];
+        args.extend_from_slice(flags);
+        args
+    }
     let cases: Vec<(Vec<&str>, &str)> = vec![
+        (generate("/no/such/dir", "x", &[]), "no such directory"),
+        (generate("org/not-cached", "x", &[]), "HF_HUB_OFFLINE"),
+        (generate(d, "x", &["--temperature", "-1"]), "temperature"),
+        (generate(d, "x", &["--top-p", "0"]), "top_p"),
+        // transformers' name of `--repeat-penalty` is accepted, and validated the same way.
         (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                "/no/such/dir",
-                "--prompt",
-                "x",
-            ],
-            "no such directory",
-        ),
-        (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                "org/not-cached",
-                "--prompt",
-                "x",
-            ],
-            "HF_HUB_OFFLINE",
-        ),
-        (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
-                "x",
-                "--temperature",
-                "-1",
-            ],
-            "temperature",
-        ),
-        (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
-                "x",
-                "--top-p",
-                "0",
-            ],
-            "top_p",
-        ),
-        (
-            // transformers' name of `--repeat-penalty` is accepted, and validated the same way.
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
-                "x",
-                "--repetition-penalty",
-                "0",
-            ],
+            generate(d, "x", &["--repetition-penalty", "0"]),
             "repetition_penalty",
         ),
+        (generate(d, "x", &["--dtype", "bf16"]), "bf16"),
         (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
+            generate(
                 d,
-                "--prompt",
-                "x",
-                "--dtype",
-                "bf16",
-            ],
-            "bf16",
-        ),
-        (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
                 "a prompt of more than three tokens",
-                "--max-len",
-                "3",
-                "--raw",
-            ],
+                &["--max-len", "3", "--raw"],
+            ),
             "context overflow",
         ),
+        (generate(d, "x", &["--sparsify", "1.5"]), "sparsity"),
         (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
-                "x",
-                "--sparsify",
-                "1.5",
-            ],
-            "sparsity",
-        ),
-        (
-            vec![
-                "--runtime",
-                "wgpu",
-                "generate",
-                "--model",
-                d,
-                "--prompt",
-                "x",
-                "--quant-lm-head",
-            ],
+            generate(d, "x", &["--quant-lm-head"]),
             "--quant w8a8, fp8 or w4a16",
         ),
     ];
