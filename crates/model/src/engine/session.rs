@@ -136,12 +136,11 @@ impl Default for SessionOptions {
 /// The device sampler of a session ([`ops::sampling`] for one row), allocated at its first use.
 struct DeviceSampler<R: Runtime> {
     /// The decode step's sampling (the presence mark of the step's token, then the draw),
-    /// captured as a CUDA graph like the step, one per [`SamplingPlan`] (the launches differ).
-    /// Declared first: dropped before the buffers.
-    graphs: [StepGraph<R>; 4],
-    /// The draw alone, into the decode buffers' input token, for sampling one step ahead of the
-    /// host ([`CausalLm::decode_sample_ahead`]); one per plan as well.
-    ahead_graphs: [StepGraph<R>; 4],
+    /// captured as a CUDA graph like the step, one per [`SamplingPlan`] (the launches differ),
+    /// and per target: `graphs[plan][0]` draws into `out`, `graphs[plan][1]` into the decode
+    /// buffers' input token, for sampling one step ahead of the host
+    /// ([`CausalLm::decode_sample_ahead`]). Declared first: dropped before the buffers.
+    graphs: [[StepGraph<R>; 2]; 4],
     inputs: SamplingInputs<R>,
     workspace: SamplingWorkspace<R>,
     out: DeviceTensor<R>,
@@ -156,11 +155,7 @@ impl<R: Runtime> DeviceSampler<R> {
     /// Whether the draw after a decode step with `plan` captures its graph next: the one
     /// writing the next step's input token (`ahead`) or the one writing `out`.
     fn capturing(&self, plan: usize, ahead: bool) -> bool {
-        if ahead {
-            self.ahead_graphs[plan].capturing()
-        } else {
-            self.graphs[plan].capturing()
-        }
+        self.graphs[plan][usize::from(ahead)].capturing()
     }
 
     /// The draw after a decode step, as `plan`'s graph: the presence mark of the step's input
@@ -180,11 +175,7 @@ impl<R: Runtime> DeviceSampler<R> {
             ops::sampling::sample_into(c, &step.logits, inputs, workspace, target)?;
             Ok(())
         };
-        let graph = if ahead {
-            &mut self.ahead_graphs[plan]
-        } else {
-            &mut self.graphs[plan]
-        };
+        let graph = &mut self.graphs[plan][usize::from(ahead)];
         // SAFETY: the graph reads and writes only buffers owned by the session (the decode
         // buffers and the sampler's), which live as long as the graph, on the one client's
         // stream.
@@ -257,7 +248,7 @@ impl<R: Runtime> Session<R> {
     pub fn sampling_uses_graph(&self) -> bool {
         self.sampler
             .as_ref()
-            .is_some_and(|s| s.graphs[plan_index(s.inputs.plan())].ready())
+            .is_some_and(|s| s.graphs[plan_index(s.inputs.plan())][0].ready())
     }
 
     /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
@@ -356,11 +347,11 @@ impl<R: Runtime> Session<R> {
         if self.sampler.is_none() {
             let c = self.model.client();
             let vocab = self.model.config().vocab_size;
-            let graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
-            let ahead_graphs = std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs));
+            let graphs = std::array::from_fn(|_| {
+                std::array::from_fn(|_| StepGraph::new(c, self.options.cuda_graphs))
+            });
             self.sampler = Some(DeviceSampler {
                 graphs,
-                ahead_graphs,
                 inputs: SamplingInputs::new(c, 1, vocab)?,
                 workspace: SamplingWorkspace::new(c, 1, vocab)?,
                 out: DeviceTensor::empty(c, &[1], DType::U32),
