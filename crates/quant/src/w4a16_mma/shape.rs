@@ -24,12 +24,17 @@ impl LaunchShape {
         // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
         // within RED_MAX_BYTES.
         let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
-        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, at most one
-        // per step; tiles per cube up to MIN_CUBE_WARPS warps.
+        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, but a power
+        // of two no larger than the steps, so that every warp has a step (12 steps had taken 16
+        // warps, 4 of them holding registers and joining the barriers for nothing: with 8, the
+        // 1.5B model's qkv and o projections decoded W4A16 1.4% faster on an H200, 1 209.2
+        // against 1 192.8 tok/s, medians of two rounds in one call; 4 warps of 3 steps gave
+        // 1 202.3); tiles per cube up to MIN_CUBE_WARPS warps.
+        let whole_steps = 1 << steps.max(1).ilog2();
         let mut warps = (WARPS_PER_SM * sms)
             .div_ceil(tiles)
-            .min(steps)
             .next_power_of_two()
+            .min(whole_steps)
             .clamp(1, max_warps);
         let halves = if gated { 2 } else { 1 };
         let mut batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
@@ -88,6 +93,7 @@ mod tests {
                             "{what}"
                         );
                         assert!(s.batch * 2 * (1 + gated as usize) <= MAX_LOADS, "{what}");
+                        assert!(s.warps.is_power_of_two() && s.warps <= steps, "{what}");
                         let per_pass = s.warps * s.batch;
                         if s.chunks == 1 {
                             assert_eq!(s.chunk_steps, steps, "{what}");
