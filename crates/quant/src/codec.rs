@@ -6,24 +6,14 @@
 
 use cubecl::prelude::*;
 
-/// Round half to even, as `f32::round_ties_even` (|v| < 2^22).
-#[cube]
-pub fn round_half_even(v: f32) -> f32 {
-    let f = f32::floor(v);
-    let d = v - f;
-    let odd = (i32::cast_from(f) & 1) == 1;
-    let up = d > 0.5 || (d == 0.5 && odd);
-    select(up, f + 1.0, f)
-}
-
 /// 1.5 · 2^23. Adding it to an f32 of magnitude below 2^22 rounds the sum to an integer, half
 /// to even under IEEE round-to-nearest-even (PTX's default for `add.f32`, and what GPUs do for
 /// f32 additions under Vulkan, Metal and D3D; the rowquant tests compare the codes with the
 /// host's bit for bit on each runtime they run on), and leaves that integer in the low bits of
 /// the sum's mantissa in two's complement: the low byte is the integer's code. So an encoder
-/// rounds with one addition and one mask, where [`round_half_even`] takes a `floor`, a tie test
-/// and a float-to-int conversion, and the code another conversion (conversions run at a quarter
-/// of the FMA rate or less): in a one-cube quantization pass over an 8 960-element row that
+/// rounds with one addition and one mask, where rounding with `floor` takes a tie test and a
+/// float-to-int conversion, and the code another conversion (conversions run at a quarter of
+/// the FMA rate or less): in a one-cube quantization pass over an 8 960-element row that
 /// encoding came to about a third of the pass by a count of instructions.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
