@@ -144,10 +144,14 @@ fn tensor_core_decode_plan<R: Runtime>(
 ///   eight planes on that tile (the clustered launch merges its own splits; H100, 1.5B shape at
 ///   640 keys: 666 tok/s against 652 with four planes on two 64-key tiles and 635 with the merge
 ///   kernel);
-/// - where 128-key tiles still give every SM a cube, four planes on 128-key tiles: twice the
+/// - where 128-key tiles still give every SM a cube, eight planes on 128-key tiles: twice the
 ///   bytes in flight per cube of the default's 64-key tiles (H200, 1.5B shape at the end of a
 ///   32k context, in the model's decode step: the attention kernel adds 11.8 µs per layer
-///   against 16.5 with 64-key tiles, 635 tok/s against 597);
+///   against 16.5 with 64-key tiles, 635 tok/s against 597), and eight planes rather than four
+///   hide more of each tile's MMA and softmax latency (one cube per SM, so its planes are all
+///   the SM runs: bf16 decode at the end of a 32k context 693.2 tok/s against 682.5 with four
+///   and 622.1 with two, same binary, two rounds each); more stages of 64-key tiles, up to five
+///   (four tiles in flight), were slower than two;
 /// - the default elsewhere (short caches without clusters, where 64-key tiles split the keys
 ///   over more cubes).
 fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> SplitKvTiling {
@@ -157,7 +161,7 @@ fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>)
         cubes_per_sm: 1,
     };
     let long = SplitKvTiling {
-        warps: 4,
+        warps: 8,
         bk: 128,
         cubes_per_sm: 1,
     };

@@ -162,7 +162,7 @@ fn check<R: Runtime>(
 
 /// Every forced kernel other than `Tiled`, the tensor-core ones also with other tile shapes than
 /// the defaults (as a benchmark sweep passes them).
-fn forced_strategies() -> [AttentionStrategy; 6] {
+fn forced_strategies() -> [AttentionStrategy; 7] {
     [
         AttentionStrategy::TensorCore(FlashTiling::default()),
         AttentionStrategy::TensorCore(FlashTiling { warps: 2, bk: 32 }),
@@ -173,7 +173,12 @@ fn forced_strategies() -> [AttentionStrategy; 6] {
             bk: 64,
             cubes_per_sm: 2,
         }),
-        // The long-context tiling of `Auto` (128-key tiles, four planes).
+        // The long-context tiling of `Auto` (128-key tiles, eight planes), and with four.
+        AttentionStrategy::TensorCoreDecode(SplitKvTiling {
+            warps: 8,
+            bk: 128,
+            cubes_per_sm: 1,
+        }),
         AttentionStrategy::TensorCoreDecode(SplitKvTiling {
             warps: 4,
             bk: 128,
