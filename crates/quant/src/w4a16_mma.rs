@@ -106,11 +106,14 @@ struct MmaPlan {
     /// the cube then stages once for all its groups. At the 1.5B model's gate-up on an H200
     /// (560 groups on 396 cubes, 164 of them taking two) W4A16 decoded 2.9% faster (1 187.8
     /// against 1 154.8 tok/s in one call); on 264 cubes of two groups each, +0.8% and -0.3% in
-    /// two calls (down's cubes found no room beside gate-up's until gate-up ended).
-    persistent: bool,
-    /// With `persistent`: the cubes one SM holds, which the launch's one wave counts on; the
+    /// two calls (down's cubes found no room beside gate-up's until gate-up ended). Also slower
+    /// there: the later groups handed out as tickets to the cubes of the fewest SMs that hold
+    /// them (by `%smid`), so that down's cubes start on the others (-4.3%), and four cubes per SM
+    /// (-4.5%).
+    ///
+    /// `Some(n)`: the `n` cubes one SM holds, which the launch's one wave counts on; the
     /// kernel asks the compiler for them (its registers are capped to fit).
-    cubes_per_sm: u32,
+    persistent: Option<u32>,
     /// Signal `griddepcontrol.launch_dependents`: with `early_wait`, as soon as the first pass's
     /// weight loads are issued, before the wait (the next kernel launches while this one still
     /// runs and issues its own early weight loads, so each projection of the step overlaps the
@@ -287,8 +290,8 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    if comptime![plan.persistent] {
-        request_cubes_per_sm(comptime![plan.cubes_per_sm]);
+    if comptime![plan.persistent.is_some()] {
+        request_cubes_per_sm(comptime![plan.persistent.unwrap()]);
     }
     let k_vectors = k / 32;
     // The tile group this cube multiplies: its position, then (persistent) every cube count on.
@@ -573,7 +576,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         // The next group's first pass, into the registers the MMAs and the partial sums are done
         // with: it loads while this group is reduced and written.
         let next = group + CUBE_COUNT;
-        if comptime![plan.persistent] {
+        if comptime![plan.persistent.is_some()] {
             if next < tile_groups {
                 row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
                 load_pass(
@@ -637,7 +640,7 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
                 );
             }
         }
-        if comptime![plan.persistent] {
+        if comptime![plan.persistent.is_some()] {
             // Every unit is done reading this group's partial sums before the next group's land.
             sync_cube();
         }
@@ -688,8 +691,7 @@ pub(crate) fn gemv_mma<R: Runtime>(
         row_words: (shape.chunk_steps * STEP_K / 8) as u32,
         chunks: shape.chunks as u32,
         chunk_passes: shape.chunk_passes as u32,
-        persistent,
-        cubes_per_sm: if persistent { resident as u32 } else { 0 },
+        persistent: persistent.then_some(resident as u32),
         early_wait: caps::has_pdl(client),
         trigger: caps::has_launch_dependents(client),
     };
