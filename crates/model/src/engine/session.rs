@@ -244,11 +244,13 @@ impl<R: Runtime> Session<R> {
     }
 
     /// Whether the decode steps' device sampling with the parameters written last replays a
-    /// captured graph.
+    /// captured graph: the draw after a step, or the draw one step ahead of the host.
     pub fn sampling_uses_graph(&self) -> bool {
-        self.sampler
-            .as_ref()
-            .is_some_and(|s| s.graphs[plan_index(s.inputs.plan())][0].ready())
+        self.sampler.as_ref().is_some_and(|s| {
+            s.graphs[plan_index(s.inputs.plan())]
+                .iter()
+                .any(StepGraph::ready)
+        })
     }
 
     /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
