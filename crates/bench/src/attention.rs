@@ -249,3 +249,40 @@ pub fn cases_tuned<'a, R: Runtime>(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AttentionTuning;
+    use ops::attention::{FlashTiling, SplitKvTiling};
+
+    /// Either part, both, spaces, and the errors that name the part at fault.
+    #[test]
+    fn tuning_specs_parse() {
+        let both = AttentionTuning::parse(" prefill=4,64 ; decode=8,128,1 ").unwrap();
+        assert_eq!(both.prefill, Some(FlashTiling { warps: 4, bk: 64 }));
+        assert_eq!(
+            both.decode,
+            Some(SplitKvTiling {
+                warps: 8,
+                bk: 128,
+                cubes_per_sm: 1
+            })
+        );
+        let decode = AttentionTuning::parse("decode=2,64,2").unwrap();
+        assert_eq!(decode.prefill, None);
+        assert_eq!(
+            AttentionTuning::parse("").unwrap(),
+            AttentionTuning::default()
+        );
+        for bad in [
+            "decode=8,128",
+            "prefill=4",
+            "decode=a,1,1",
+            "tile=1,2",
+            "decode",
+        ] {
+            let e = AttentionTuning::parse(bad).unwrap_err();
+            assert!(e.contains('`'), "{bad}: {e}");
+        }
+    }
+}

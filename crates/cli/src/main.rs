@@ -4,6 +4,7 @@
 //! cubellm --runtime cuda|wgpu|auto selfcheck      # every kernel vs its CPU reference, as a table
 //! cubellm --runtime cuda bench [--family norm]    # device timings as JSON lines
 //! cubellm bench --family matmul --gemm-tile 128,128,2,4,3   # a tensor-core tile sweep point
+//! cubellm bench --family attention --attention-tile 'decode=8,128,1'   # an attention tile
 //! cubellm generate --prompt "Hello" [--model DIR|org/name] [--temperature 0.7 ...]
 //! cubellm chat [--model ...] [--system "..."]        # interactive, streamed
 //! cubellm serve [--model ...] [--port 8080]           # OpenAI-compatible HTTP server
@@ -69,6 +70,11 @@ enum Command {
         /// run on tensor cores (those it cannot run keep their default tile).
         #[arg(long, value_parser = parse_gemm_tile)]
         gemm_tile: Option<CmmaTile>,
+        /// Force tensor-core attention tiles on the attention cases,
+        /// `prefill=WARPS,BK;decode=WARPS,BK,CUBES_PER_SM` (either part may be left out; the
+        /// cases' names then carry the tiles).
+        #[arg(long, value_parser = bench::attention::AttentionTuning::parse)]
+        attention_tile: Option<bench::attention::AttentionTuning>,
     },
     /// Generate text with a Qwen2, Qwen3 or Llama model, streaming it to stdout (stats go to stderr).
     Generate(generate::GenerateArgs),
@@ -120,6 +126,7 @@ fn bench<R: Runtime>(
     family: Option<&str>,
     filter: &str,
     gemm_tile: Option<CmmaTile>,
+    attention_tile: Option<bench::attention::AttentionTuning>,
 ) -> anyhow::Result<()> {
     let families: Vec<&'static str> = match family {
         Some(f) => match bench::FAMILIES
@@ -141,8 +148,9 @@ fn bench<R: Runtime>(
         None => bench::FAMILIES.to_vec(),
     };
     for f in families {
-        let cases = match (f, gemm_tile) {
-            ("matmul", Some(tile)) => bench::matmul::cases_with(client, Some(tile)),
+        let cases = match (f, gemm_tile, attention_tile) {
+            ("matmul", Some(tile), _) => bench::matmul::cases_with(client, Some(tile)),
+            ("attention", _, Some(tuning)) => bench::attention::cases_tuned(client, &tuning),
             _ => bench::cases(client, f),
         };
         bench::measure(client, f, cases, filter);
@@ -188,7 +196,15 @@ fn run_command<R: Runtime>(client: &ComputeClient<R>, command: &Command) -> anyh
             family,
             filter,
             gemm_tile,
-        } => bench::<R>(client, family.as_deref(), filter, *gemm_tile).map(|_| true),
+            attention_tile,
+        } => bench::<R>(
+            client,
+            family.as_deref(),
+            filter,
+            *gemm_tile,
+            *attention_tile,
+        )
+        .map(|_| true),
         Command::Generate(args) => generate::generate::<R>(client, args).map(|_| true),
         Command::Chat(args) => chat::chat::<R>(client, args).map(|_| true),
         Command::Serve(args) => serve::serve::<R>(client, args).map(|_| true),
