@@ -96,7 +96,10 @@ impl SplitKvMmaBlueprint {
     }
 
     pub fn shared_bytes(&self, elem: usize) -> usize {
-        (16 + 4 * self.bk) * self.stride() * elem + self.warps * 16 * (self.d + 2) * 4 + 64
+        (16 + 4 * self.bk) * self.stride() * elem
+            + self.warps * 16 * (self.d + 3) * 4
+            + 16 * 2 * 4
+            + 64
     }
 }
 
@@ -226,7 +229,6 @@ fn split_kv_mma<F: Float>(
     let stride = comptime![blueprint.stride()];
     let shape = comptime![blueprint.step()];
     let dn = comptime![blueprint.d / 8];
-    let empty = f32::new(EMPTY_MAX);
     // scale * log2(e): scores go through ex2.
     let c = geo.scale * f32::new(core::f32::consts::LOG2_E);
 
@@ -332,33 +334,24 @@ fn split_kv_mma<F: Float>(
     }
 
     if comptime![blueprint.rope] {
-        // The newest key and value and the query rows are loaded in one batch after the wait.
-        if owner {
-            append_rotated_kv::<F>(
-                io,
-                &mut k_sh,
-                &mut v_sh,
-                rope,
-                geo,
-                pos,
-                kv_base + pos as usize * kv_stride,
-                direct,
-                (pos - k_begin) as usize * stride,
-                d,
-            );
-        }
-        // Q rows gathered from their heads, rotated at the newest position.
-        let half = comptime![d / 2];
-        let p = min(pos, rope.rows - 1) as usize;
-        for e in range_stepped(UNIT_POS as usize, comptime![16 * d / 2], CUBE_DIM as usize) {
-            let r = e / half;
-            let i = e % half;
-            let rho = min(first_rho + r as u32, rows_total - 1);
-            let qrow = hk * geo.group + rho % geo.group;
-            let (ra, rb) = rotate_pair::<F>(&io.q, rope, qrow as usize * d + i, p, i, half);
-            q_sh[r * stride + i] = ra;
-            q_sh[r * stride + i + half] = rb;
-        }
+        rotate_into_tiles::<F>(
+            io,
+            &mut q_sh,
+            &mut k_sh,
+            &mut v_sh,
+            rope,
+            geo,
+            pos,
+            owner,
+            direct,
+            kv_base + pos as usize * kv_stride,
+            (pos - k_begin) as usize * stride,
+            first_rho,
+            rows_total,
+            d,
+            stride,
+            comptime![32 * warps],
+        );
         // Orders the shared-memory stores before their reads, and the cache writes before the
         // copies of that row below (a cube's own global writes are visible to it after a
         // barrier).
@@ -460,23 +453,31 @@ fn split_kv_mma<F: Float>(
         sync_cube();
     }
 
-    // Merge the planes: each wrote (max, sum, acc) for the 16 rows over its keys.
+    // Merge the planes: each wrote (max, sum, acc) for the rows of the block that exist.
     let l0 = quad_sum(rows.l0);
     let l1 = quad_sum(rows.l1);
     let mut o_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * d]);
     let mut st_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * 2]);
+    let rows_here = min(rows_total - first_rho, 16);
     let wrow = warp as usize * 16;
     let col = (2 * t) as usize;
-    #[unroll]
-    for n in 0..dn {
-        let o0 = o_acc[n * 2];
-        let o1 = o_acc[n * 2 + 1];
-        let base0 = (wrow + g as usize) * d + n * 8 + col;
-        let base1 = base0 + 8 * d;
-        o_sh[base0] = o0.extract(0usize);
-        o_sh[base0 + 1] = o0.extract(1usize);
-        o_sh[base1] = o1.extract(0usize);
-        o_sh[base1 + 1] = o1.extract(1usize);
+    if g < rows_here {
+        #[unroll]
+        for n in 0..dn {
+            let o0 = o_acc[n * 2];
+            let base0 = (wrow + g as usize) * d + n * 8 + col;
+            o_sh[base0] = o0.extract(0usize);
+            o_sh[base0 + 1] = o0.extract(1usize);
+        }
+    }
+    if g + 8 < rows_here {
+        #[unroll]
+        for n in 0..dn {
+            let o1 = o_acc[n * 2 + 1];
+            let base1 = (wrow + g as usize + 8) * d + n * 8 + col;
+            o_sh[base1] = o1.extract(0usize);
+            o_sh[base1 + 1] = o1.extract(1usize);
+        }
     }
     if t == 0 {
         st_sh[(wrow + g as usize) * 2] = rows.m0;
@@ -485,103 +486,190 @@ fn split_kv_mma<F: Float>(
         st_sh[(wrow + g as usize + 8) * 2 + 1] = l1;
     }
     sync_cube();
+    merge_planes::<F>(io, &o_sh, &st_sh, geo, first_rho, rows_here, c, blueprint);
+}
 
-    for e in range_stepped(UNIT_POS as usize, comptime![16 * d], CUBE_DIM as usize) {
+/// Combines the planes' `(max, sum, acc)` of the block's `rows_here` rows into the cube's
+/// output (or partials): one unit per row first finds the row's maximum, each plane's weight
+/// `2^(max_w c - max c)` and the weighted sum, then every unit combines output elements with
+/// those weights, so that no element recomputes the row's statistics.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn merge_planes<F: Float>(
+    io: &mut SplitBuffers<F, f32>,
+    o_sh: &[f32],
+    st_sh: &[f32],
+    geo: &Geometry,
+    first_rho: u32,
+    rows_here: u32,
+    c: f32,
+    #[comptime] blueprint: SplitKvMmaBlueprint,
+) {
+    let d = comptime![blueprint.d];
+    let warps = comptime![blueprint.warps];
+    let empty = f32::new(EMPTY_MAX);
+    let b = CUBE_POS_Z / geo.row_blocks;
+    let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+    let split_rows = CUBE_POS_X as usize * rows_out;
+    let mut w_sh = Shared::<[f32]>::new_slice(comptime![warps * 16]);
+    let mut inv_sh = Shared::<[f32]>::new_slice(16usize);
+    let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
+    if UNIT_POS < rows_here {
+        let r = UNIT_POS as usize;
+        let rho = first_rho + UNIT_POS;
+        let mut mm = empty;
+        #[unroll]
+        for w in 0..warps {
+            mm = max(mm, st_sh[(w * 16 + r) * 2]);
+        }
+        let mc = select(mm == empty, 0f32, mm * c);
+        let mut ll = 0f32;
+        #[unroll]
+        for w in 0..warps {
+            let f = exp2_approx(st_sh[(w * 16 + r) * 2] * c - mc);
+            w_sh[r * warps + w] = f;
+            ll += st_sh[(w * 16 + r) * 2 + 1] * f;
+        }
+        let orow =
+            (b * geo.lq + rho / geo.group) * geo.hq + CUBE_POS_Y * geo.group + rho % geo.group;
+        orow_sh[r] = orow;
+        if comptime![blueprint.partial] {
+            let prow = split_rows + orow as usize;
+            // The merge works in natural units of the scaled scores.
+            io.part_stats[prow * 2] = select(
+                mm == empty,
+                empty,
+                mm * c * f32::new(core::f32::consts::LN_2),
+            );
+            io.part_stats[prow * 2 + 1] = ll;
+        } else {
+            inv_sh[r] = select(ll > 0f32, 1f32 / ll, 0f32);
+        }
+    }
+    sync_cube();
+
+    for e in range_stepped(UNIT_POS as usize, rows_here as usize * d, CUBE_DIM as usize) {
         let r = e / d;
         let dd = e % d;
-        let rho = first_rho + r as u32;
-        if rho < rows_total {
-            let mut mm = empty;
-            #[unroll]
-            for w in 0..warps {
-                mm = max(mm, st_sh[(w * 16 + r) * 2]);
-            }
-            let mc = select(mm == empty, 0f32, mm * c);
-            let mut ll = 0f32;
-            let mut acc = 0f32;
-            #[unroll]
-            for w in 0..warps {
-                let f = exp2_approx(st_sh[(w * 16 + r) * 2] * c - mc);
-                ll += st_sh[(w * 16 + r) * 2 + 1] * f;
-                acc += o_sh[(w * 16 + r) * d + dd] * f;
-            }
-            let orow = ((b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group)
-                as usize;
-            if comptime![blueprint.partial] {
-                let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
-                let prow = split as usize * rows_out + orow;
-                io.part_acc[prow * d + dd] = acc;
-                if dd == 0 {
-                    // The merge works in natural units of the scaled scores.
-                    io.part_stats[prow * 2] = select(
-                        mm == empty,
-                        empty,
-                        mm * c * f32::new(core::f32::consts::LN_2),
-                    );
-                    io.part_stats[prow * 2 + 1] = ll;
-                }
-            } else {
-                let inv = select(ll > 0f32, 1f32 / ll, 0f32);
-                io.out[orow * d + dd] = F::cast_from(acc * inv);
-            }
+        let mut acc = 0f32;
+        #[unroll]
+        for w in 0..warps {
+            acc += o_sh[(w * 16 + r) * d + dd] * w_sh[r * warps + w];
+        }
+        let orow = orow_sh[r] as usize;
+        if comptime![blueprint.partial] {
+            io.part_acc[(split_rows + orow) * d + dd] = acc;
+        } else {
+            io.out[orow * d + dd] = F::cast_from(acc * inv_sh[r]);
         }
     }
 }
 
-/// Element pair `(x[src], x[src + half])` of a head rotated by RoPE at table row `p`, pair `i`,
-/// rounded to the dtype: the arithmetic of the separate kernel (`crate::qkv`), so that both
-/// paths give the same bits.
+/// `(a, b)` rotated by RoPE with factors `(cos, sin)`, rounded to the dtype: the arithmetic of
+/// the separate kernel (`crate::qkv`), so that both paths give the same bits.
 #[cube]
-fn rotate_pair<F: Float>(
-    x: &[F],
-    rope: &RopeTables,
-    src: usize,
-    p: usize,
-    i: usize,
-    half: usize,
-) -> (F, F) {
-    let a = f32::cast_from(x[src]);
-    let b = f32::cast_from(x[src + half]);
-    let c = rope.cos[p * half + i];
-    let s = rope.sin[p * half + i];
-    (F::cast_from(a * c - b * s), F::cast_from(b * c + a * s))
+fn rotate<F: Float>(a: F, b: F, cos: f32, sin: f32) -> (F, F) {
+    let a = f32::cast_from(a);
+    let b = f32::cast_from(b);
+    (
+        F::cast_from(a * cos - b * sin),
+        F::cast_from(b * cos + a * sin),
+    )
 }
 
-/// Writes KV head `CUBE_POS_Y`'s key (rotated at position `pos`) and value from the QKV row in
-/// `io.q` to cache row `dst` (the element offset of that row's head) and, with `direct`, to
-/// element `row` of the first tile's shared-memory buffers.
+/// A RoPE launch's work after the wait: the query rows of the block gathered from their heads
+/// and rotated at position `pos` into `q_sh` (rows past the last repeat it), and in the `owner`
+/// cube KV head `CUBE_POS_Y`'s newest key (rotated) and value written to cache row `dst` (the
+/// element offset of that row's head) and, with `direct`, to element `row` of the first tile's
+/// shared-memory buffers. Every load is issued before the first result is used, so the cube
+/// waits for one memory latency, not one per row pass.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn append_rotated_kv<F: Float>(
+fn rotate_into_tiles<F: Float>(
     io: &mut SplitBuffers<F, f32>,
+    q_sh: &mut [F],
     k_sh: &mut [F],
     v_sh: &mut [F],
     rope: &RopeTables,
     geo: &Geometry,
     pos: u32,
-    dst: usize,
+    owner: bool,
     direct: bool,
+    dst: usize,
     row: usize,
+    first_rho: u32,
+    rows_total: u32,
     #[comptime] d: usize,
+    #[comptime] stride: usize,
+    #[comptime] units: usize,
 ) {
     let half = comptime![d / 2];
-    let hk = CUBE_POS_Y as usize;
-    let k_src = (geo.hq as usize + hk) * d;
-    let v_src = (geo.hq + geo.hkv) as usize * d + hk * d;
-    let p = min(pos, rope.rows - 1) as usize;
-    for i in range_stepped(UNIT_POS as usize, half, CUBE_DIM as usize) {
-        let (ka, kb) = rotate_pair::<F>(&io.q, rope, k_src + i, p, i, half);
-        let va = io.q[v_src + i];
-        let vb = io.q[v_src + i + half];
-        io.k[dst + i] = ka;
-        io.k[dst + i + half] = kb;
-        io.v[dst + i] = va;
-        io.v[dst + i + half] = vb;
-        if direct {
-            k_sh[row + i] = ka;
-            k_sh[row + i + half] = kb;
-            v_sh[row + i] = va;
-            v_sh[row + i + half] = vb;
+    let pairs = comptime![16 * d / 2];
+    let iters = comptime![pairs.div_ceil(units)];
+    let kv_iters = comptime![half.div_ceil(units)];
+    let p = min(pos, rope.rows - 1) as usize * half;
+    let hk = CUBE_POS_Y;
+    let k_src = (geo.hq + hk) as usize * d;
+    let v_src = (geo.hq + geo.hkv + hk) as usize * d;
+
+    let mut kv = Array::<F>::new(comptime![4 * kv_iters]);
+    let mut kv_f = Array::<f32>::new(comptime![2 * kv_iters]);
+    if owner {
+        #[unroll]
+        for j in 0..kv_iters {
+            let i = min(UNIT_POS as usize + j * units, half - 1);
+            kv[4 * j] = io.q[k_src + i];
+            kv[4 * j + 1] = io.q[k_src + i + half];
+            kv[4 * j + 2] = io.q[v_src + i];
+            kv[4 * j + 3] = io.q[v_src + i + half];
+            kv_f[2 * j] = rope.cos[p + i];
+            kv_f[2 * j + 1] = rope.sin[p + i];
+        }
+    }
+    let mut qv = Array::<F>::new(comptime![2 * iters]);
+    let mut qf = Array::<f32>::new(comptime![2 * iters]);
+    #[unroll]
+    for k in 0..iters {
+        let e = min(UNIT_POS as usize + k * units, pairs - 1);
+        let i = e % half;
+        let rho = min(first_rho + (e / half) as u32, rows_total - 1);
+        let src = (hk * geo.group + rho % geo.group) as usize * d + i;
+        qv[2 * k] = io.q[src];
+        qv[2 * k + 1] = io.q[src + half];
+        qf[2 * k] = rope.cos[p + i];
+        qf[2 * k + 1] = rope.sin[p + i];
+    }
+
+    if owner {
+        #[unroll]
+        for j in 0..kv_iters {
+            let i = UNIT_POS as usize + j * units;
+            if i < half {
+                let (ka, kb) = rotate::<F>(kv[4 * j], kv[4 * j + 1], kv_f[2 * j], kv_f[2 * j + 1]);
+                let va = kv[4 * j + 2];
+                let vb = kv[4 * j + 3];
+                io.k[dst + i] = ka;
+                io.k[dst + i + half] = kb;
+                io.v[dst + i] = va;
+                io.v[dst + i + half] = vb;
+                if direct {
+                    k_sh[row + i] = ka;
+                    k_sh[row + i + half] = kb;
+                    v_sh[row + i] = va;
+                    v_sh[row + i + half] = vb;
+                }
+            }
+        }
+    }
+    #[unroll]
+    for k in 0..iters {
+        let e = UNIT_POS as usize + k * units;
+        if e < pairs {
+            let r = e / half;
+            let i = e % half;
+            let (a, b) = rotate::<F>(qv[2 * k], qv[2 * k + 1], qf[2 * k], qf[2 * k + 1]);
+            q_sh[r * stride + i] = a;
+            q_sh[r * stride + i + half] = b;
         }
     }
 }
