@@ -119,7 +119,8 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    split_kv_mma::<F>(&mut io, &geo, &rope, blueprint);
+    let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
+    split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, blueprint);
 }
 
 /// [`split_kv_mma_kernel`] on clusters of [`CLUSTER_SPLITS`] cubes along the key split (the whole
@@ -135,15 +136,14 @@ pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
-    split_kv_mma::<F>(&mut io, &geo, &rope, blueprint);
-    // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
-    // (acquire), so the partials each cube wrote are visible to all.
-    gpu_asm!("barrier.cluster.arrive.release.aligned;");
-    gpu_asm!("barrier.cluster.wait.acquire.aligned;");
+    let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
+    let rows_here = split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, blueprint);
     merge_in_cluster::<F>(
         &io.part_acc,
         &io.part_stats,
         &mut io.out,
+        &orow_sh,
+        rows_here,
         &geo,
         comptime![blueprint.d],
     );
@@ -151,42 +151,42 @@ pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
 
 /// Combines the [`CLUSTER_SPLITS`] partials of the cube's (sequence, KV head, row block) into
 /// the output, one element per unit of the cluster (the merge kernel's formula: weights
-/// `exp(max_s - max)`, splits that saw no key weigh 0). Every split's loads are issued together.
+/// `exp(max_s - max)`, splits that saw no key weigh 0), after the cluster barrier. Every split's
+/// loads are issued together, and the output rows come from `orow_sh` (the cube's own block, the
+/// same in every cube of the cluster), so no index arithmetic waits behind the barrier.
 #[cube]
 fn merge_in_cluster<F: Float>(
     part_acc: &[f32],
     part_stats: &[f32],
     out: &mut [F],
+    orow_sh: &[u32],
+    rows_here: u32,
     geo: &Geometry,
     #[comptime] d: usize,
 ) {
     let splits = comptime![CLUSTER_SPLITS];
-    let hk = CUBE_POS_Y;
-    let b = CUBE_POS_Z / geo.row_blocks;
-    let rb = CUBE_POS_Z % geo.row_blocks;
-    let rows_total = geo.lq * geo.group;
     let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
     let first = CUBE_POS_X as usize * CUBE_DIM as usize + UNIT_POS as usize;
     let units = splits * CUBE_DIM as usize;
-    for e in range_stepped(first, comptime![16 * d], units) {
-        let r = e / d;
+    // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
+    // (acquire), so the partials each cube wrote are visible to all.
+    gpu_asm!("barrier.cluster.arrive.release.aligned;");
+    gpu_asm!("barrier.cluster.wait.acquire.aligned;");
+    for e in range_stepped(first, rows_here as usize * d, units) {
+        // The cubes of a cluster share their rows, so the cube's own output rows serve.
+        let orow = orow_sh[e / d] as usize;
         let dd = e % d;
-        let rho = rb * 16 + r as u32;
-        if rho < rows_total {
-            let orow = ((b * geo.lq + rho / geo.group) * geo.hq + hk * geo.group + rho % geo.group)
-                as usize;
-            let mut ms = Array::<f32>::new(splits);
-            let mut ls = Array::<f32>::new(splits);
-            let mut accs = Array::<f32>::new(splits);
-            #[unroll]
-            for s in 0..splits {
-                let prow = s * rows_out + orow;
-                ms[s] = part_stats[prow * 2];
-                ls[s] = part_stats[prow * 2 + 1];
-                accs[s] = part_acc[prow * d + dd];
-            }
-            out[orow * d + dd] = F::cast_from(combine_splits(&ms, &ls, &accs));
+        let mut ms = Array::<f32>::new(splits);
+        let mut ls = Array::<f32>::new(splits);
+        let mut accs = Array::<f32>::new(splits);
+        #[unroll]
+        for s in 0..splits {
+            let prow = s * rows_out + orow;
+            ms[s] = part_stats[prow * 2];
+            ls[s] = part_stats[prow * 2 + 1];
+            accs[s] = part_acc[prow * d + dd];
         }
+        out[orow * d + dd] = F::cast_from(combine_splits(&ms, &ls, &accs));
     }
 }
 
@@ -211,14 +211,16 @@ fn combine_splits(ms: &Array<f32>, ls: &Array<f32>, accs: &Array<f32>) -> f32 {
 }
 
 /// The body of both decode kernels: one cube's split, written as partials (or, with one split,
-/// as the output).
+/// as the output). Returns the rows of the cube's 16-row block that exist; `orow_sh` then holds
+/// their output rows.
 #[cube]
 fn split_kv_mma<F: Float>(
     io: &mut SplitBuffers<F, f32>,
     geo: &Geometry,
     rope: &RopeTables,
+    orow_sh: &mut [u32],
     #[comptime] blueprint: SplitKvMmaBlueprint,
-) {
+) -> u32 {
     if comptime![blueprint.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
@@ -352,10 +354,13 @@ fn split_kv_mma<F: Float>(
             stride,
             comptime![32 * warps],
         );
-        // Orders the shared-memory stores before their reads, and the cache writes before the
-        // copies of that row below (a cube's own global writes are visible to it after a
-        // barrier).
-        sync_cube();
+        // Orders the cache writes before the copies of that row below (a cube's own global
+        // writes are visible to it after a barrier), and the shared-memory stores before their
+        // reads. With `early` and no such copy, the wait on `bar0` below orders the stores
+        // (its arrival releases them, its wait acquires them, at cube scope).
+        if !comptime![blueprint.early] || (owner && !direct) {
+            sync_cube();
+        }
     } else {
         // Q rows gathered from their heads (16-byte copies).
         let per_row = comptime![d / 8];
@@ -370,7 +375,9 @@ fn split_kv_mma<F: Float>(
         }
     }
     if comptime![blueprint.early] {
-        if n_tiles > 0 && !direct {
+        // Only a cube whose first tile holds a key at or past `settled` has copies left (in a
+        // RoPE launch, the owner of the newest key when it is not written `direct`).
+        if n_tiles > 0 && !direct && last_key >= settled && settled < k_begin as usize + bk {
             queue_kv_tile_part::<F>(
                 &io.k,
                 &io.v,
@@ -486,19 +493,24 @@ fn split_kv_mma<F: Float>(
         st_sh[(wrow + g as usize + 8) * 2 + 1] = l1;
     }
     sync_cube();
-    merge_planes::<F>(io, &o_sh, &st_sh, geo, first_rho, rows_here, c, blueprint);
+    merge_planes::<F>(
+        io, &o_sh, &st_sh, orow_sh, geo, first_rho, rows_here, c, blueprint,
+    );
+    rows_here
 }
 
 /// Combines the planes' `(max, sum, acc)` of the block's `rows_here` rows into the cube's
 /// output (or partials): one unit per row first finds the row's maximum, each plane's weight
-/// `2^(max_w c - max c)` and the weighted sum, then every unit combines output elements with
-/// those weights, so that no element recomputes the row's statistics.
+/// `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in `orow_sh` for the
+/// cluster's merge), then every unit combines output elements with those weights, so that no
+/// element recomputes the row's statistics.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn merge_planes<F: Float>(
     io: &mut SplitBuffers<F, f32>,
     o_sh: &[f32],
     st_sh: &[f32],
+    orow_sh: &mut [u32],
     geo: &Geometry,
     first_rho: u32,
     rows_here: u32,
@@ -513,7 +525,6 @@ fn merge_planes<F: Float>(
     let split_rows = CUBE_POS_X as usize * rows_out;
     let mut w_sh = Shared::<[f32]>::new_slice(comptime![warps * 16]);
     let mut inv_sh = Shared::<[f32]>::new_slice(16usize);
-    let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
     if UNIT_POS < rows_here {
         let r = UNIT_POS as usize;
         let rho = first_rho + UNIT_POS;
