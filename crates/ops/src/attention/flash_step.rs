@@ -216,8 +216,12 @@ pub(crate) fn queue_kv_tile_part<F: Float>(
         lo = fresh;
         hi = comptime![bk];
     }
-    copy_rows_async_within::<F>(k, k_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
-    copy_rows_async_within::<F>(v, v_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
+    // Source rows `min(r, last)` reach `lo..hi` only when both hold: otherwise every unit would
+    // walk the tile's copies and queue none.
+    if last >= lo && lo < hi {
+        copy_rows_async_within::<F>(k, k_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
+        copy_rows_async_within::<F>(v, v_sh, src, kv_stride, last, 0usize, lo, hi, bk, d, stride);
+    }
 }
 
 /// Queues the copies of the first K/V tile (keys from `tile0`; rows past `last_key` repeat row

@@ -77,6 +77,14 @@ pub(crate) fn kv_first_row(len_buf: &[u32], geo: &Geometry, b: u32) -> u32 {
     slot * geo.kv_rows
 }
 
+/// The rows of one split's partials (`part_acc` / `part_stats`): every output row of the launch,
+/// `sequences x queries x query heads`, the cube grid's Z axis counting sequences times row
+/// blocks.
+#[cube]
+pub(crate) fn partial_rows(geo: &Geometry) -> usize {
+    (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize
+}
+
 /// The number of keys query `i` sees: all `len` of them, or with the causal rule
 /// (`j <= i + len - lq`) `i + 1 + len - lq` clamped to `[0, len]`.
 #[cube]

@@ -13,7 +13,7 @@
 
 use cubecl::prelude::*;
 
-use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
+use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
 use super::workspace::Split;
 use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
@@ -249,7 +249,7 @@ pub(crate) fn split_kv_kernel<F: Float, N: Size>(
             let h = hk * geo.group + rho % geo.group;
             let orow = ((b * geo.lq + i) * geo.hq + h) as usize;
             if comptime![blueprint.partial] {
-                let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+                let rows_out = partial_rows(&geo);
                 let prow = split as usize * rows_out + orow;
                 io.part_acc[prow * lpk + cc] = aa;
                 if cc == 0 {

@@ -9,7 +9,7 @@ use super::flash_step::{
     exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
     next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
 };
-use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
+use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
 use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
@@ -165,7 +165,7 @@ fn merge_in_cluster<F: Float>(
     #[comptime] d: usize,
 ) {
     let splits = comptime![CLUSTER_SPLITS];
-    let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+    let rows_out = partial_rows(geo);
     let first = CUBE_POS_X as usize * CUBE_DIM as usize + UNIT_POS as usize;
     let units = splits * CUBE_DIM as usize;
     // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
@@ -375,9 +375,7 @@ fn split_kv_mma<F: Float>(
         }
     }
     if comptime![blueprint.early] {
-        // Only a cube whose first tile holds a key at or past `settled` has copies left (in a
-        // RoPE launch, the owner of the newest key when it is not written `direct`).
-        if n_tiles > 0 && !direct && last_key >= settled && settled < k_begin as usize + bk {
+        if n_tiles > 0 && !direct {
             queue_kv_tile_part::<F>(
                 &io.k,
                 &io.v,
@@ -521,7 +519,7 @@ fn merge_planes<F: Float>(
     let warps = comptime![blueprint.warps];
     let empty = f32::new(EMPTY_MAX);
     let b = CUBE_POS_Z / geo.row_blocks;
-    let rows_out = (CUBE_COUNT_Z / geo.row_blocks * geo.lq * geo.hq) as usize;
+    let rows_out = partial_rows(geo);
     let split_rows = CUBE_POS_X as usize * rows_out;
     let mut w_sh = Shared::<[f32]>::new_slice(comptime![warps * 16]);
     let mut inv_sh = Shared::<[f32]>::new_slice(16usize);
