@@ -198,6 +198,8 @@ fn argmax_split_kernel<F: Float, N: Size>(
     out: &mut [u32],
     first_counter: &mut [u32],
     second_counter: &mut [u32],
+    even_slot: &mut [u32],
+    odd_slot: &mut [u32],
     n_cols: usize,
     #[comptime] shape: SplitShape,
     #[comptime] advance: bool,
@@ -281,22 +283,44 @@ fn argmax_split_kernel<F: Float, N: Size>(
         let (_, wi) = plane_best(cv, ci);
         if lane == 0 {
             // A row of only NaN has no candidate: report index 0.
-            out[row] = select(wi == none, 0u32, wi);
+            let id = select(wi == none, 0u32, wi);
+            out[row] = id;
             if comptime![advance] {
                 // One row (checked at launch), so this unit runs once per launch.
                 first_counter[0] = first + 1u32;
                 second_counter[0] = second + 1u32;
+                write_slot(even_slot, odd_slot, second, id);
             }
         }
     }
 }
 
-/// Adds one to each of two `u32[1]` counters (one unit).
+/// The id into `even_slot` or `odd_slot` by the parity of `second`, the second counter's value
+/// before its advance: consecutive launches alternate between the slots.
+#[cube]
+fn write_slot(even_slot: &mut [u32], odd_slot: &mut [u32], second: u32, id: u32) {
+    if second & 1 == 0 {
+        even_slot[0] = id;
+    } else {
+        odd_slot[0] = id;
+    }
+}
+
+/// Adds one to each of two `u32[1]` counters and writes the id in `ids[0]` to the slot of the
+/// second counter's parity (one unit).
 #[cube(launch_unchecked)]
-fn advance_kernel(first_counter: &mut [u32], second_counter: &mut [u32]) {
+fn advance_kernel(
+    ids: &[u32],
+    first_counter: &mut [u32],
+    second_counter: &mut [u32],
+    even_slot: &mut [u32],
+    odd_slot: &mut [u32],
+) {
     if ABSOLUTE_POS == 0 {
+        let second = second_counter[0];
         first_counter[0] += 1u32;
-        second_counter[0] += 1u32;
+        second_counter[0] = second + 1u32;
+        write_slot(even_slot, odd_slot, second, ids[0]);
     }
 }
 
@@ -353,15 +377,18 @@ pub fn argmax_split_into<R: Runtime>(
 /// [`argmax_split_into`] of one row that then adds one to each of two distinct `u32[1]`
 /// counters, once the id is written: a decode step's positions (the first appended row and the
 /// length after it) advanced for the next step on the device, so that replays of a captured
-/// step need no host write of them in between. Where the row is split, the unit that writes the
-/// id does it (after every earlier kernel on the stream ended); elsewhere a one-unit kernel
-/// follows the argmax.
+/// step need no host write of them in between. The id also goes to `slots[c % 2]` (two distinct
+/// `u32[1]`), `c` being the second counter's value before the advance: the host can read the id
+/// of one launch from its slot while the next launch, already queued, writes the other one.
+/// Where the row is split, the unit that writes the id does all of it (after every earlier
+/// kernel on the stream ended); elsewhere a one-unit kernel follows the argmax.
 pub fn argmax_split_advance_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
     scratch: &SplitScratch<R>,
     counters: [&DeviceTensor<R>; 2],
+    slots: [&DeviceTensor<R>; 2],
 ) -> Result<()> {
     const OP: &str = "argmax advance";
     if x.rows() != 1 {
@@ -373,21 +400,23 @@ pub fn argmax_split_advance_into<R: Runtime>(
             ),
         ));
     }
-    for (name, c) in ["first counter", "second counter"]
-        .into_iter()
-        .zip(counters)
-    {
+    let named = ["first counter", "second counter", "even slot", "odd slot"];
+    let all = [counters[0], counters[1], slots[0], slots[1]];
+    for (name, c) in named.into_iter().zip(all) {
         check_u32_ids(OP, name, c, 1)?;
     }
-    split_launch(client, x, out, scratch, Some(counters))
+    split_launch(client, x, out, scratch, Some((counters, slots)))
 }
+
+/// The two counters an advancing argmax adds one to, and its two parity slots.
+type Advance<'a, R> = ([&'a DeviceTensor<R>; 2], [&'a DeviceTensor<R>; 2]);
 
 fn split_launch<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
     out: &DeviceTensor<R>,
     scratch: &SplitScratch<R>,
-    advance: Option<[&DeviceTensor<R>; 2]>,
+    advance: Option<Advance<'_, R>>,
 ) -> Result<()> {
     const OP: &str = "argmax";
     validate_rows(client, OP, x, &[])?;
@@ -397,25 +426,30 @@ fn split_launch<R: Runtime>(
         .filter(|(shape, _)| scratch.fits(shape.need(rows)) && rows <= u16::MAX as usize);
     let Some((shape, vector)) = split else {
         argmax_into(client, x, out)?;
-        if let Some([first, second]) = advance {
-            // SAFETY: one unit writes element 0 of two u32[1] tensors (checked by the caller).
+        if let Some(([first, second], [even, odd])) = advance {
+            // SAFETY: one unit reads `out[0]` and writes element 0 of four u32[1] tensors
+            // (checked by the caller).
             unsafe {
                 advance_kernel::launch_unchecked::<R>(
                     client,
                     CubeCount::Static(1, 1, 1),
                     CubeDim::new_1d(1),
+                    out.as_buffer_arg(),
                     first.as_buffer_arg(),
                     second.as_buffer_arg(),
+                    even.as_buffer_arg(),
+                    odd.as_buffer_arg(),
                 );
             }
         }
         return Ok(());
     };
-    // Without counters the kernel's counter arguments are `out`, which it then never touches.
-    let [first, second] = advance.unwrap_or([out, out]);
+    // Without counters the kernel's counter and slot arguments are `out`, which it then never
+    // touches.
+    let ([first, second], [even, odd]) = advance.unwrap_or(([out, out], [out, out]));
     // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and the split's partials in
     // the scratch (they fit), leaves the `rows` counters it uses at zero and, with `advance`
-    // (one row), adds one to element 0 of each u32[1] counter.
+    // (one row), adds one to element 0 of each u32[1] counter and writes element 0 of one slot.
     unsafe {
         argmax_split_kernel::launch_unchecked::<R>(
             client,
@@ -428,6 +462,8 @@ fn split_launch<R: Runtime>(
             out.as_buffer_arg(),
             first.as_buffer_arg(),
             second.as_buffer_arg(),
+            even.as_buffer_arg(),
+            odd.as_buffer_arg(),
             n,
             shape,
             advance.is_some(),

@@ -304,9 +304,13 @@ impl<R: Runtime> DeviceTensor<R> {
     }
 
     /// Queues a download of a contiguous tensor behind the work already submitted on `client`'s
-    /// stream and returns without waiting: work submitted afterwards (a kernel that overwrites
-    /// the tensor) does not change what [`PendingRead::wait`] returns. A decode loop uses it to
-    /// read a step's chosen token while the next step, fed that token on the device, runs.
+    /// stream and returns without waiting. A decode loop uses it to read a step's chosen token
+    /// while the next step, fed that token on the device, runs.
+    ///
+    /// On CUDA a read of at most 64 bytes is copied on a stream of its own, after the work
+    /// already submitted, so that the copy does not hold up the work submitted next; that work
+    /// must then not write the tensor before [`PendingRead::wait`] returns. Larger reads, and
+    /// every read on the other runtimes, are ordered before the work submitted afterwards.
     pub fn read_queued<'a>(&self, client: &'a ComputeClient<R>) -> Result<PendingRead<'a>> {
         if !self.is_contiguous() {
             return Err(OpsError::invalid(

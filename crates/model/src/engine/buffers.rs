@@ -137,6 +137,7 @@ pub struct StepContext<'a, R: Runtime> {
 /// | `act` | `[1, ..]` | compute | the layer activations ([`Activations`]; `normed` also takes the final norm) |
 /// | `logits` | `[1, V]` | compute | output of the LM head |
 /// | `next_token` | `[1]` | u32 | device argmax of `logits` (greedy without reading the logits; sampled steps use the session's device sampler) |
+/// | `chosen` | 2 x `[1]` | u32 | `next_token` again, in slot `len % 2` (`len`: the cache length after the step), so that the host reads a step's id while the next step writes the other slot |
 /// | `workspace` | | f32 | split-KV attention partials, sized for the cache's capacity |
 /// | `scratch` | | compute | intermediates of compressed projections |
 pub struct DecodeBuffers<R: Runtime> {
@@ -145,6 +146,7 @@ pub struct DecodeBuffers<R: Runtime> {
     pub act: Activations<R>,
     pub logits: DeviceTensor<R>,
     pub next_token: DeviceTensor<R>,
+    pub chosen: [DeviceTensor<R>; 2],
     pub workspace: AttentionWorkspace<R>,
     pub scratch: ProjectionScratch<R>,
 }
@@ -168,6 +170,7 @@ impl<R: Runtime> DecodeBuffers<R> {
             act: Activations::new(client, config, dtype, 1)?,
             logits: DeviceTensor::empty(client, &[1, config.vocab_size], dtype),
             next_token: scalar()?,
+            chosen: [scalar()?, scalar()?],
             workspace: AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len),
             scratch: ProjectionScratch::new(client, config, dtype),
         })

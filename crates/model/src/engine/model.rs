@@ -271,19 +271,27 @@ impl<R: Runtime> Model<R> {
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
     /// runtime allows it (the step's projection scratch holds the candidates). With `cache` (a
     /// one-sequence step) it also advances the cache's device position and length to the next
-    /// step's.
+    /// step's, and writes the id to the slot of the length's parity
+    /// ([`DecodeBuffers::chosen`]).
     fn greedy_into(
         &self,
         logits: &DeviceTensor<R>,
         ids: &DeviceTensor<R>,
         scratch: &ProjectionScratch<R>,
-        cache: Option<&KvCache<R>>,
+        cache: Option<(&KvCache<R>, &[DeviceTensor<R>; 2])>,
     ) -> Result<()> {
         let split = scratch.linear.split_k();
         match cache {
-            Some(cache) => {
+            Some((cache, slots)) => {
                 let counters = [cache.start(), cache.end()];
-                ops::argmax::argmax_split_advance_into(&self.client, logits, ids, split, counters)?
+                ops::argmax::argmax_split_advance_into(
+                    &self.client,
+                    logits,
+                    ids,
+                    split,
+                    counters,
+                    [&slots[0], &slots[1]],
+                )?
             }
             None => ops::argmax::argmax_split_into(&self.client, logits, ids, split)?,
         }
@@ -396,7 +404,12 @@ impl<R: Runtime> Model<R> {
         // The embedding (the first kernel) reads the id before the argmax (the last) writes
         // one, also when both are `step.next_token`.
         self.forward(&s, token, cache.layers(), head)?;
-        self.greedy_into(&step.logits, &step.next_token, &step.scratch, Some(cache))
+        self.greedy_into(
+            &step.logits,
+            &step.next_token,
+            &step.scratch,
+            Some((cache, &step.chosen)),
+        )
     }
 
     /// One decode step of a ragged batch, allocation-free and graph-capturable: row `b` runs

@@ -320,8 +320,13 @@ impl<R: Runtime> Session<R> {
         argmax: bool,
         launch: impl FnOnce(&mut Self) -> Result<()>,
     ) -> Result<Option<u32>> {
+        // The argmax's id is read from its slot of the length's parity, not from `next_token`:
+        // the step launched below writes `next_token` and the other slot, and the step after it,
+        // which writes this slot again, is launched only once this read has been waited for.
+        // (A small read may be copied on a stream of its own, unordered with later work.) The
+        // draw in `token` is written again only by the next call's draw, after the wait.
         let source = if argmax {
-            &self.step.next_token
+            &self.step.chosen[self.cache.len() % 2]
         } else {
             &self.step.token
         };

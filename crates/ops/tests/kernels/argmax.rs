@@ -117,9 +117,27 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
             let scratch = SplitScratch::new(client, need);
             let first = DeviceTensor::from_slice(client, &[7u32], &[1]).unwrap();
             let second = DeviceTensor::from_slice(client, &[100u32], &[1]).unwrap();
+            let even = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
+            let odd = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
             for call in 1..=3u32 {
                 let out = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
-                argmax_split_advance_into(client, &x, &out, &scratch, [&first, &second]).unwrap();
+                // The slot the second counter's parity picks gets the id; the other keeps the
+                // sentinel written before this call.
+                let (hit, kept) = if (100 + call - 1) % 2 == 0 {
+                    (&even, &odd)
+                } else {
+                    (&odd, &even)
+                };
+                kept.write_bytes(client, &u32::MAX.to_le_bytes()).unwrap();
+                argmax_split_advance_into(
+                    client,
+                    &x,
+                    &out,
+                    &scratch,
+                    [&first, &second],
+                    [&even, &odd],
+                )
+                .unwrap();
                 let what = format!("advancing argmax {dtype} 1x{n} room {room} call {call}");
                 assert_exact(&what, &out.to_vec::<u32>(client).unwrap(), &want);
                 assert_eq!(
@@ -130,6 +148,16 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
                     (vec![7 + call], vec![100 + call]),
                     "{what}: counters"
                 );
+                assert_exact(
+                    &format!("{what}: the parity's slot"),
+                    &hit.to_vec::<u32>(client).unwrap(),
+                    &want,
+                );
+                assert_eq!(
+                    kept.to_vec::<u32>(client).unwrap(),
+                    vec![u32::MAX],
+                    "{what}: the other slot"
+                );
             }
         }
     }
@@ -139,13 +167,20 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
     let out = DeviceTensor::empty(client, &[2], DType::U32);
     let one = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
     let other = DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap();
-    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other]);
+    let (even, odd) = (
+        DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap(),
+        DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap(),
+    );
+    let slots = [&even, &odd];
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], slots);
     assert_err("two rows", err, "shape");
     let (x, _) = upload(client, &random(&mut rng, 64, 1.0), &[1, 64], dtype);
     let out = DeviceTensor::empty(client, &[1], DType::U32);
     let wide = DeviceTensor::from_slice(client, &[0u32, 0], &[2]).unwrap();
-    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &wide]);
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &wide], slots);
     assert_err("a counter of two", err, "shape");
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], [&even, &wide]);
+    assert_err("a slot of two", err, "shape");
     assert_eq!(one.to_vec::<u32>(client).unwrap(), vec![0], "nothing ran");
 }
 

@@ -32,6 +32,10 @@ use cubecl_runtime::{
 use cudarc::driver::sys::{CUDA_MEMCPY2D_st, CUmemorytype, CUstream_st, cuMemcpy2DAsync_v2};
 use std::{ffi::c_void, ops::DerefMut, sync::Arc};
 
+/// cubellm patch: the largest read (in bytes) that [`Command::read_async`] copies on the
+/// context's side stream.
+const SIDE_READ_MAX_BYTES: usize = 64;
+
 #[derive(new)]
 /// The `Command` struct encapsulates a CUDA context and a set of resolved CUDA streams, providing an
 /// interface for executing GPU-related operations such as memory allocation, data transfers, kernel
@@ -254,8 +258,35 @@ impl<'a> Command<'a> {
             .map(|b| b.handle.clone())
             .collect::<Vec<_>>();
 
-        let result = self.copies_to_bytes(descriptors, true);
-        let fence = Fence::new(self.streams.current().sys);
+        // cubellm patch: a read of at most `SIDE_READ_MAX_BYTES` is copied on the context's side
+        // stream, after an event that ends the work queued so far: on the queuing stream the
+        // device-to-host copy would sit between that work and the next, and the next kernel
+        // starts several µs after such a copy. Work queued after the read is not ordered after
+        // the copy, so it must not write the buffer until the read has been waited for.
+        let small = descriptors.iter().all(|d| {
+            d.shape.iter().product::<usize>() * d.elem_size <= SIDE_READ_MAX_BYTES
+        });
+        let (result, fence) = if small {
+            let side = self.ctx.side_stream();
+            Fence::new(self.streams.current().sys).wait_async(side);
+            let mut bytes = Vec::with_capacity(descriptors.len());
+            let mut copied = Ok(());
+            for descriptor in descriptors {
+                let mut out = self.reserve_cpu(
+                    descriptor.shape.iter().product::<usize>() * descriptor.elem_size,
+                    true,
+                    None,
+                );
+                if copied.is_ok() {
+                    copied = self.write_to_cpu_on(descriptor, &mut out, side);
+                }
+                bytes.push(out);
+            }
+            (copied.map(|_| bytes), Fence::new(side))
+        } else {
+            let result = self.copies_to_bytes(descriptors, true);
+            (result, Fence::new(self.streams.current().sys))
+        };
 
         async move {
             let sync = fence.wait_sync();
@@ -267,6 +298,30 @@ impl<'a> Command<'a> {
 
             Ok(bytes)
         }
+    }
+
+    /// cubellm patch: [`Self::write_to_cpu`] on a given CUDA stream.
+    fn write_to_cpu_on(
+        &mut self,
+        descriptor: CopyDescriptor,
+        bytes: &mut Bytes,
+        stream: *mut CUstream_st,
+    ) -> Result<(), IoError> {
+        let CopyDescriptor {
+            handle: binding,
+            shape,
+            strides,
+            elem_size,
+        } = descriptor;
+        if !has_pitched_row_major_strides(&shape, &strides) {
+            return Err(IoError::UnsupportedStrides {
+                backtrace: BackTrace::capture(),
+            });
+        }
+        let resource = self.resource(binding)?;
+        // SAFETY: as in `write_to_cpu`: a valid device pointer from the memory manager, an
+        // initialized stream, and `bytes` reserved with the copy's size.
+        unsafe { write_to_cpu(&shape, &strides, elem_size, bytes, resource.ptr, stream) }
     }
 
     #[allow(unused)]
