@@ -166,6 +166,30 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// A queued read sees every kernel queued before it: `b` added eight times over two buffers in
+/// turn, then the last one read without waiting in between. Sizes on both sides of the 64 bytes
+/// up to which a CUDA read is copied on a stream of its own (after an event on the queuing
+/// stream).
+fn queued_read_case<R: Runtime>(client: &ComputeClient<R>) {
+    for n in [1usize, 16, 17, 1000] {
+        let zeros = vec![0.0; n];
+        let x = [0, 1].map(|_| DeviceTensor::from_f32(client, &zeros, &[n], DType::F32).unwrap());
+        let step: Vec<f32> = (0..n).map(|i| i as f32 + 1.0).collect();
+        let b = DeviceTensor::from_f32(client, &step, &[n], DType::F32).unwrap();
+        for k in 0..8 {
+            add_into(client, &x[k % 2], &b, &x[1 - k % 2]).unwrap();
+        }
+        let got = x[0].read_queued(client).unwrap().wait::<f32>().unwrap();
+        let want: Vec<f32> = step.iter().map(|v| 8.0 * v).collect();
+        assert_eq!(got, want, "queued read of {n} f32 after eight adds");
+    }
+}
+
+#[test]
+fn queued_read_sees_the_work_before_it() {
+    on_each_runtime!(queued_read_case);
+}
+
 #[test]
 fn add_matches_reference() {
     on_each_runtime!(add_case);
