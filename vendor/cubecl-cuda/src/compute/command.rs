@@ -263,26 +263,23 @@ impl<'a> Command<'a> {
         // device-to-host copy would sit between that work and the next, and the next kernel
         // starts several µs after such a copy. Work queued after the read is not ordered after
         // the copy, so it must not write the buffer until the read has been waited for.
-        let small = descriptors.iter().all(|d| {
-            d.shape.iter().product::<usize>() * d.elem_size <= SIDE_READ_MAX_BYTES
-        });
+        let small = descriptors
+            .iter()
+            .all(|d| d.shape.iter().product::<usize>() * d.elem_size <= SIDE_READ_MAX_BYTES);
         let (result, fence) = if small {
             let side = self.ctx.side_stream();
             Fence::new(self.streams.current().sys).wait_async(side);
-            let mut bytes = Vec::with_capacity(descriptors.len());
-            let mut copied = Ok(());
-            for descriptor in descriptors {
-                let mut out = self.reserve_cpu(
-                    descriptor.shape.iter().product::<usize>() * descriptor.elem_size,
-                    true,
-                    None,
-                );
-                if copied.is_ok() {
-                    copied = self.write_to_cpu_on(descriptor, &mut out, side);
-                }
-                bytes.push(out);
-            }
-            (copied.map(|_| bytes), Fence::new(side))
+            let result = descriptors
+                .into_iter()
+                .map(|descriptor| {
+                    let num_bytes =
+                        descriptor.shape.iter().product::<usize>() * descriptor.elem_size;
+                    let mut bytes = self.reserve_cpu(num_bytes, true, None);
+                    self.write_to_cpu_on(descriptor, &mut bytes, side)?;
+                    Ok(bytes)
+                })
+                .collect();
+            (result, Fence::new(side))
         } else {
             let result = self.copies_to_bytes(descriptors, true);
             (result, Fence::new(self.streams.current().sys))
@@ -300,7 +297,8 @@ impl<'a> Command<'a> {
         }
     }
 
-    /// cubellm patch: [`Self::write_to_cpu`] on a given CUDA stream.
+    /// cubellm patch: [`Self::write_to_cpu`] on a given CUDA stream (which that function
+    /// resolves from its stream id before calling this one).
     fn write_to_cpu_on(
         &mut self,
         descriptor: CopyDescriptor,
@@ -319,8 +317,9 @@ impl<'a> Command<'a> {
             });
         }
         let resource = self.resource(binding)?;
-        // SAFETY: as in `write_to_cpu`: a valid device pointer from the memory manager, an
-        // initialized stream, and `bytes` reserved with the copy's size.
+        // SAFETY: `resource.ptr` is a valid device pointer obtained from the memory manager,
+        // `stream` is an initialized CUDA stream of this context, and `bytes` is pre-allocated
+        // with sufficient capacity for the copy.
         unsafe { write_to_cpu(&shape, &strides, elem_size, bytes, resource.ptr, stream) }
     }
 
@@ -411,33 +410,12 @@ impl<'a> Command<'a> {
         bytes: &mut Bytes,
         stream_id: Option<StreamId>,
     ) -> Result<(), IoError> {
-        let CopyDescriptor {
-            handle: binding,
-            shape,
-            strides,
-            elem_size,
-        } = descriptor;
-
-        if !has_pitched_row_major_strides(&shape, &strides) {
-            return Err(IoError::UnsupportedStrides {
-                backtrace: BackTrace::capture(),
-            });
-        }
-
-        let resource = self.resource(binding)?;
+        // cubellm patch: the copy itself is `write_to_cpu_on`, which the side-stream reads share.
         let stream = match stream_id {
-            Some(id) => self.streams.get(&id),
-            None => self.streams.current(),
+            Some(id) => self.streams.get(&id).sys,
+            None => self.streams.current().sys,
         };
-
-        // SAFETY: `resource.ptr` is a valid device pointer obtained from the memory manager,
-        // `stream.sys` is an initialized CUDA stream, and `bytes` is pre-allocated with
-        // sufficient capacity for the copy.
-        unsafe {
-            write_to_cpu(&shape, &strides, elem_size, bytes, resource.ptr, stream.sys)?;
-        }
-
-        Ok(())
+        self.write_to_cpu_on(descriptor, bytes, stream)
     }
 
     /// Registers an error on the stream.

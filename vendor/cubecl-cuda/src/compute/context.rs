@@ -53,7 +53,7 @@ pub(crate) struct CudaContext {
     build_id: StableHash,
     /// cubellm patch: the stream small reads are copied on ([`Self::side_stream`]), created on
     /// first use.
-    side_stream: Option<usize>,
+    side_stream: Option<cudarc::driver::sys::CUstream>,
 }
 
 #[derive(Debug)]
@@ -107,12 +107,12 @@ impl CudaContext {
     /// cubellm patch: the stream that small reads are copied on, so that the copy does not sit
     /// between two pieces of work on the stream that queued it (created on first use, in this
     /// context, which is current whenever a command runs).
-    pub fn side_stream(&mut self) -> *mut cudarc::driver::sys::CUstream_st {
+    pub fn side_stream(&mut self) -> cudarc::driver::sys::CUstream {
         *self.side_stream.get_or_insert_with(|| {
             crate::compute::stream::create_cuda_stream(
                 cubecl_runtime::config::streaming::StreamPriority::Default,
-            ) as usize
-        }) as *mut cudarc::driver::sys::CUstream_st
+            )
+        })
     }
 
     /// Whether `kernel_id` is already loaded on the device.
