@@ -118,7 +118,7 @@ pub fn cube_count_1d<R: Runtime>(client: &ComputeClient<R>, n: u32) -> CubeCount
 pub struct Grid {
     pub count: CubeCount,
     pub dim: CubeDim,
-    /// Pass to [`unit_index`] and [`grid_units`].
+    /// Pass to [`unit_index()`] and [`grid_units()`].
     pub flat: bool,
 }
 
@@ -153,7 +153,7 @@ pub fn unit_index(#[comptime] flat: bool) -> usize {
     }
 }
 
-/// The number of units in the grid, counted the way [`unit_index`] counts.
+/// The number of units in the grid, counted the way [`unit_index()`] counts.
 #[cube]
 pub fn grid_units(#[comptime] flat: bool) -> usize {
     if comptime![flat] {

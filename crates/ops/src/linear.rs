@@ -92,7 +92,7 @@ impl<'a, R: Runtime> Epilogue<'a, R> {
 /// allocates nothing (a captured CUDA graph must not allocate). Formats that cannot fuse an
 /// epilogue write their bare product into [`Self::product`]; the 8-bit formats quantize the
 /// activation into [`Self::codes`] (16-byte aligned rows of one byte per feature) and
-/// [`Self::scales`] (one f32 per row). The decode products that split K across cubes keep their
+/// a scale per row (f32). The decode products that split K across cubes keep their
 /// partial sums in [`Self::split_k`].
 pub struct LinearWorkspace<R: Runtime> {
     pub max_rows: usize,

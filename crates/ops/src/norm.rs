@@ -42,7 +42,7 @@ pub fn cube_inv_rms(partial: f32, inv_len: f32, eps: f32, #[comptime] plan: Redu
 
 /// `rsqrt(mean(x[m]²) + eps)` of rows `0..m_rows` of `x` (rows of `k_vectors` vectors; `inv_k`
 /// = 1 / K), reduced over the whole cube with `plan` (every unit must call it). The statistics of
-/// an RMSNorm that a consuming kernel applies on the fly with [`scale_by_weight`].
+/// an RMSNorm that a consuming kernel applies on the fly with [`scale_by_weight()`].
 #[cube]
 pub fn row_inv_rms<F: Float, N: Size>(
     x: &[Vector<F, N>],

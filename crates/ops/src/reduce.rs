@@ -56,7 +56,7 @@ pub fn row_sum(
     row_sum_split_in(value, &mut shared, lanes, 1u32, use_plane)
 }
 
-/// [`row_sum`] where each row spans `splits` groups of `lanes` units (a GEMV's K split over
+/// [`row_sum()`] where each row spans `splits` groups of `lanes` units (a GEMV's K split over
 /// several planes per column): the units along x of a `(lanes * splits, rows)` cube. With
 /// `use_plane` each group must be one plane. Valid in the unit with x = 0; every unit must call it.
 #[cube]
@@ -73,7 +73,7 @@ pub fn row_sum_split(
     row_sum_split_in(value, &mut shared, lanes, splits, use_plane)
 }
 
-/// The shared `f32` elements [`row_sum_split_in`] needs (at least 1).
+/// The shared `f32` elements [`row_sum_split_in()`] needs (at least 1).
 pub fn row_sum_shared_len(lanes: u32, splits: u32, rows: u32, use_plane: bool) -> usize {
     let n = match (use_plane, splits) {
         (true, 1) => 1,
@@ -83,7 +83,7 @@ pub fn row_sum_shared_len(lanes: u32, splits: u32, rows: u32, use_plane: bool) -
     n.max(1) as usize
 }
 
-/// [`row_sum_split`] through a caller's shared buffer of [`row_sum_shared_len`] elements, which
+/// [`row_sum_split()`] through a caller's shared buffer of [`row_sum_shared_len`] elements, which
 /// successive calls may share: a kernel that reduces many values (a GEMV's rows of x) then holds
 /// one buffer, not one per call (on runtimes without plane operations, one per call ran a
 /// 16-row gated GEMV out of its 32 KiB of shared memory).

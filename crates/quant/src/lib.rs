@@ -5,7 +5,7 @@
 //!
 //! Semantics: symmetric quantization (`s = max|r| / Qmax`, no zero point), per-token activation
 //! scales, per-output-channel weight scales, group-wise int4 as an option; the exact rules live in
-//! [`format`] and are shared by the host encoders, the kernels ([`codec`]) and the references.
+//! [`mod@format`] and are shared by the host encoders, the kernels ([`codec`]) and the references.
 //! Every public op validates its inputs and returns [`ops::OpsError`] before launching.
 
 pub mod codec;

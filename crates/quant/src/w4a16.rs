@@ -3,7 +3,7 @@
 //! in one word, low nibble first) and float activations (f16 / bf16, f32 for tests).
 //!
 //! The weights are never dequantized in memory: each kernel loads whole words, sign-extends the
-//! nibbles in registers ([`crate::codec::sext_nibble`]) and accumulates in f32. Scales are applied
+//! nibbles in registers ([`crate::codec::sext_nibble()`]) and accumulates in f32. Scales are applied
 //! once per group (per-channel scales are the case of a single group of K), not once per weight.
 //!
 //! Two kernels:
