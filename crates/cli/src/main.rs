@@ -215,7 +215,22 @@ fn run_command<R: Runtime>(client: &ComputeClient<R>, command: &Command) -> anyh
     }
 }
 
+/// Mesa's Vulkan and EGL drivers try a Wayland connection while wgpu looks for adapters, and
+/// where `XDG_RUNTIME_DIR` is unset (headless servers, containers) libwayland prints
+/// "error: XDG_RUNTIME_DIR is invalid or not set in the environment." once per driver: lines
+/// that read like failures before every command's output, and break the one-line error of a
+/// bad input. The connection fails either way; with the variable pointing at the temporary
+/// directory it fails quietly.
+fn quiet_wayland_probe() {
+    #[cfg(target_os = "linux")]
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // Before any thread exists: nothing else reads the environment concurrently.
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_wayland_probe();
     interrupt::install();
     let cli = Cli::parse();
     let result = run(cli);
