@@ -79,6 +79,21 @@ fn split_case<R: Runtime>(client: &ComputeClient<R>) {
                 );
             }
         }
+        // One row (a decode step) and 16 (a batched step) of the vocabulary.
+        for (rows, n) in [(1usize, 151_936usize), (16, 151_936), (16, 1000)] {
+            let scratch = SplitScratch::new(client, split_need(client, rows, n, dtype));
+            let (x, xh) = upload(client, &random(&mut rng, rows * n, 4.0), &[rows, n], dtype);
+            let want = reference::argmax(&xh, n);
+            for round in 0..2 {
+                let out = DeviceTensor::from_slice(client, &vec![u32::MAX; rows], &[rows]).unwrap();
+                argmax_split_into(client, &x, &out, &scratch).unwrap();
+                assert_exact(
+                    &format!("split argmax {dtype} {rows}x{n} round {round}"),
+                    &out.to_vec::<u32>(client).unwrap(),
+                    &want,
+                );
+            }
+        }
         // Rows of only NaN give 0; equal values give the first index; a scratch without room
         // falls back to one cube per row.
         let n = 40_000;
@@ -104,8 +119,10 @@ fn split_case<R: Runtime>(client: &ComputeClient<R>) {
 /// higher per call, split (CUDA) and on one cube (a scratch without room, or off CUDA).
 fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(47);
-    let dtype = float_dtypes(client)[0];
-    for n in [151_936usize, 1000] {
+    for (dtype, n) in float_dtypes(client)
+        .into_iter()
+        .flat_map(|d| [(d, 151_936usize), (d, 1000)])
+    {
         let (x, xh) = upload(client, &random(&mut rng, n, 4.0), &[1, n], dtype);
         let want = reference::argmax(&xh, n);
         for room in [true, false] {
@@ -162,6 +179,7 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
         }
     }
     // The counters advance once per launch: one row only, and u32[1] counters.
+    let dtype = float_dtypes(client)[0];
     let scratch = SplitScratch::new(client, split_need(client, 2, 64, dtype));
     let (x, _) = upload(client, &random(&mut rng, 128, 1.0), &[2, 64], dtype);
     let out = DeviceTensor::empty(client, &[2], DType::U32);

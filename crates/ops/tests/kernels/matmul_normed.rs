@@ -103,7 +103,14 @@ fn linear_normed_case<R: Runtime>(client: &ComputeClient<R>) {
 fn gated_normed_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(92);
     for dtype in float_dtypes(client) {
-        let mut cases = vec![(1usize, 96usize, 64usize), (3, 33, 127), (17, 40, 40)];
+        // M = 1 and 16 with N off the cube's columns, on every runtime.
+        let mut cases = vec![
+            (1usize, 96usize, 64usize),
+            (1, 45, 127),
+            (3, 33, 127),
+            (16, 37, 100),
+            (17, 40, 40),
+        ];
         if ops::caps::runtime_name(client) == "cuda" {
             cases.extend([(1, 8960, 1536), (16, 1000, 1536)]);
         }
@@ -184,6 +191,61 @@ fn fused_matches_unfused_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The fused GEMV forced onto each K split (K not a multiple of the split, M = 1 and 16, N off
+/// the cube's columns), plain with bias and residual and gated, against the f64 reference.
+fn forced_split_normed_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(94);
+    for dtype in float_dtypes(client) {
+        for (m, n, k) in [(1usize, 37usize, 200usize), (16, 29, 130)] {
+            let (x, xh) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
+            let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let (w, wh) = upload(
+                client,
+                &random(&mut rng, 2 * n * k, 1.0),
+                &[2 * n, k],
+                dtype,
+            );
+            let (b, bh) = upload(client, &random(&mut rng, 2 * n, 1.0), &[2 * n], dtype);
+            let (r, rh) = upload(
+                client,
+                &random(&mut rng, 2 * m * n, 1.0),
+                &[m, 2 * n],
+                dtype,
+            );
+            let norm = InputNorm {
+                weight: &g,
+                eps: EPS,
+            };
+            let h = normed_input(&xh, &gh, dtype, m);
+            let plain_want = reference::linear(&h, &wh, Some(&bh), Some(&rh), (m, 2 * n, k));
+            let (gate, up) = wh.split_at(n * k);
+            let gated_want = reference::gated_mlp(&h, gate, up, false, (m, n, k));
+            // (The unsplit GEMV takes these shapes in the cases above.)
+            for strategy in [MatmulStrategy::GemvSplit(2), MatmulStrategy::GemvSplit(8)] {
+                let normed = poisoned(client, &[m, k], dtype);
+                let out = poisoned(client, &[m, 2 * n], dtype);
+                let (bias, res) = (Some(&b), Some(&r));
+                linear_normed_into_with(client, &x, norm, &normed, &w, bias, res, &out, strategy)
+                    .unwrap();
+                let what = format!("linear_normed {dtype} {m}x{}x{k} {strategy:?}", 2 * n);
+                let got = out.to_f64_vec(client).unwrap();
+                assert_close(&what, &got, &plain_want, tolerance(dtype));
+
+                let out = poisoned(client, &[m, n], dtype);
+                let gw = GatedWeights::Concatenated(&w);
+                let act = Activation::Silu;
+                fused_gated_mlp_normed_into_with(
+                    client, &x, norm, &normed, gw, act, &out, strategy,
+                )
+                .unwrap();
+                let what = format!("gated_normed {dtype} {m}x{n}x{k} {strategy:?}");
+                let got = out.to_f64_vec(client).unwrap();
+                assert_close(&what, &got, &gated_want, 2.0 * tolerance(dtype));
+            }
+        }
+    }
+}
+
 fn normed_errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let f = |shape: &[usize]| {
         let n = shape.iter().product();
@@ -219,6 +281,11 @@ fn gated_normed_matches_reference() {
 #[test]
 fn fused_norm_matches_unfused() {
     on_each_runtime!(fused_matches_unfused_case);
+}
+
+#[test]
+fn forced_split_normed_matches_reference() {
+    on_each_runtime!(forced_split_normed_case);
 }
 
 #[test]

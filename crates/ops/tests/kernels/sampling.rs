@@ -159,7 +159,10 @@ fn sampling_case<R: Runtime>(client: &ComputeClient<R>) {
             (17, 160, 4),
             (1000, 160, 4),
             (4099, 24, 4),
+            (4099, 16, 2),
             (151_936, 4, 4),
+            // One row, as a decode step draws.
+            (151_936, 1, 8),
             // More cubes than the draw's units: each unit of the draw scans several cubes.
             (300_007, 2, 2),
         ] {

@@ -187,6 +187,8 @@ fn gemm8_kernel_choices_case<R: Runtime>(client: &ComputeClient<R>) {
             (5, 200, 96),
             (9, 17, 1100),
             (16, 77, 1000),
+            // 16 rows of codes past the skinny kernel's 16 KB stage: read from global memory.
+            (16, 40, 1300),
             (17, 64, 64),
             (130, 257, 200),
             (256, 128, 64),
@@ -285,9 +287,10 @@ fn linear8_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(82);
     for fmt in FORMATS {
         for dtype in float_dtypes(client) {
-            // On CUDA: M <= 16 with at most 16 KB of codes quantizes inside the skinny GEMM
-            // (1x..x8960, 16x..x1000), (2, .., 8960) takes the pre-pass + skinny GEMM, M = 17
-            // the pre-pass + tile GEMM.
+            // On CUDA: short rows at M <= 16 are quantized inside the skinny GEMM (1x33x127,
+            // 3x100x64, 16x24x1000); the rows of 8960 are longer than it quantizes itself, so
+            // they take the pre-pass and the skinny GEMM stages its codes (1x65x8960, 2x40x8960);
+            // M = 17 takes the pre-pass and the tile GEMM.
             for (m, n, k) in [
                 (1, 33, 127),
                 (3, 100, 64),
@@ -354,15 +357,15 @@ fn linear8_into_case<R: Runtime>(client: &ComputeClient<R>) {
 }
 
 /// The residual added in the GEMM epilogue equals the product plus the residual, for both
-/// formats, every float dtype, the fused decode path (M = 1) and the pre-pass paths (M = 5 and
-/// M = 20 on CUDA); a residual of the wrong shape or dtype is refused.
+/// formats, every float dtype, the fused decode paths (M = 1 and 16) and the pre-pass paths
+/// (M = 5 and M = 20 on CUDA); a residual of the wrong shape or dtype is refused.
 fn linear8_residual_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(85);
     let (n, k) = (40, 96);
     let w = random(&mut rng, n * k, 0.5);
     for fmt in FORMATS {
         for dtype in float_dtypes(client) {
-            for m in [1usize, 5, 20] {
+            for m in [1usize, 5, 16, 20] {
                 let (xt, _) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
                 let (rt, rh) = upload(client, &random(&mut rng, m * n, 2.0), &[m, n], dtype);
                 let (plain, with_residual) = (

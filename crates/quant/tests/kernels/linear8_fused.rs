@@ -129,6 +129,69 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The gate-up projection as the model runs it: the input norm, the quantization and the gated
+/// epilogue in one call, against the f64 norm, the host's quantized arithmetic and the gate
+/// (gate and up rounded to the dtype first, as the epilogue rounds them). M = 1 and 16, I not
+/// a multiple of the tiles, K not a multiple of the 64-byte chunks.
+fn normed_gated_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(88);
+    let mut shapes = vec![(1usize, 33usize, 96usize), (16, 20, 130), (17, 24, 96)];
+    if ops::caps::runtime_name(client) == "cuda" {
+        shapes.extend([(1, 8960, 1536), (16, 1000, 1536)]);
+    }
+    for fmt in FORMATS {
+        for dtype in float_dtypes(client) {
+            for &(m, i, k) in &shapes {
+                let x = rows_of_rising_scale(&mut rng, m, k);
+                let (xt, xh) = upload(client, &x, &[m, k], dtype);
+                let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+                let w = random(&mut rng, 2 * i * k, 0.5);
+                let l = layer8(client, fmt, &w, [2 * i, k], dtype);
+                let ws = LinearWorkspace::new(client, m, k, 2 * i, dtype);
+                let normed = poisoned(client, &[m, k], dtype);
+                let out = poisoned(client, &[m, i], dtype);
+                let input = NormedInput {
+                    x: &xt,
+                    norm: InputNorm {
+                        weight: &g,
+                        eps: EPS,
+                    },
+                    normed: &normed,
+                };
+                let gated = Epilogue::NONE.gated(Activation::Silu);
+                l.forward_normed_into(client, input, gated, &out, Some(&ws))
+                    .unwrap();
+                let h = rms_norm_rounded(&xh, &gh, EPS, dtype);
+                let qw = quantize_weight_8bit(&w, 2 * i, k, fmt).unwrap();
+                let (cx, sx) = qref::quantize_rows(&h, m, k, fmt);
+                let acc = qref::gemm_nt_codes(&cx, &qw.q.dense(), m, 2 * i, k, fmt);
+                let product = qref::dequant_epilogue(&acc, m, 2 * i, &sx, &qw.scales, None);
+                let product: Vec<f32> = product.iter().map(|&v| v as f32).collect();
+                let p = round_to(&product, dtype);
+                let want: Vec<f64> = (0..m * i)
+                    .map(|e| {
+                        let (r, c) = (e / i, e % i);
+                        silu(p[r * 2 * i + c]) * p[r * 2 * i + i + c]
+                    })
+                    .collect();
+                let what = format!("{fmt:?} normed gated {dtype} {m}x{i}x{k}");
+                let got = out.to_f64_vec(client).unwrap();
+                // As `normed_case`, for a product of two such values.
+                let tol = match fmt {
+                    QuantFormat::Int8 => 4e-2,
+                    QuantFormat::Fp8E4M3 => 1.4e-1,
+                };
+                assert_close(&what, &got, &want, tol.max(2.0 * tolerance(dtype)));
+            }
+        }
+    }
+}
+
+#[test]
+fn normed_gated_matches_reference() {
+    on_each_runtime!(normed_gated_case);
+}
+
 #[test]
 fn gated_epilogue_matches_unfused() {
     on_each_runtime!(gated_case);

@@ -47,9 +47,10 @@ fn tensor_core_case<R: Runtime>(client: &ComputeClient<R>) {
 
 /// The gated decode GEMV with more tile groups than one wave of cubes holds, so that each cube
 /// multiplies several (CUDA, bf16/f16; these shapes are skipped elsewhere): the 1.5B model's
-/// gate-up with 8 more columns (561 tiles, the last partly past N) at one row, and at 5 rows with
-/// half its K (6 steps on 8 warps: still one tile per cube). Elsewhere the check is that the
-/// layer does not choose the tensor-core kernel, whose launch this is.
+/// gate-up with 8 more columns (561 tiles, the last partly past N) at one row, at 16 rows (x rows
+/// 8..16 through the second MMA), at 5 rows with half its K (6 steps on 8 warps: still one tile
+/// per cube), and at one row with a K past whole steps (1 056, per-channel scales). Elsewhere
+/// the check is that the layer does not choose the tensor-core kernel, whose launch this is.
 fn tile_groups_case<R: Runtime>(client: &ComputeClient<R>) {
     let cuda = caps::runtime_name(client).contains("cuda");
     if !cuda {
@@ -66,7 +67,12 @@ fn tile_groups_case<R: Runtime>(client: &ComputeClient<R>) {
     }
     check_tensor_core_shapes(
         client,
-        &[(1, 1536, 17936, Some(128)), (5, 768, 17936, Some(128))],
+        &[
+            (1, 1536, 17936, Some(128)),
+            (16, 1536, 17936, Some(128)),
+            (5, 768, 17936, Some(128)),
+            (1, 1056, 17936, None),
+        ],
         409,
     );
 }
