@@ -8,7 +8,7 @@ use crate::qkv::tables;
 use ops::attention::{
     attention_cached_into, rope_attention_decode_into, AttentionWorkspace, KvLen,
 };
-use ops::qkv::{qkv_rope_cache_into, HeadShape};
+use ops::qkv::{qkv_rope_cache_into, HeadShape, QkNorm};
 use ops::DeviceTensor;
 
 /// (Hq, Hkv, D, newest position, cache rows): the 1.5B model's heads, groups of 7, 1 and 8,
@@ -148,7 +148,109 @@ fn rope_decode_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The same entry point with per-head q/k norms (Qwen3), which it runs as the norm-applying
+/// RoPE kernel and then the attention: the output and the appended key against the f64
+/// reference (norm, RoPE, append, attention), on the cases up to 1 024 cache rows.
+fn rope_decode_qk_norm_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(78);
+    for dtype in float_dtypes(client) {
+        for &(hq, hkv, d, pos, max_len) in CASES.iter().filter(|c| c.4 <= 1024) {
+            let (row, width, len) = (hkv * d, (hq + 2 * hkv) * d, pos + 1);
+            let (qkv, qkv_h) = upload(client, &random(&mut rng, width, 1.5), &[1, width], dtype);
+            let around_one = |rng: &mut _| -> Vec<f32> {
+                random(rng, d, 0.5).into_iter().map(|v| 1.0 + v).collect()
+            };
+            let (qw, qw_h) = upload(client, &around_one(&mut rng), &[d], dtype);
+            let (kw, kw_h) = upload(client, &around_one(&mut rng), &[d], dtype);
+            let eps = 1e-6;
+            let old = |rng: &mut _| {
+                let mut c = random(rng, max_len * row, 1.0);
+                c[pos * row..].iter_mut().for_each(|v| *v = f32::NAN);
+                upload(client, &c, &[max_len, hkv, d], dtype)
+            };
+            let ((kc, k_old_h), (vc, v_old_h)) = (old(&mut rng), old(&mut rng));
+            let (cos, sin, cos_h, sin_h) = tables(client, max_len, d);
+            let start = DeviceTensor::from_slice(client, &[pos as u32], &[1]).unwrap();
+            let end = DeviceTensor::from_slice(client, &[len as u32], &[1]).unwrap();
+            let heads = HeadShape {
+                q_heads: hq,
+                kv_heads: hkv,
+                head_dim: d,
+            };
+            let norm = QkNorm {
+                q_weight: &qw,
+                k_weight: &kw,
+                eps: eps as f32,
+            };
+            let ref_norm = reference::qkv::HeadNorm {
+                q_weight: &qw_h,
+                k_weight: &kw_h,
+                eps,
+            };
+            let scale = 1.0 / (d as f32).sqrt();
+            let ws = AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len);
+            let (wq, wk, wv) = reference::qkv::qkv_rope(
+                &qkv_h,
+                1,
+                (hq, hkv, d),
+                &cos_h,
+                &sin_h,
+                pos,
+                Some(ref_norm),
+            );
+            let keys = [&k_old_h[..pos * row], &wk[..]].concat();
+            let values = [&v_old_h[..pos * row], &wv[..]].concat();
+            let want = reference::attention::attention(
+                &wq,
+                &keys,
+                &values,
+                1,
+                len,
+                hq,
+                hkv,
+                d,
+                scale as f64,
+                true,
+            );
+            let q = poisoned(client, &[1, hq, d], dtype);
+            let out = poisoned(client, &[1, hq, d], dtype);
+            rope_attention_decode_into(
+                client,
+                &qkv,
+                heads,
+                &cos,
+                &sin,
+                &start,
+                &kc,
+                &vc,
+                Some(norm),
+                KvLen::Appended(&end),
+                scale,
+                &q,
+                &out,
+                Some(&ws),
+            )
+            .unwrap();
+            let what = format!("{dtype} {hq}/{hkv}x{d} @{pos} of {max_len} q/k norm");
+            let got = out.to_f64_vec(client).unwrap();
+            assert_close_norm(&what, &got, &want, attn_tol(dtype));
+            let k_new = kc.to_f64_vec(client).unwrap();
+            assert_close(
+                &format!("{what} appended key"),
+                &k_new[pos * row..len * row],
+                &wk,
+                tolerance(dtype),
+            );
+        }
+    }
+}
+
 #[test]
 fn rope_attention_decode_matches_reference_and_the_two_launches() {
     on_each_runtime!(rope_decode_case);
+}
+
+#[test]
+fn rope_attention_decode_with_qk_norms_matches_reference() {
+    on_each_runtime!(rope_decode_qk_norm_case);
 }
