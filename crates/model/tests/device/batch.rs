@@ -33,12 +33,21 @@ fn options(dtype: DType) -> LoadOptions {
 /// Greedy tokens of `prompt` decoded alone (the only sequence of `s`, in slot 0), with each
 /// step's logits.
 fn alone<R: Runtime>(s: &mut BatchSession<R>, prompt: &[u32]) -> Vec<(u32, Vec<f32>)> {
+    alone_for(s, prompt, STEPS)
+}
+
+/// [`alone`] for `steps` tokens.
+fn alone_for<R: Runtime>(
+    s: &mut BatchSession<R>,
+    prompt: &[u32],
+    steps: usize,
+) -> Vec<(u32, Vec<f32>)> {
     let mut logits = Vec::new();
     s.prefill(0, prompt).unwrap();
     s.prefill_logits(&mut logits).unwrap();
     let mut t = s.prefill_argmax().unwrap();
     let mut out = vec![(t, logits.clone())];
-    while out.len() < STEPS {
+    while out.len() < steps {
         s.decode(&[(0, t)]).unwrap();
         t = s.decode_argmax().unwrap()[0];
         s.decode_logits(&mut logits).unwrap();
@@ -132,6 +141,61 @@ fn batch_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn batched_sequences_decode_as_they_would_alone() {
     on_each_runtime_one_cuda_at_a_time!(batch_case);
+}
+
+/// The largest batch the server runs, 16 sequences (every product at its last GEMV row count),
+/// each slot's tokens and logits bit for bit those of the sequence alone.
+fn full_batch_case<R: Runtime>(client: &ComputeClient<R>) {
+    const ROWS: usize = 16;
+    const FULL_STEPS: usize = 4;
+    let demo = Demo::new();
+    let prompts: Vec<Vec<u32>> = (0..ROWS)
+        .map(|i| {
+            (0..1 + 3 * i)
+                .map(|j| ((i * 131 + j * 29) % 900) as u32 + 2)
+                .collect()
+        })
+        .collect();
+    let (m, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
+    let vocab = m.config().vocab_size;
+    let mut single = BatchSession::new(m, 1, true).unwrap();
+    let want: Vec<_> = prompts
+        .iter()
+        .map(|p| alone_for(&mut single, p, FULL_STEPS))
+        .collect();
+    let (m, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
+    let mut batch = BatchSession::new(m, ROWS, true).unwrap();
+    let mut logits = Vec::new();
+    let mut got: Vec<Vec<(u32, Vec<f32>)>> = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        batch.prefill(i, p).unwrap();
+        batch.prefill_logits(&mut logits).unwrap();
+        got.push(vec![(batch.prefill_argmax().unwrap(), logits.clone())]);
+    }
+    while got[0].len() < FULL_STEPS {
+        let rows: Vec<(usize, u32)> = got.iter().map(|g| g[g.len() - 1].0).enumerate().collect();
+        batch.decode(&rows).unwrap();
+        let ids = batch.decode_argmax().unwrap();
+        batch.decode_logits(&mut logits).unwrap();
+        assert_eq!(logits.len(), ROWS * vocab);
+        for ((g, &id), row) in got.iter_mut().zip(&ids).zip(logits.chunks(vocab)) {
+            g.push((id, row.to_vec()));
+        }
+    }
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        for (step, ((gt, gl), (wt, wl))) in g.iter().zip(w).enumerate() {
+            assert_eq!(gt, wt, "sequence {i} step {step}: token");
+            assert!(
+                same_bits(gl, wl),
+                "sequence {i} step {step}: logits differ from the sequence alone"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_full_batch_decodes_as_each_sequence_alone() {
+    on_each_runtime_one_cuda_at_a_time!(full_batch_case);
 }
 
 /// Bad calls are errors, not wrong answers: a slot out of range, a slot twice in one step, too
