@@ -42,6 +42,27 @@ fn argmax_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// The split argmax of `x` against `want`, twice on one scratch (its counters must be left at
+/// zero for the next call).
+fn check_twice<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    scratch: &SplitScratch<R>,
+    want: &[u32],
+    what: &str,
+) {
+    let rows = want.len();
+    for round in 0..2 {
+        let out = DeviceTensor::from_slice(client, &vec![u32::MAX; rows], &[rows]).unwrap();
+        argmax_split_into(client, x, &out, scratch).unwrap();
+        assert_exact(
+            &format!("split argmax {what} round {round}"),
+            &out.to_vec::<u32>(client).unwrap(),
+            want,
+        );
+    }
+}
+
 /// The split argmax (rows across cubes on CUDA, one cube per row elsewhere or without room in
 /// the scratch) against the reference: awkward lengths, a vocabulary of 152k and one past a
 /// whole number of cubes, ties (first index), NaN, rows of only NaN and of equal values, each
@@ -69,30 +90,14 @@ fn split_case<R: Runtime>(client: &ComputeClient<R>) {
             }
             let (x, xh) = upload(client, &v, &[rows, n], dtype);
             let want = reference::argmax(&xh, n);
-            for round in 0..2 {
-                let out = DeviceTensor::from_slice(client, &vec![u32::MAX; rows], &[rows]).unwrap();
-                argmax_split_into(client, &x, &out, &scratch).unwrap();
-                assert_exact(
-                    &format!("split argmax {dtype} {rows}x{n} round {round}"),
-                    &out.to_vec::<u32>(client).unwrap(),
-                    &want,
-                );
-            }
+            check_twice(client, &x, &scratch, &want, &format!("{dtype} {rows}x{n}"));
         }
         // One row (a decode step) and 16 (a batched step) of the vocabulary.
         for (rows, n) in [(1usize, 151_936usize), (16, 151_936), (16, 1000)] {
             let scratch = SplitScratch::new(client, split_need(client, rows, n, dtype));
             let (x, xh) = upload(client, &random(&mut rng, rows * n, 4.0), &[rows, n], dtype);
             let want = reference::argmax(&xh, n);
-            for round in 0..2 {
-                let out = DeviceTensor::from_slice(client, &vec![u32::MAX; rows], &[rows]).unwrap();
-                argmax_split_into(client, &x, &out, &scratch).unwrap();
-                assert_exact(
-                    &format!("split argmax {dtype} {rows}x{n} round {round}"),
-                    &out.to_vec::<u32>(client).unwrap(),
-                    &want,
-                );
-            }
+            check_twice(client, &x, &scratch, &want, &format!("{dtype} {rows}x{n}"));
         }
         // Rows of only NaN give 0; equal values give the first index; a scratch without room
         // falls back to one cube per row.

@@ -24,6 +24,37 @@ const CASES: [(usize, usize, usize, usize, usize); 7] = [
     (16, 2, 128, 4095, 4096),
 ];
 
+/// The f64 reference of the block at position `pos` over a cache whose rows before it are
+/// `old` (keys, values): the (normed) rotated q and k, the append, the attention over the
+/// `pos + 1` rows with scale `1 / sqrt(D)`. Returns the output and the appended key.
+fn reference_block(
+    qkv: &[f64],
+    (hq, hkv, d): (usize, usize, usize),
+    (cos, sin): (&[f64], &[f64]),
+    pos: usize,
+    norm: Option<reference::qkv::HeadNorm<'_>>,
+    (k_old, v_old): (&[f64], &[f64]),
+) -> (Vec<f64>, Vec<f64>) {
+    let row = hkv * d;
+    let (wq, wk, wv) = reference::qkv::qkv_rope(qkv, 1, (hq, hkv, d), cos, sin, pos, norm);
+    let keys = [&k_old[..pos * row], &wk[..]].concat();
+    let values = [&v_old[..pos * row], &wv[..]].concat();
+    let scale = 1.0 / (d as f32).sqrt();
+    let out = reference::attention::attention(
+        &wq,
+        &keys,
+        &values,
+        1,
+        pos + 1,
+        hq,
+        hkv,
+        d,
+        scale as f64,
+        true,
+    );
+    (out, wk)
+}
+
 fn rope_decode_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut rng = rng(77);
     for dtype in float_dtypes(client) {
@@ -53,23 +84,9 @@ fn rope_decode_case<R: Runtime>(client: &ComputeClient<R>) {
             let ws = AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len);
             let what = format!("{dtype} {hq}/{hkv}x{d} @{pos} of {max_len}");
 
-            // The reference: the rotated q and k, the appended cache, the attention over it.
-            let (wq, wk, wv) =
-                reference::qkv::qkv_rope(&qkv_h, 1, (hq, hkv, d), &cos_h, &sin_h, pos, None);
-            let keys = [&k_old_h[..pos * row], &wk[..]].concat();
-            let values = [&v_old_h[..pos * row], &wv[..]].concat();
-            let want = reference::attention::attention(
-                &wq,
-                &keys,
-                &values,
-                1,
-                len,
-                hq,
-                hkv,
-                d,
-                scale as f64,
-                true,
-            );
+            let tables_h = (&cos_h[..], &sin_h[..]);
+            let old_h = (&k_old_h[..], &v_old_h[..]);
+            let (want, _) = reference_block(&qkv_h, (hq, hkv, d), tables_h, pos, None, old_h);
 
             // The two launches, on their own copy of the cache.
             let q2 = poisoned(client, &[1, hq, d], dtype);
@@ -189,29 +206,10 @@ fn rope_decode_qk_norm_case<R: Runtime>(client: &ComputeClient<R>) {
             };
             let scale = 1.0 / (d as f32).sqrt();
             let ws = AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len);
-            let (wq, wk, wv) = reference::qkv::qkv_rope(
-                &qkv_h,
-                1,
-                (hq, hkv, d),
-                &cos_h,
-                &sin_h,
-                pos,
-                Some(ref_norm),
-            );
-            let keys = [&k_old_h[..pos * row], &wk[..]].concat();
-            let values = [&v_old_h[..pos * row], &wv[..]].concat();
-            let want = reference::attention::attention(
-                &wq,
-                &keys,
-                &values,
-                1,
-                len,
-                hq,
-                hkv,
-                d,
-                scale as f64,
-                true,
-            );
+            let tables_h = (&cos_h[..], &sin_h[..]);
+            let old_h = (&k_old_h[..], &v_old_h[..]);
+            let (want, wk) =
+                reference_block(&qkv_h, (hq, hkv, d), tables_h, pos, Some(ref_norm), old_h);
             let q = poisoned(client, &[1, hq, d], dtype);
             let out = poisoned(client, &[1, hq, d], dtype);
             rope_attention_decode_into(
