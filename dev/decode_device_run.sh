@@ -4,8 +4,8 @@
 # `dev/pack_device.sh` in .devs/ (cubellm, ops-test, quant-test, model-test):
 #   tests    the kernel tests the decode products touch (tensor-core GEMV with and without the
 #            split-K scratch, rows independent of the batch, the 8-bit skinny kernel, the int4
-#            GEMV, attention) and the model's device tests (transformers fixtures, batched ==
-#            alone bit for bit), on CUDA
+#            GEMV, attention, the split and advancing argmax, the queued read-back) and the
+#            model's device tests (transformers fixtures, batched == alone bit for bit), on CUDA
 #   sweep    `cubellm bench --family gemv-sweep` (launch shapes of the tensor-core GEMV, weights
 #            streamed from DRAM) into $OUT/r/sweep.jsonl
 #   bench    scripts/bench_e2e.sh at 512 tokens: the PyTorch CUDA-graph peer, then every weight
@@ -26,7 +26,7 @@ ensure_big_model $C $R/setup.log 240
 export CUBELLM_TEST_RUNTIMES=cuda
 has() { [[ " $WHAT " == *" $1 "* ]]; }
 if has tests; then
-  timeout 200 .devs/ops-test --test-threads=8 ${OPS_FILTER:-tensor_gemv rows_do_not normed decode_loop ragged_decode_matches dependent_chain qkv} > $R/ops-test.log 2>&1
+  timeout 200 .devs/ops-test --test-threads=8 ${OPS_FILTER:-tensor_gemv rows_do_not normed decode_loop ragged_decode_matches dependent_chain qkv argmax rope_attention_decode queued_read} > $R/ops-test.log 2>&1
   echo "rc=$?" >> $R/ops-test.log
   timeout 200 .devs/quant-test --test-threads=8 ${QUANT_FILTER:-} > $R/quant-test.log 2>&1
   echo "rc=$?" >> $R/quant-test.log
