@@ -30,14 +30,9 @@ fn options(dtype: DType) -> LoadOptions {
     }
 }
 
-/// Greedy tokens of `prompt` decoded alone (the only sequence of `s`, in slot 0), with each
-/// step's logits.
-fn alone<R: Runtime>(s: &mut BatchSession<R>, prompt: &[u32]) -> Vec<(u32, Vec<f32>)> {
-    alone_for(s, prompt, STEPS)
-}
-
-/// [`alone`] for `steps` tokens.
-fn alone_for<R: Runtime>(
+/// `steps` greedy tokens of `prompt` decoded alone (the only sequence of `s`, in slot 0), with
+/// each step's logits.
+fn alone<R: Runtime>(
     s: &mut BatchSession<R>,
     prompt: &[u32],
     steps: usize,
@@ -72,7 +67,10 @@ fn batch_case<R: Runtime>(client: &ComputeClient<R>) {
         let (m, _) = load(client, &demo.0, &options(dtype)).unwrap();
         let vocab = m.config().vocab_size;
         let mut single = BatchSession::new(m, 1, true).unwrap();
-        let want: Vec<_> = prompts().iter().map(|p| alone(&mut single, p)).collect();
+        let want: Vec<_> = prompts()
+            .iter()
+            .map(|p| alone(&mut single, p, STEPS))
+            .collect();
 
         let (m, _) = load(client, &demo.0, &options(dtype)).unwrap();
         let mut batch = BatchSession::new(m, 3, true).unwrap();
@@ -161,7 +159,7 @@ fn full_batch_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut single = BatchSession::new(m, 1, true).unwrap();
     let want: Vec<_> = prompts
         .iter()
-        .map(|p| alone_for(&mut single, p, FULL_STEPS))
+        .map(|p| alone(&mut single, p, FULL_STEPS))
         .collect();
     let (m, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
     let mut batch = BatchSession::new(m, ROWS, true).unwrap();

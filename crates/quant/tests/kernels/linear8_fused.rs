@@ -7,13 +7,14 @@
 use cubecl::prelude::*;
 use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
-use ops::reference::matmul::silu;
 use ops::DType;
 use quant::format::QuantFormat;
 use quant::host::quantize_weight_8bit;
 use quant::reference as qref;
 use quant::{Fp8Linear, W8A8Linear};
 use testkit::*;
+
+use crate::gated_reference;
 
 const FORMATS: [QuantFormat; 2] = [QuantFormat::Int8, QuantFormat::Fp8E4M3];
 const EPS: f32 = 1e-6;
@@ -55,13 +56,7 @@ fn gated_case<R: Runtime>(client: &ComputeClient<R>) {
                 let plain = poisoned(client, &[m, 2 * i], dtype);
                 l.forward_into(client, &xt, Epilogue::NONE, &plain, Some(&ws))
                     .unwrap();
-                let p = plain.to_f64_vec(client).unwrap();
-                let want: Vec<f64> = (0..m * i)
-                    .map(|e| {
-                        let (r, c) = (e / i, e % i);
-                        silu(p[r * 2 * i + c]) * p[r * 2 * i + i + c]
-                    })
-                    .collect();
+                let want = gated_reference(&plain.to_f64_vec(client).unwrap(), m, 2 * i);
                 let out = poisoned(client, &[m, i], dtype);
                 let gated = Epilogue::NONE.gated(Activation::Silu);
                 l.forward_into(client, &xt, gated, &out, Some(&ws)).unwrap();
@@ -176,13 +171,7 @@ fn normed_gated_case<R: Runtime>(client: &ComputeClient<R>) {
                 let acc = qref::gemm_nt_codes(&cx, &qw.q.dense(), m, 2 * i, k, fmt);
                 let product = qref::dequant_epilogue(&acc, m, 2 * i, &sx, &qw.scales, None);
                 let product: Vec<f32> = product.iter().map(|&v| v as f32).collect();
-                let p = round_to(&product, dtype);
-                let want: Vec<f64> = (0..m * i)
-                    .map(|e| {
-                        let (r, c) = (e / i, e % i);
-                        silu(p[r * 2 * i + c]) * p[r * 2 * i + i + c]
-                    })
-                    .collect();
+                let want = gated_reference(&round_to(&product, dtype), m, 2 * i);
                 let what = format!("{fmt:?} normed gated {dtype} {m}x{i}x{k}");
                 let got = out.to_f64_vec(client).unwrap();
                 // As `normed_case`, for a product of two such values.

@@ -14,6 +14,8 @@ use quant::host::{self, Int4Weight};
 use quant::reference as qref;
 use quant::w4a16::{w4a16_linear, w4a16_linear_into_with};
 use quant::{W4A16Linear, W4a16Kernel};
+
+use crate::gated_reference;
 use testkit::*;
 
 /// Device operands of a quantized weight: qweight `[K/8, N]` i32 and scales `[N]` / `[K/g, N]`.
@@ -432,18 +434,6 @@ fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f6
         out.extend(round_to(&weighted, dtype).into_iter().map(|v| v * rstd));
     }
     out
-}
-
-/// The gated MLP's reference over an f64 product of `n` columns per row (the first `n / 2` the
-/// gate, the rest the matching up columns): `silu(gate) * up`, `[m, n / 2]`.
-fn gated_reference(product: &[f64], m: usize, n: usize) -> Vec<f64> {
-    let half = n / 2;
-    (0..m * half)
-        .map(|e| {
-            let (row, col) = (e / half, e % half);
-            ops::reference::matmul::silu(product[row * n + col]) * product[row * n + half + col]
-        })
-        .collect()
 }
 
 /// `layer` on `x` with the gated SiLU epilogue into a poisoned output, against

@@ -11,7 +11,8 @@ use quant::reference as qref;
 use quant::W4A16Linear;
 use testkit::*;
 
-use super::{check_bias_residual, check_gated, gated_reference, norm_rounded_twice, norm_staged};
+use super::{check_bias_residual, check_gated, norm_rounded_twice, norm_staged};
+use crate::gated_reference;
 
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
 /// CUDA-core GEMV and the same checks apply): K past whole 128-k steps (1056: a partial last
