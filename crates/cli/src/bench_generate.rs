@@ -36,6 +36,13 @@ pub struct BenchGenerateArgs {
     /// Timed runs (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
+    /// KV cache positions (default: prompt + new tokens + 64). The decode step is captured once
+    /// per cache and its attention launch is planned for the cache's size, not for the current
+    /// length: on sm_90+ a cache of up to 1 024 positions merges its key splits inside one
+    /// thread-block cluster, a larger one launches a merge kernel at every length. Pass
+    /// `generate`'s context (its `--max-len`, default 4096) to time what it runs.
+    #[arg(long)]
+    pub max_len: Option<usize>,
     /// Compute dtype (default: the checkpoint's where supported).
     #[arg(long, value_parser = ["bf16", "f16", "f32"])]
     pub dtype: Option<String>,
@@ -90,7 +97,14 @@ pub fn bench_generate<R: Runtime>(
     let config = model::ModelConfig::from_dir(dir)?;
     let gc = model::GenerationConfig::from_dir(dir)?;
     let tokenizer = Tokenizer::from_dir(dir, &config, &gc)?;
-    let max_len = args.prompt_len + args.new_tokens + 64;
+    let max_len = args
+        .max_len
+        .unwrap_or(args.prompt_len + args.new_tokens + 64);
+    anyhow::ensure!(
+        max_len >= args.prompt_len + args.new_tokens,
+        "--max-len {max_len} is shorter than the prompt and the new tokens ({})",
+        args.prompt_len + args.new_tokens
+    );
     let compression = args.weights.compression()?;
     let options = LoadOptions {
         dtype,
@@ -256,6 +270,7 @@ pub fn bench_generate<R: Runtime>(
         "prompt_len": args.prompt_len,
         "new_tokens": args.new_tokens,
         "context": args.prompt_len + args.new_tokens,
+        "max_len": report.max_len,
         "prefill_tok_s": (prefill * 10.0).round() / 10.0,
         "decode_tok_s": (decode * 100.0).round() / 100.0,
         "cuda_graph": graph,
@@ -336,6 +351,7 @@ fn bench_batch<R: Runtime>(
             "dtype": report.dtype.to_string(),
             "prompt_len": args.prompt_len,
             "new_tokens": args.new_tokens,
+            "max_len": report.max_len,
             "batch": n,
             "decode_tok_s": (tok_s * 100.0).round() / 100.0,
             "step_ms": (step * 1e6).round() / 1e3,

@@ -109,6 +109,34 @@ fn bad_input_is_one_line_and_a_failure() {
         let line = error_line(&o);
         assert!(line.contains(needle), "{args:?}: {line}");
     }
+    let bench = |max_len: &str| {
+        cli(
+            &[
+                "--runtime",
+                "wgpu",
+                "bench-generate",
+                "--model",
+                d,
+                "--prompt-len",
+                "8",
+                "--new-tokens",
+                "4",
+                "--runs",
+                "1",
+                "--max-len",
+                max_len,
+            ],
+            &home,
+        )
+    };
+    let line = error_line(&bench("11"));
+    assert!(line.contains("--max-len 11 is shorter"), "{line}");
+    // The cache the run was timed on is in its record.
+    let o = bench("100");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let record: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).unwrap();
+    assert_eq!(record["max_len"], 100, "{record}");
     // A context far beyond the device is refused before anything is allocated (the RoPE tables
     // alone would take minutes to compute), naming the bytes needed and allowed.
     let start = std::time::Instant::now();
