@@ -7,8 +7,25 @@ use ops::matmul::{
 };
 use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
+use rand::rngs::StdRng;
 use testkit::*;
 use MatmulStrategy::TensorCore;
+
+/// The operands of a linear that may also be read as a gated MLP's: the weight `[2n, k]`, the
+/// bias `[2n]` and the residual `[m, 2n]`, uniform in ±1 and drawn in that order, each uploaded
+/// as `dtype` beside its values as the device holds them.
+pub(crate) fn linear_operands<R: Runtime>(
+    client: &ComputeClient<R>,
+    rng: &mut StdRng,
+    (m, n, k): (usize, usize, usize),
+    dtype: DType,
+) -> [(DeviceTensor<R>, Vec<f64>); 3] {
+    [
+        upload(client, &random(rng, 2 * n * k, 1.0), &[2 * n, k], dtype),
+        upload(client, &random(rng, 2 * n, 1.0), &[2 * n], dtype),
+        upload(client, &random(rng, 2 * m * n, 1.0), &[m, 2 * n], dtype),
+    ]
+}
 
 fn on_cuda<R: Runtime>(client: &ComputeClient<R>) -> bool {
     ops::caps::runtime_name(client) == "cuda"
@@ -492,19 +509,7 @@ fn forced_portable_case<R: Runtime>(client: &ComputeClient<R>) {
             (MatmulStrategy::GemvSplit(4), (3, 11, 4106)),
         ] {
             let (x, xh) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
-            let (w, wh) = upload(
-                client,
-                &random(&mut rng, 2 * n * k, 1.0),
-                &[2 * n, k],
-                dtype,
-            );
-            let (b, bh) = upload(client, &random(&mut rng, 2 * n, 1.0), &[2 * n], dtype);
-            let (r, rh) = upload(
-                client,
-                &random(&mut rng, 2 * m * n, 1.0),
-                &[m, 2 * n],
-                dtype,
-            );
+            let [(w, wh), (b, bh), (r, rh)] = linear_operands(client, &mut rng, (m, n, k), dtype);
             let what = format!("{strategy:?} {dtype} {m}x{n}x{k}");
             for (bias, res) in all {
                 let out = poisoned(client, &[m, 2 * n], dtype);

@@ -13,6 +13,8 @@ use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
 
+use super::matmul::linear_operands;
+
 const EPS: f32 = 1e-6;
 
 /// (M, N, K): M = 1 and 16 (GEMV), 17 (the unfused path); K not a multiple of the lanes' loads
@@ -199,19 +201,7 @@ fn forced_split_normed_case<R: Runtime>(client: &ComputeClient<R>) {
         for (m, n, k) in [(1usize, 37usize, 200usize), (16, 29, 130)] {
             let (x, xh) = upload(client, &input(&mut rng, m, k), &[m, k], dtype);
             let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
-            let (w, wh) = upload(
-                client,
-                &random(&mut rng, 2 * n * k, 1.0),
-                &[2 * n, k],
-                dtype,
-            );
-            let (b, bh) = upload(client, &random(&mut rng, 2 * n, 1.0), &[2 * n], dtype);
-            let (r, rh) = upload(
-                client,
-                &random(&mut rng, 2 * m * n, 1.0),
-                &[m, 2 * n],
-                dtype,
-            );
+            let [(w, wh), (b, bh), (r, rh)] = linear_operands(client, &mut rng, (m, n, k), dtype);
             let norm = InputNorm {
                 weight: &g,
                 eps: EPS,

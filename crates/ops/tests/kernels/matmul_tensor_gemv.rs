@@ -14,6 +14,8 @@ use ops::reference::matmul as reference;
 use ops::{DType, DeviceTensor};
 use testkit::*;
 
+use super::matmul::linear_operands;
+
 const EPS: f32 = 1e-6;
 
 const fn shape(splits: u32, vectors: u32, tiles: u32, cube_splits: u32) -> Option<TensorGemvShape> {
@@ -107,19 +109,7 @@ fn tensor_gemv_case<R: Runtime>(client: &ComputeClient<R>) {
                 row.iter_mut().for_each(|v| *v *= 0.25 + r as f32 / 4.0);
             }
             let (x, xh) = upload(client, &xs, &[m, k], dtype);
-            let (w, wh) = upload(
-                client,
-                &random(&mut rng, 2 * n * k, 1.0),
-                &[2 * n, k],
-                dtype,
-            );
-            let (b, bh) = upload(client, &random(&mut rng, 2 * n, 1.0), &[2 * n], dtype);
-            let (r, rh) = upload(
-                client,
-                &random(&mut rng, 2 * m * n, 1.0),
-                &[m, 2 * n],
-                dtype,
-            );
+            let [(w, wh), (b, bh), (r, rh)] = linear_operands(client, &mut rng, (m, n, k), dtype);
             let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
             // With a scratch K may be split across cubes; without one only a shape that keeps
             // K in one cube runs (the others are refused: see the errors case).
