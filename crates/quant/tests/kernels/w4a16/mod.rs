@@ -354,7 +354,7 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
             // The kernels round the normalised row as `ops::norm` does, `F(F(x · rstd) · g)`;
             // against one rounding of the f64 norm the f16 errors reach 1.2e-3 (more than
             // f16's tolerance), against the same two roundings at most 7.2e-4.
-            let h = norm_rounded_twice(&xh, &gh, k, EPS, dtype);
+            let h = rms_norm_rounded(&xh, &gh, EPS, dtype);
             let product = qref::w4a16(&h, m, &qw, None);
             let what = format!("normed {dtype} {m}x{k}x{n} group {group:?} gated {gated}");
             let (out, want, tol) = if gated {
@@ -406,21 +406,6 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
 /// `1 / sqrt(mean(row²) + eps)` in f64.
 fn inv_rms(row: &[f64], eps: f32) -> f64 {
     1.0 / (row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64 + eps as f64).sqrt()
-}
-
-/// The RMSNorm of the rows of `x` (length `k`) rounded as the GEMVs apply it: `F(F(x · rstd) · g)`
-/// (two roundings to `dtype`; `rstd` in f64). With 16 rows of 20 gated outputs in f16, the
-/// once-rounded norm of [`rms_norm_rounded`] differs from that by up to the tolerance itself.
-fn norm_rounded_twice(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f64> {
-    let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks(k) {
-        let rstd = inv_rms(row, eps);
-        let scaled: Vec<f32> = row.iter().map(|v| (v * rstd) as f32).collect();
-        let scaled = round_to(&scaled, dtype);
-        let weighted: Vec<f32> = scaled.iter().zip(g).map(|(s, w)| (s * w) as f32).collect();
-        out.extend(round_to(&weighted, dtype));
-    }
-    out
 }
 
 /// The RMSNorm of the rows of `x` as the tensor-core GEMV applies it in bf16: `F(x · g)` staged

@@ -11,7 +11,7 @@ use quant::reference as qref;
 use quant::W4A16Linear;
 use testkit::*;
 
-use super::{check_bias_residual, check_gated, norm_rounded_twice, norm_staged};
+use super::{check_bias_residual, check_gated, norm_staged};
 use crate::gated_reference;
 
 /// The layer's decode GEMV on the tensor cores (CUDA, bf16/f16; elsewhere these shapes run the
@@ -131,7 +131,7 @@ fn check_tensor_core_shapes<R: Runtime>(
             let h = if mma && dtype == DType::BF16 {
                 norm_staged(&xh, &gh, k, EPS, dtype)
             } else {
-                norm_rounded_twice(&xh, &gh, k, EPS, dtype)
+                rms_norm_rounded(&xh, &gh, EPS, dtype)
             };
             let product = qref::w4a16(&h, m, &qw, None);
             let i = n / 2;
