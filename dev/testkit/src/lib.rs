@@ -120,10 +120,9 @@ pub fn rows_of_rising_scale(rng: &mut StdRng, m: usize, k: usize) -> Vec<f32> {
 /// RMSNorm do; `rstd` in f64). Against one rounding of the f64 norm, a bf16 row's codes differ
 /// by a step often enough that a 16-row gated 8-bit product was off by 9% of its largest output.
 pub fn rms_norm_rounded(x: &[f64], g: &[f64], eps: f32, dtype: DType) -> Vec<f64> {
-    let k = g.len();
     let mut out = Vec::with_capacity(x.len());
-    for row in x.chunks(k) {
-        let rstd = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps as f64).sqrt();
+    for row in x.chunks(g.len()) {
+        let rstd = ops::reference::norm::inv_rms(row, eps as f64);
         let scaled: Vec<f32> = row.iter().map(|v| (v * rstd) as f32).collect();
         let scaled = round_to(&scaled, dtype);
         let weighted: Vec<f32> = scaled.iter().zip(g).map(|(s, w)| (s * w) as f32).collect();

@@ -403,18 +403,13 @@ fn normed_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
-/// `1 / sqrt(mean(row²) + eps)` in f64.
-fn inv_rms(row: &[f64], eps: f32) -> f64 {
-    1.0 / (row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64 + eps as f64).sqrt()
-}
-
 /// The RMSNorm of the rows of `x` as the tensor-core GEMV applies it in bf16: `F(x · g)` staged
 /// (one rounding), and `rstd` (f64 here) multiplying the product, which by linearity equals
 /// `F(x · g) · rstd` as the input.
 fn norm_staged(x: &[f64], g: &[f64], k: usize, eps: f32, dtype: DType) -> Vec<f64> {
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks(k) {
-        let rstd = inv_rms(row, eps);
+        let rstd = ops::reference::norm::inv_rms(row, eps as f64);
         let weighted: Vec<f32> = row.iter().zip(g).map(|(v, w)| (v * w) as f32).collect();
         out.extend(round_to(&weighted, dtype).into_iter().map(|v| v * rstd));
     }
