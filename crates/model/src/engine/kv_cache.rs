@@ -129,6 +129,33 @@ impl<R: Runtime> KvCache<R> {
         2 * config.num_hidden_layers * max_len * config.kv_dim() * dtype.size()
     }
 
+    /// Every layer's first `rows` positions, as views of the same buffers (a decode step's
+    /// attention is planned for the rows its cache tensors have). Errors unless the positions
+    /// written so far and those of the append in progress fit.
+    pub fn first_rows(&self, rows: usize) -> Result<Vec<LayerCache<R>>> {
+        let used = self.len + self.pending.unwrap_or(0);
+        if used > rows || rows > self.max_len {
+            return Err(ModelError::param(
+                "rows",
+                format!(
+                    "a view of {rows} cache rows: {used} are in use, the cache has {}",
+                    self.max_len
+                ),
+            ));
+        }
+        let (hkv, d) = (self.num_kv_heads, self.head_dim);
+        let view = |t: &DeviceTensor<R>| t.view(&[rows, hkv, d], &[hkv * d, d, 1]);
+        self.layers
+            .iter()
+            .map(|l| {
+                Ok(LayerCache {
+                    k: view(&l.k)?,
+                    v: view(&l.v)?,
+                })
+            })
+            .collect()
+    }
+
     pub fn layer(&self, i: usize) -> &LayerCache<R> {
         &self.layers[i]
     }

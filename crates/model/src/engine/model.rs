@@ -369,7 +369,7 @@ impl<R: Runtime> Model<R> {
     /// [`KvCache::commit_step`], after which the next one-position append writes nothing
     /// ([`KvCache::commit_append`] forgets the advance: the next append writes both).
     pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
-        self.decode_step_reading(cache, step, &step.token)
+        self.decode_step_reading(cache, step, &step.token, None)
     }
 
     /// [`Self::decode_step`] on the token the step before chose: reads the id from
@@ -378,14 +378,19 @@ impl<R: Runtime> Model<R> {
     /// host: the host queues the read of a step's choice, then this step, and only then waits
     /// for the choice (the read sees the id from before this step: stream order).
     pub fn decode_step_on_argmax(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
-        self.decode_step_reading(cache, step, &step.next_token)
+        self.decode_step_reading(cache, step, &step.next_token, None)
     }
 
-    fn decode_step_reading(
+    /// [`Self::decode_step`] on the id in `token`, with the attention planned for the cache's
+    /// first `rows` rows where given (views of the same buffers; errors unless the step's keys
+    /// fit them): where those rows take a faster launch than the whole cache
+    /// ([`ops::attention::clustered_decode_keys`]), a step with a short context runs it.
+    pub(crate) fn decode_step_reading(
         &self,
         cache: &KvCache<R>,
         step: &DecodeBuffers<R>,
         token: &DeviceTensor<R>,
+        rows: Option<usize>,
     ) -> Result<()> {
         self.check_cache(cache, "decode_step")?;
         step.check_dtype(self.dtype)?;
@@ -403,7 +408,15 @@ impl<R: Runtime> Model<R> {
         };
         // The embedding (the first kernel) reads the id before the argmax (the last) writes
         // one, also when both are `step.next_token`.
-        self.forward(&s, token, cache.layers(), head)?;
+        let views;
+        let layers = match rows {
+            Some(rows) => {
+                views = cache.first_rows(rows)?;
+                &views[..]
+            }
+            None => cache.layers(),
+        };
+        self.forward(&s, token, layers, head)?;
         self.greedy_into(
             &step.logits,
             &step.next_token,

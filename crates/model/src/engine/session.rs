@@ -196,15 +196,27 @@ impl<R: Runtime> DeviceSampler<R> {
 /// host reads back one id instead of the vocabulary's logits. The repetition penalty's
 /// presence mask is filled from the context at the first token and then updated on the device
 /// with each step's input token.
+///
+/// Where the decode attention merges its key splits inside one thread-block cluster up to some
+/// number of cache rows ([`ops::attention::clustered_decode_keys`], 1 024 on sm_90) and the
+/// cache is longer, the steps whose context fits those rows plan their attention for the
+/// cache's first rows and replay a graph of their own; the steps past them replay the graph
+/// planned for the whole cache (a key split over every SM and a merge kernel). Each graph is
+/// captured once, the first time a step needs it.
 pub struct Session<R: Runtime> {
     model: Model<R>,
     cache: KvCache<R>,
     step: DecodeBuffers<R>,
     current: Current<R>,
-    graph: StepGraph<R>,
-    /// The step fed by the previous step's argmax ([`CausalLm::decode_argmax_ahead`]): its own
-    /// graph, since a graph reads the buffers it was captured with.
-    ahead_graph: StepGraph<R>,
+    /// The step's graphs, indexed by [`Self::plan_slot`]: planned for the cache's first
+    /// `short_rows` rows, and for the whole cache.
+    graph: [StepGraph<R>; 2],
+    /// The step fed by the previous step's argmax ([`CausalLm::decode_argmax_ahead`]): graphs of
+    /// its own, since a graph reads the buffers it was captured with.
+    ahead_graph: [StepGraph<R>; 2],
+    /// Cache rows the attention of a step with a short context is planned for, where fewer than
+    /// the cache's and the plan for them differs.
+    short_rows: Option<usize>,
     options: SessionOptions,
     sampler: Option<DeviceSampler<R>>,
     /// The input token of the last decode step (what the step's presence mark adds).
@@ -223,8 +235,18 @@ impl<R: Runtime> Session<R> {
         let step = model.new_decode_buffers()?;
         // Block-sparse projections run eagerly (see `Projection::graph_safe`).
         let graph_safe = model.projections().all(Projection::graph_safe);
-        let graph = StepGraph::new(model.client(), options.cuda_graphs && graph_safe);
-        let ahead_graph = StepGraph::new(model.client(), options.cuda_graphs && graph_safe);
+        let graphs = || {
+            std::array::from_fn(|_| {
+                StepGraph::new(model.client(), options.cuda_graphs && graph_safe)
+            })
+        };
+        let (graph, ahead_graph) = (graphs(), graphs());
+        let short_rows = ops::attention::clustered_decode_keys(
+            model.client(),
+            model.dtype(),
+            model.config().head_dim,
+        )
+        .filter(|&rows| rows < cache.max_len());
         Ok(Self {
             model,
             cache,
@@ -232,6 +254,7 @@ impl<R: Runtime> Session<R> {
             current: Current::None,
             graph,
             ahead_graph,
+            short_rows,
             options,
             sampler: None,
             last_decoded: None,
@@ -240,7 +263,17 @@ impl<R: Runtime> Session<R> {
 
     /// Whether decode steps currently replay a captured graph.
     pub fn uses_graph(&self) -> bool {
-        self.graph.ready()
+        self.graph.iter().any(StepGraph::ready)
+    }
+
+    /// The cache rows the next decode step plans its attention for (`None`: all of them), and
+    /// the slot of its graphs: a step whose keys (the cache length after its append) fit
+    /// `short_rows` plans for those rows.
+    fn plan_slot(&self) -> (Option<usize>, usize) {
+        match self.short_rows {
+            Some(rows) if self.cache.len() < rows => (Some(rows), 0),
+            _ => (None, 1),
+        }
     }
 
     /// Whether the decode steps' device sampling with the parameters written last replays a
@@ -257,11 +290,16 @@ impl<R: Runtime> Session<R> {
     /// replaying the capture.
     fn run_step(&mut self) -> Result<()> {
         let c = self.model.client().clone();
+        let (rows, slot) = self.plan_slot();
         let (model, cache, step) = (&self.model, &self.cache, &self.step);
         // SAFETY: the graph reads and writes only buffers owned by this session (weights, cache,
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
-        unsafe { self.graph.run(&c, || model.decode_step(cache, step)) }
+        unsafe {
+            self.graph[slot].run(&c, || {
+                model.decode_step_reading(cache, step, &step.token, rows)
+            })
+        }
     }
 
     /// Writes a draw's parameters (when they changed) and uniform `u`, and brings the
@@ -433,7 +471,7 @@ impl<R: Runtime> CausalLm for Session<R> {
             ));
         }
         // The step that captures keeps every other session's device work out of the window.
-        let _device = device_lock::for_step(self.graph.capturing());
+        let _device = device_lock::for_step(self.graph[self.plan_slot().1].capturing());
         self.cache.begin_append(self.model.client(), 1)?;
         self.step.write_token(self.model.client(), token)?;
         self.run_step()?;
@@ -448,15 +486,17 @@ impl<R: Runtime> CausalLm for Session<R> {
             return Ok(None);
         }
         let c = self.model.client().clone();
-        let _device = device_lock::for_step(self.ahead_graph.capturing());
+        let (rows, slot) = self.plan_slot();
+        let _device = device_lock::for_step(self.ahead_graph[slot].capturing());
         // The id is read before the step, which overwrites it: the previous step's choice.
         self.launch_ahead(&c, true, |s| {
             let (model, cache, step) = (&s.model, &s.cache, &s.step);
             // SAFETY: as in `run_step`: the graph touches only this session's buffers, on the one
             // client's stream.
             unsafe {
-                s.ahead_graph
-                    .run(&c, || model.decode_step_on_argmax(cache, step))
+                s.ahead_graph[slot].run(&c, || {
+                    model.decode_step_reading(cache, step, &step.next_token, rows)
+                })
             }
         })
     }
@@ -473,7 +513,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         let c = self.model.client().clone();
         let row = params.row_params();
         let plan = plan_index(SamplingPlan::for_params(&[row]));
-        let capturing = self.graph.capturing()
+        let capturing = self.graph[self.plan_slot().1].capturing()
             || self
                 .sampler
                 .as_ref()

@@ -167,6 +167,74 @@ fn demo_model_runs_to_its_full_context() {
     on_each_runtime_one_cuda_at_a_time!(demo_full_context);
 }
 
+/// Decodes across the most cache rows the clustered decode attention takes, on a longer cache:
+/// the session plans the steps whose context fits those rows for them (one graph) and the later
+/// steps for the whole cache (another graph, a key split over every SM and a merge kernel).
+/// Every step's logits, on both sides of the bound, match an f32 prefill of the same tokens.
+/// Runtimes without the clustered launch have no bound to cross and skip.
+fn across_clustered_rows<R: Runtime>(client: &ComputeClient<R>) {
+    let dtype = DType::BF16;
+    let head_dim = model::demo::HIDDEN / model::demo::HEADS;
+    let Some(rows) = ops::attention::clustered_decode_keys(client, dtype, head_dim) else {
+        eprintln!("no clustered decode attention on this runtime: no bound to cross");
+        return;
+    };
+    const AROUND: usize = 4;
+    let demo = Demo::new();
+    let options = |dtype| LoadOptions {
+        dtype: Some(dtype),
+        max_len: Some(rows + 64),
+        device_free_bytes: testkit::runtime::free_memory(client),
+        ..LoadOptions::default()
+    };
+    let (m, _) = load(client, &demo.0, &options(dtype)).unwrap();
+    let vocab = m.config().vocab_size;
+    let mut session = Session::new(m).unwrap();
+    let (reference, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
+    let mut reference = Session::new(reference).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut tokens: Vec<u32> = (0..rows - AROUND)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect();
+    session.prefill(&tokens).unwrap();
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    for _ in 0..2 * AROUND {
+        let next = session.argmax().unwrap();
+        tokens.push(next);
+        session.decode(next).unwrap();
+        session.logits(&mut got).unwrap();
+        reference.reset().unwrap();
+        reference.prefill(&tokens).unwrap();
+        reference.logits(&mut want).unwrap();
+        let err = worst_row_error(&got, &want, vocab);
+        eprintln!(
+            "context {} of {} ({rows} clustered rows): relative error {err:.2e}",
+            tokens.len(),
+            rows + 64
+        );
+        assert!(
+            err <= logit_tolerance(dtype),
+            "decode step at context {} (clustered rows {rows}): relative error {err:.3e}",
+            tokens.len()
+        );
+    }
+    assert!(session.len() > rows, "the steps crossed the bound");
+    assert!(
+        session.uses_graph(),
+        "the steps replay graphs (runtimes with clusters are CUDA)"
+    );
+}
+
+#[test]
+fn decode_steps_across_the_clustered_rows_match_a_prefill() {
+    on_each_runtime_one_cuda_at_a_time!(across_clustered_rows);
+}
+
 fn large_full_context<R: Runtime>(client: &ComputeClient<R>) {
     let dir = std::env::var("CUBELLM_LONG_CONTEXT_MODEL")
         .expect("CUBELLM_LONG_CONTEXT_MODEL names the model directory of this test");

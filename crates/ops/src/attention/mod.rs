@@ -59,6 +59,7 @@ mod validate;
 mod workspace;
 
 pub use kv_cache::kv_cache_write_into;
+pub use plan::clustered_decode_keys;
 pub use rope_decode::rope_attention_decode_into;
 pub use workspace::AttentionWorkspace;
 

@@ -7,11 +7,11 @@ use super::geometry::len_buffer;
 use super::split_kv::{self, SplitKvBlueprint};
 use super::split_kv_mma::{self, SplitKvMmaBlueprint};
 use super::tiled::{self, TiledBlueprint};
-use super::workspace::keys_fit_cluster;
+use super::workspace::{keys_fit_cluster, CLUSTER_SPLITS};
 use super::{
     AttentionStrategy, AttentionWorkspace, FlashTiling, KvLen, SplitKvTiling, DECODE_MAX_QUERIES,
 };
-use crate::{caps, DeviceTensor, OpsError, Result};
+use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// A validated attention problem.
 pub(crate) struct Problem<'a, R: Runtime> {
@@ -155,26 +155,44 @@ fn tensor_core_decode_plan<R: Runtime>(
 /// - the default elsewhere (short caches without clusters, where 64-key tiles split the keys
 ///   over more cubes).
 fn auto_decode_tiling<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> SplitKvTiling {
-    let short = SplitKvTiling {
-        warps: 8,
-        bk: 128,
-        cubes_per_sm: 1,
-    };
-    let long = SplitKvTiling {
-        warps: 8,
-        bk: 128,
-        cubes_per_sm: 1,
-    };
     let max_len = p.max_len();
-    if caps::has_clusters(client) && keys_fit_cluster(max_len, short.bk) {
-        short
-    } else if max_len.div_ceil(long.bk) * p.unsplit_cubes(16)
-        >= long.cubes_per_sm * caps::num_sms(client) as usize
-    {
-        long
+    let clustered = caps::has_clusters(client) && keys_fit_cluster(max_len, WIDE_TILES.bk);
+    let fills_sms = max_len.div_ceil(WIDE_TILES.bk) * p.unsplit_cubes(16)
+        >= WIDE_TILES.cubes_per_sm * caps::num_sms(client) as usize;
+    if clustered || fills_sms {
+        WIDE_TILES
     } else {
         SplitKvTiling::default()
     }
+}
+
+/// Eight planes on 128-key tiles, one cube per SM: the tiling of the clustered launch and of
+/// long caches ([`auto_decode_tiling`]).
+const WIDE_TILES: SplitKvTiling = SplitKvTiling {
+    warps: 8,
+    bk: 128,
+    cubes_per_sm: 1,
+};
+
+/// The most cache rows for which [`AttentionStrategy::Auto`] decodes a single query token of one
+/// sequence with the clustered launch (the key splits merged inside one thread-block cluster,
+/// no merge kernel after it), or `None` where the runtime has no clusters or the tensor-core
+/// decode kernel does not take `dtype` and `head_dim`. The launch is planned for the rows the
+/// cache tensors have, not for the length the kernel reads on the device, so a caller whose
+/// length stays within this bound gets the clustered launch by passing a view of the cache's
+/// first rows.
+pub fn clustered_decode_keys<R: Runtime>(
+    client: &ComputeClient<R>,
+    dtype: DType,
+    head_dim: usize,
+) -> Option<usize> {
+    let fits = caps::has_clusters(client)
+        && caps::has_mma_m16n8k16(client, dtype)
+        && head_dim.is_multiple_of(16)
+        && head_dim <= 128
+        && SplitKvMmaBlueprint::new(head_dim, WIDE_TILES, true, true).shared_bytes(dtype.size())
+            <= shared_budget(client);
+    fits.then_some(CLUSTER_SPLITS * WIDE_TILES.bk)
 }
 
 fn decode_plan<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> Option<Plan> {
