@@ -107,6 +107,24 @@ impl<R: Runtime> StepGraph<R> {
     }
 }
 
+/// The cache rows a decode step's attention may be planned for, ascending, the last `max_len`:
+/// from the most rows the clustered launch takes (`clustered`; 1 024 where the runtime has no
+/// clusters) up by factors of [`RUNG_FACTOR`]. A step plans for the smallest rung that holds its
+/// context, so its key split spreads at most `RUNG_FACTOR` times its keys over the SMs.
+pub(crate) fn plan_rows(clustered: Option<usize>, max_len: usize) -> Vec<usize> {
+    let mut rungs = Vec::new();
+    let mut rows = clustered.unwrap_or(1024).max(1);
+    while rows < max_len {
+        rungs.push(rows);
+        rows = rows.saturating_mul(RUNG_FACTOR);
+    }
+    rungs.push(max_len);
+    rungs
+}
+
+/// The ratio of consecutive rungs of [`plan_rows`].
+const RUNG_FACTOR: usize = 4;
+
 /// The slot of a plan's graph in [`DeviceSampler::graphs`].
 fn plan_index(plan: SamplingPlan) -> usize {
     usize::from(plan.top_k) | usize::from(plan.top_p) << 1
@@ -197,26 +215,26 @@ impl<R: Runtime> DeviceSampler<R> {
 /// presence mask is filled from the context at the first token and then updated on the device
 /// with each step's input token.
 ///
-/// Where the decode attention merges its key splits inside one thread-block cluster up to some
-/// number of cache rows ([`ops::attention::clustered_decode_keys`], 1 024 on sm_90) and the
-/// cache is longer, the steps whose context fits those rows plan their attention for the
-/// cache's first rows and replay a graph of their own; the steps past them replay the graph
-/// planned for the whole cache (a key split over every SM and a merge kernel). Each graph is
-/// captured once, the first time a step needs it.
+/// The decode attention's launch is planned for the rows of the cache tensors it is given, not
+/// for the length it reads on the device: its key split is sized to spread that many rows over
+/// the SMs, and on sm_90 up to 1 024 rows merge their splits inside one thread-block cluster
+/// ([`ops::attention::clustered_decode_keys`]). So a step plans its attention for the cache's
+/// first rows, the smallest rung of [`plan_rows`] that holds its context, and each rung has
+/// graphs of its own, captured once, the first time a step needs them: a short context on a
+/// long cache runs the clustered launch, and a medium one a split whose cubes all have keys.
 pub struct Session<R: Runtime> {
     model: Model<R>,
     cache: KvCache<R>,
     step: DecodeBuffers<R>,
     current: Current<R>,
-    /// The step's graphs, indexed by [`Self::plan_slot`]: planned for the cache's first
-    /// `short_rows` rows, and for the whole cache.
-    graph: [StepGraph<R>; 2],
+    /// The step's graphs, one per rung of `rungs`.
+    graph: Vec<StepGraph<R>>,
     /// The step fed by the previous step's argmax ([`CausalLm::decode_argmax_ahead`]): graphs of
     /// its own, since a graph reads the buffers it was captured with.
-    ahead_graph: [StepGraph<R>; 2],
-    /// Cache rows the attention of a step with a short context is planned for, where fewer than
-    /// the cache's and the plan for them differs.
-    short_rows: Option<usize>,
+    ahead_graph: Vec<StepGraph<R>>,
+    /// The cache rows a step's attention is planned for ([`plan_rows`]), ascending; the last is
+    /// the whole cache.
+    rungs: Vec<usize>,
     options: SessionOptions,
     sampler: Option<DeviceSampler<R>>,
     /// The input token of the last decode step (what the step's presence mark adds).
@@ -235,18 +253,18 @@ impl<R: Runtime> Session<R> {
         let step = model.new_decode_buffers()?;
         // Block-sparse projections run eagerly (see `Projection::graph_safe`).
         let graph_safe = model.projections().all(Projection::graph_safe);
-        let graphs = || {
-            std::array::from_fn(|_| {
-                StepGraph::new(model.client(), options.cuda_graphs && graph_safe)
-            })
-        };
-        let (graph, ahead_graph) = (graphs(), graphs());
-        let short_rows = ops::attention::clustered_decode_keys(
+        let clustered = ops::attention::clustered_decode_keys(
             model.client(),
             model.dtype(),
             model.config().head_dim,
-        )
-        .filter(|&rows| rows < cache.max_len());
+        );
+        let rungs = plan_rows(clustered, cache.max_len());
+        let graphs = || {
+            (0..rungs.len())
+                .map(|_| StepGraph::new(model.client(), options.cuda_graphs && graph_safe))
+                .collect::<Vec<_>>()
+        };
+        let (graph, ahead_graph) = (graphs(), graphs());
         Ok(Self {
             model,
             cache,
@@ -254,7 +272,7 @@ impl<R: Runtime> Session<R> {
             current: Current::None,
             graph,
             ahead_graph,
-            short_rows,
+            rungs,
             options,
             sampler: None,
             last_decoded: None,
@@ -267,13 +285,14 @@ impl<R: Runtime> Session<R> {
     }
 
     /// The cache rows the next decode step plans its attention for (`None`: all of them), and
-    /// the slot of its graphs: a step whose keys (the cache length after its append) fit
-    /// `short_rows` plans for those rows.
+    /// the slot of its graphs: the first rung that holds the step's keys (the cache length
+    /// after its append).
     fn plan_slot(&self) -> (Option<usize>, usize) {
-        match self.short_rows {
-            Some(rows) if self.cache.len() < rows => (Some(rows), 0),
-            _ => (None, 1),
-        }
+        let len = self.cache.len();
+        let last = self.rungs.len() - 1;
+        let slot = self.rungs.iter().position(|&r| len < r).unwrap_or(last);
+        let rows = (slot < last).then_some(self.rungs[slot]);
+        (rows, slot)
     }
 
     /// Whether the decode steps' device sampling with the parameters written last replays a
@@ -600,5 +619,21 @@ impl<R: Runtime> CausalLm for Session<R> {
         let _device = device_lock::shared();
         *out = tensor.to_f32_vec(self.model.client())?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plan_rows;
+
+    #[test]
+    fn rungs_climb_by_four_from_the_clustered_rows_to_the_cache() {
+        assert_eq!(plan_rows(Some(1024), 704), vec![704]);
+        assert_eq!(plan_rows(Some(1024), 1024), vec![1024]);
+        assert_eq!(plan_rows(Some(1024), 1025), vec![1024, 1025]);
+        assert_eq!(plan_rows(Some(1024), 4096), vec![1024, 4096]);
+        assert_eq!(plan_rows(Some(1024), 32768), vec![1024, 4096, 16384, 32768]);
+        assert_eq!(plan_rows(None, 5000), vec![1024, 4096, 5000]);
+        assert_eq!(plan_rows(Some(512), 600), vec![512, 600]);
     }
 }
