@@ -36,10 +36,10 @@ pub struct BenchGenerateArgs {
     /// Timed runs (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub runs: usize,
-    /// KV cache positions (default: prompt + new tokens + 64). The decode step is captured once
-    /// per cache and its attention launch is planned for the cache's size, not for the current
-    /// length: on sm_90+ a cache of up to 1 024 positions merges its key splits inside one
-    /// thread-block cluster, a larger one launches a merge kernel at every length. Pass
+    /// KV cache positions (default: prompt + new tokens + 64). The decode step plans its
+    /// attention for the smallest of the cache rows 1 024, 4 096, 16 384, … up to this size that
+    /// holds the context (one captured graph per rung): on sm_90+ up to 1 024 positions merge
+    /// their key splits inside one thread-block cluster, more launch a merge kernel. Pass
     /// `generate`'s context (its `--max-len`, default 4096) to time what it runs.
     #[arg(long)]
     pub max_len: Option<usize>,

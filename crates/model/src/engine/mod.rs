@@ -22,7 +22,9 @@
 //! The decode step allocates nothing and reads its token, position and cache length from
 //! device buffers, so it is captured once as a CUDA graph and replayed (first step eager,
 //! second captured, replays after; a failed capture falls back to eager steps, and models with
-//! block-sparse projections, whose kernel allocates, always run eagerly).
+//! block-sparse projections, whose kernel allocates, always run eagerly); once per rung of
+//! cache rows its attention is planned for, where the cache is longer than the first rung
+//! (`session::plan_rows`).
 
 pub mod batch;
 pub mod buffers;
