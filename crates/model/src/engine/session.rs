@@ -108,12 +108,12 @@ impl<R: Runtime> StepGraph<R> {
 }
 
 /// The cache rows a decode step's attention may be planned for, ascending, the last `max_len`:
-/// from the most rows the clustered launch takes (`clustered`; 1 024 where the runtime has no
-/// clusters) up by factors of [`RUNG_FACTOR`]. A step plans for the smallest rung that holds its
-/// context, so its key split spreads at most `RUNG_FACTOR` times its keys over the SMs.
+/// from the most rows the clustered launch takes (`clustered`; [`FIRST_RUNG`] where the runtime
+/// has no clusters) up by factors of [`RUNG_FACTOR`]. A step plans for the smallest rung that
+/// holds its context, so its key split spreads at most `RUNG_FACTOR` times its keys over the SMs.
 pub(crate) fn plan_rows(clustered: Option<usize>, max_len: usize) -> Vec<usize> {
     let mut rungs = Vec::new();
-    let mut rows = clustered.unwrap_or(1024).max(1);
+    let mut rows = clustered.unwrap_or(FIRST_RUNG).max(1);
     while rows < max_len {
         rungs.push(rows);
         rows = rows.saturating_mul(RUNG_FACTOR);
@@ -124,6 +124,10 @@ pub(crate) fn plan_rows(clustered: Option<usize>, max_len: usize) -> Vec<usize> 
 
 /// The ratio of consecutive rungs of [`plan_rows`].
 const RUNG_FACTOR: usize = 4;
+
+/// The first rung of [`plan_rows`] on runtimes without the clustered decode launch: the
+/// clustered rows of sm_90, so that every runtime plans for the same rungs.
+const FIRST_RUNG: usize = 1024;
 
 /// The slot of a plan's graph in [`DeviceSampler::graphs`].
 fn plan_index(plan: SamplingPlan) -> usize {
