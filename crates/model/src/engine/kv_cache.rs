@@ -29,6 +29,17 @@ pub struct LayerCache<R: Runtime> {
     pub v: DeviceTensor<R>,
 }
 
+impl<R: Runtime> std::fmt::Debug for LayerCache<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "LayerCache {{ k, v: {:?} {} }}",
+            self.k.shape(),
+            self.k.dtype()
+        )
+    }
+}
+
 /// The KV cache of a whole model.
 pub struct KvCache<R: Runtime> {
     layers: Vec<LayerCache<R>>,

@@ -46,6 +46,12 @@ fn cache_and_buffers<R: Runtime>(client: &ComputeClient<R>) {
     cache.commit_append().unwrap();
     assert_eq!((cache.len(), cache.pending()), (7, None));
     assert_eq!(cache.commit_append().unwrap_err().kind(), "parameter");
+    // Views of the first rows: only where the written rows fit, and never past the cache.
+    let first = cache.first_rows(8).unwrap();
+    assert_eq!(first.len(), c.num_hidden_layers);
+    assert_eq!(first[1].v.shape(), &[8, c.num_key_value_heads, c.head_dim]);
+    assert_eq!(cache.first_rows(6).unwrap_err().kind(), "parameter");
+    assert_eq!(cache.first_rows(11).unwrap_err().kind(), "parameter");
     let err = cache.begin_append(client, 4).unwrap_err();
     assert!(
         matches!(
