@@ -223,9 +223,10 @@ impl<R: Runtime> DeviceSampler<R> {
 /// for the length it reads on the device: its key split is sized to spread that many rows over
 /// the SMs, and on sm_90 up to 1 024 rows merge their splits inside one thread-block cluster
 /// ([`ops::attention::clustered_decode_keys`]). So a step plans its attention for the cache's
-/// first rows, the smallest rung of [`plan_rows`] that holds its context, and each rung has
-/// graphs of its own, captured once, the first time a step needs them: a short context on a
-/// long cache runs the clustered launch, and a medium one a split whose cubes all have keys.
+/// first rows, the smallest rung that holds its context of 1 024 (the clustered rows where the
+/// runtime has them), 4 096, 16 384, … up to the whole cache, and each rung has graphs of its
+/// own, captured once, the first time a step needs them: a short context on a long cache runs
+/// the clustered launch, and a medium one a split whose cubes all have keys.
 pub struct Session<R: Runtime> {
     model: Model<R>,
     cache: KvCache<R>,

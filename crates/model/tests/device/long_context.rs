@@ -29,6 +29,19 @@ struct Filled {
     dtype: DType,
 }
 
+/// A fixed pseudo-random prompt of `n` ids below `vocab` (an LCG from `seed`), the same on every
+/// runtime.
+fn seeded_prompt(n: usize, vocab: u64, mut state: u64) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 33) % vocab) as u32
+        })
+        .collect()
+}
+
 /// Prefills `max_len - DECODE_STEPS` seeded tokens, then decodes greedily to the end of the
 /// context; returns every token fed and the logits after the last one.
 fn fill<R: Runtime>(
@@ -46,16 +59,7 @@ fn fill<R: Runtime>(
     let (m, report) = load(client, dir, &options).unwrap();
     let vocab = m.config().vocab_size as u64;
     let mut session = Session::new(m).unwrap();
-    // A fixed pseudo-random prompt (an LCG), the same on every runtime.
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let mut tokens: Vec<u32> = (0..max_len - DECODE_STEPS)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) % vocab) as u32
-        })
-        .collect();
+    let mut tokens = seeded_prompt(max_len - DECODE_STEPS, vocab, 0x2545_f491_4f6c_dd1d);
     session.prefill(&tokens).unwrap();
     while session.len() < max_len {
         let next = session.argmax().unwrap();
@@ -194,15 +198,7 @@ fn across_clustered_rows<R: Runtime>(client: &ComputeClient<R>) {
     let mut session = Session::new(m).unwrap();
     let (reference, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
     let mut reference = Session::new(reference).unwrap();
-    let mut state = 0x9e37_79b9_7f4a_7c15u64;
-    let mut tokens: Vec<u32> = (0..rows - AROUND)
-        .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((state >> 33) % vocab as u64) as u32
-        })
-        .collect();
+    let mut tokens = seeded_prompt(rows - AROUND, vocab as u64, 0x9e37_79b9_7f4a_7c15);
     session.prefill(&tokens).unwrap();
     let (mut got, mut want) = (Vec::new(), Vec::new());
     for _ in 0..2 * AROUND {
