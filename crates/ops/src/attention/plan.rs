@@ -104,10 +104,12 @@ enum Plan {
 /// that is a multiple of 16 up to 128, and a positive scale (they keep row maxima in raw score
 /// units).
 fn tensor_cores_fit<R: Runtime>(client: &ComputeClient<R>, p: &Problem<'_, R>) -> bool {
-    caps::has_mma_m16n8k16(client, p.q.dtype())
-        && p.d.is_multiple_of(16)
-        && p.d <= 128
-        && p.scale > 0.0
+    tensor_cores_take(client, p.q.dtype(), p.d) && p.scale > 0.0
+}
+
+/// The dtype and head dim half of [`tensor_cores_fit`].
+fn tensor_cores_take<R: Runtime>(client: &ComputeClient<R>, dtype: DType, d: usize) -> bool {
+    caps::has_mma_m16n8k16(client, dtype) && d.is_multiple_of(16) && d <= 128
 }
 
 fn shared_budget<R: Runtime>(client: &ComputeClient<R>) -> usize {
@@ -187,9 +189,7 @@ pub fn clustered_decode_keys<R: Runtime>(
     head_dim: usize,
 ) -> Option<usize> {
     let fits = caps::has_clusters(client)
-        && caps::has_mma_m16n8k16(client, dtype)
-        && head_dim.is_multiple_of(16)
-        && head_dim <= 128
+        && tensor_cores_take(client, dtype, head_dim)
         && SplitKvMmaBlueprint::new(head_dim, WIDE_TILES, true, true).shared_bytes(dtype.size())
             <= shared_budget(client);
     fits.then_some(CLUSTER_SPLITS * WIDE_TILES.bk)
