@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The A/B of the decode attention planned per rung of cache rows, on the GPU machine from the
 # repository root: .devs/ as `dev/pack_device.sh` leaves it (a build with the rungs) plus
-# .devs/cubellm-old.xz, the CLI of a build without them (`4de672f`). First the CUDA tests the
+# .devs/cubellm-old.xz, the CLI of a build without them (`4de672f`; pack_device.sh empties .devs,
+# so copy it in afterwards: a copy is kept in the git-ignored .devs-keep/ of the working tree
+# where it was built, else build the CLI of `4de672f`). First the CUDA tests the
 # change touches and those whose input-norm reference `1960692` corrected, then bf16
 # `bench-generate` at a 512-token prompt on caches of 704 / 4 096 / 32 768 positions and at a
 # 2 048-token prompt on 2 240 / 32 768, both binaries, a second round of the 4 096 and 32 768
