@@ -119,12 +119,12 @@ impl<R: Runtime> SlotCache<R> {
         for (from, to) in cache.layers().iter().zip(&self.layers) {
             let s = to.k.shape();
             let (hkv, d) = (s[2], s[3]);
-            let prefix = |t: &DeviceTensor<R>| t.view(&[len, hkv, d], &[hkv * d, d, 1]);
             let flat = |t: &DeviceTensor<R>| t.reshape(&[self.slots * self.max_len, hkv, d]);
+            let from = from.first_rows(len)?;
             kv_cache_write_into(
                 client,
-                &prefix(&from.k)?,
-                &prefix(&from.v)?,
+                &from.k,
+                &from.v,
                 &flat(&to.k)?,
                 &flat(&to.v)?,
                 KvLen::Host(slot * self.max_len),

@@ -29,6 +29,21 @@ pub struct LayerCache<R: Runtime> {
     pub v: DeviceTensor<R>,
 }
 
+impl<R: Runtime> LayerCache<R> {
+    /// The first `rows` positions of keys and values `[max_len, Hkv, D]`: views of the same
+    /// buffers (errors past `max_len`).
+    pub fn first_rows(&self, rows: usize) -> Result<Self> {
+        let prefix = |t: &DeviceTensor<R>| {
+            let s = t.shape();
+            t.view(&[rows, s[1], s[2]], &[s[1] * s[2], s[2], 1])
+        };
+        Ok(Self {
+            k: prefix(&self.k)?,
+            v: prefix(&self.v)?,
+        })
+    }
+}
+
 impl<R: Runtime> std::fmt::Debug for LayerCache<R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -154,17 +169,7 @@ impl<R: Runtime> KvCache<R> {
                 ),
             ));
         }
-        let (hkv, d) = (self.num_kv_heads, self.head_dim);
-        let view = |t: &DeviceTensor<R>| t.view(&[rows, hkv, d], &[hkv * d, d, 1]);
-        self.layers
-            .iter()
-            .map(|l| {
-                Ok(LayerCache {
-                    k: view(&l.k)?,
-                    v: view(&l.v)?,
-                })
-            })
-            .collect()
+        self.layers.iter().map(|l| l.first_rows(rows)).collect()
     }
 
     pub fn layer(&self, i: usize) -> &LayerCache<R> {

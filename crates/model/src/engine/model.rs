@@ -372,19 +372,16 @@ impl<R: Runtime> Model<R> {
         self.decode_step_reading(cache, step, &step.token, None)
     }
 
-    /// [`Self::decode_step`] on the token the step before chose: reads the id from
-    /// `step.next_token` (the previous step's argmax, never copied to the host first) and
-    /// overwrites it with this step's argmax. Greedy decoding then runs one step ahead of the
-    /// host: the host queues the read of a step's choice, then this step, and only then waits
-    /// for the choice (the read sees the id from before this step: stream order).
-    pub fn decode_step_on_argmax(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
-        self.decode_step_reading(cache, step, &step.next_token, None)
-    }
-
     /// [`Self::decode_step`] on the id in `token`, with the attention planned for the cache's
     /// first `rows` rows where given (views of the same buffers; errors unless the step's keys
     /// fit them): where those rows take a faster launch than the whole cache
     /// ([`ops::attention::clustered_decode_keys`]), a step with a short context runs it.
+    ///
+    /// With `token` = `step.next_token` the step runs on the id the step before chose (its
+    /// argmax, never copied to the host first) and overwrites it with its own. Greedy decoding
+    /// then runs one step ahead of the host: the host queues the read of a step's choice, then
+    /// this step, and only then waits for the choice (the read sees the id from before this
+    /// step: stream order).
     pub(crate) fn decode_step_reading(
         &self,
         cache: &KvCache<R>,

@@ -310,20 +310,31 @@ impl<R: Runtime> Session<R> {
         })
     }
 
-    /// Runs the decode step whose inputs were just written: eagerly, by capturing it, or by
-    /// replaying the capture.
-    fn run_step(&mut self) -> Result<()> {
+    /// The graph a decode step of `plan` ([`Self::plan_slot`]) runs with: the step fed by the
+    /// previous step's argmax (`on_argmax`) or by the token written to `step.token`.
+    fn step_graph(&self, on_argmax: bool, (_, slot): (Option<usize>, usize)) -> &StepGraph<R> {
+        if on_argmax {
+            &self.ahead_graph[slot]
+        } else {
+            &self.graph[slot]
+        }
+    }
+
+    /// Runs the decode step whose inputs were just written, planned as `plan`
+    /// ([`Self::plan_slot`]), on the previous step's argmax (`on_argmax`: `step.next_token`) or
+    /// on `step.token`: eagerly, by capturing it, or by replaying the capture.
+    fn run_step(&mut self, on_argmax: bool, (rows, slot): (Option<usize>, usize)) -> Result<()> {
         let c = self.model.client().clone();
-        let (rows, slot) = self.plan_slot();
         let (model, cache, step) = (&self.model, &self.cache, &self.step);
+        let (graph, token) = if on_argmax {
+            (&mut self.ahead_graph[slot], &step.next_token)
+        } else {
+            (&mut self.graph[slot], &step.token)
+        };
         // SAFETY: the graph reads and writes only buffers owned by this session (weights, cache,
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
-        unsafe {
-            self.graph[slot].run(&c, || {
-                model.decode_step_reading(cache, step, &step.token, rows)
-            })
-        }
+        unsafe { graph.run(&c, || model.decode_step_reading(cache, step, token, rows)) }
     }
 
     /// Writes a draw's parameters (when they changed) and uniform `u`, and brings the
@@ -495,10 +506,11 @@ impl<R: Runtime> CausalLm for Session<R> {
             ));
         }
         // The step that captures keeps every other session's device work out of the window.
-        let _device = device_lock::for_step(self.graph[self.plan_slot().1].capturing());
+        let plan = self.plan_slot();
+        let _device = device_lock::for_step(self.step_graph(false, plan).capturing());
         self.cache.begin_append(self.model.client(), 1)?;
         self.step.write_token(self.model.client(), token)?;
-        self.run_step()?;
+        self.run_step(false, plan)?;
         self.cache.commit_step()?;
         self.current = Current::Decode;
         self.last_decoded = Some(token);
@@ -510,19 +522,10 @@ impl<R: Runtime> CausalLm for Session<R> {
             return Ok(None);
         }
         let c = self.model.client().clone();
-        let (rows, slot) = self.plan_slot();
-        let _device = device_lock::for_step(self.ahead_graph[slot].capturing());
+        let plan = self.plan_slot();
+        let _device = device_lock::for_step(self.step_graph(true, plan).capturing());
         // The id is read before the step, which overwrites it: the previous step's choice.
-        self.launch_ahead(&c, true, |s| {
-            let (model, cache, step) = (&s.model, &s.cache, &s.step);
-            // SAFETY: as in `run_step`: the graph touches only this session's buffers, on the one
-            // client's stream.
-            unsafe {
-                s.ahead_graph[slot].run(&c, || {
-                    model.decode_step_reading(cache, step, &step.next_token, rows)
-                })
-            }
-        })
+        self.launch_ahead(&c, true, |s| s.run_step(true, plan))
     }
 
     fn decode_sample_ahead(
@@ -537,7 +540,8 @@ impl<R: Runtime> CausalLm for Session<R> {
         let c = self.model.client().clone();
         let row = params.row_params();
         let plan = plan_index(SamplingPlan::for_params(&[row]));
-        let capturing = self.graph[self.plan_slot().1].capturing()
+        let step_plan = self.plan_slot();
+        let capturing = self.step_graph(false, step_plan).capturing()
             || self
                 .sampler
                 .as_ref()
@@ -547,7 +551,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         let sampler = self.sampler.as_mut().expect("allocated above");
         sampler.draw_after_step(&c, &self.step, plan, true)?;
         // The step runs on the draw, which it does not overwrite.
-        self.launch_ahead(&c, false, Self::run_step)
+        self.launch_ahead(&c, false, |s| s.run_step(false, step_plan))
     }
 
     fn argmax(&mut self) -> Result<u32> {
