@@ -11,6 +11,10 @@
 //! cubes) the GEMM quantizes x itself instead: every cube computes the row scales and stages the
 //! codes in shared memory with the pre-pass's own function (the same bytes), which saves a
 //! launch per projection for `N / 8` redundant passes over a few KB.
+//!
+//! With [`KernelChoice::FloatActivations`] a decode-sized product on CUDA skips the codes: the
+//! 8-bit weights multiply the float activation on f16 tensor cores
+//! ([`crate::gemm8::float_x`]), the input norm and the epilogue fused as in the bf16 GEMV.
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
@@ -19,11 +23,12 @@ use ops::matmul::{Activation, InputNorm};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
-use crate::gemm8::{Gemm8, KernelChoice, XSource};
+use crate::gemm8::{float_x, Gemm8, KernelChoice, XSource};
 use crate::host::quantize_weight_8bit;
 use crate::layout::{
     check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
 };
+use crate::w4a16_nk::NkEpilogue;
 
 /// `out[M, N] = (A · Bᵀ) · sa · sb (+ bias)` for 8-bit matrices `a[M, K]` and `b[N, K]` of the
 /// same format (int8 or fp8 e4m3) in the padded layout of [`crate::layout`]. `sa` is `[M]` or a
@@ -206,6 +211,8 @@ impl<R: Runtime> Weight8<R> {
         };
         let (w, ws, choice) = (&self.q, &self.scales, self.choice);
         let (bias, residual) = (epilogue.bias, epilogue.residual);
+        let fp8 = self.format == QuantFormat::Fp8E4M3;
+        let float_x = self.runs_float_x(client, x.dtype(), rows, k, workspace);
         let call = |bias, residual, out, gate| Call {
             x,
             qweight: w,
@@ -218,15 +225,15 @@ impl<R: Runtime> Weight8<R> {
             gate,
             norm,
             may_allocate: workspace.is_none(),
+            float_x,
         };
         if epilogue.activation.is_none() {
             return linear8_into(client, call(bias, residual, out, None));
         }
-        let fp8 = self.format == QuantFormat::Fp8E4M3;
-        if choice == KernelChoice::Auto
+        if choice != KernelChoice::Portable
             && bias.is_none()
             && residual.is_none()
-            && Gemm8::<R>::can_gate(client, fp8, rows)
+            && (float_x || Gemm8::<R>::can_gate(client, fp8, rows))
         {
             // Decode: SiLU(gate) * up in the skinny kernel's epilogue.
             return linear8_into(client, call(None, None, out, epilogue.activation));
@@ -244,9 +251,26 @@ impl<R: Runtime> Weight8<R> {
                 gate: None,
                 norm,
                 may_allocate: workspace.is_none(),
+                float_x,
             };
             linear8_into(client, call)
         })
+    }
+
+    /// Whether a product of `rows` rows of `dtype` runs on the float-activation decode kernel:
+    /// asked for ([`KernelChoice::FloatActivations`]), not row-invariant, and runnable here.
+    fn runs_float_x(
+        &self,
+        client: &ComputeClient<R>,
+        dtype: DType,
+        rows: usize,
+        k: usize,
+        workspace: Option<&LinearWorkspace<R>>,
+    ) -> bool {
+        let fp8 = self.format == QuantFormat::Fp8E4M3;
+        self.choice == KernelChoice::FloatActivations
+            && !workspace.is_some_and(LinearWorkspace::is_rows_invariant)
+            && float_x::can_run(client, dtype, fp8, rows, k)
     }
 
     /// [`Self::run`] on `rms_norm(x)`: inside the fused decode kernel where it runs, else the
@@ -262,9 +286,11 @@ impl<R: Runtime> Weight8<R> {
         let fp8 = self.format == QuantFormat::Fp8E4M3;
         let x = input.x;
         let (rows, k, n) = (x.rows(), x.last_dim(), self.q.shape()[0]);
-        if self.choice == KernelChoice::Auto
-            && Gemm8::<R>::decode_source(client, fp8, rows, k, n).is_some()
-        {
+        let decode_kernel = match self.choice {
+            KernelChoice::Portable => false,
+            _ => Gemm8::<R>::decode_source(client, fp8, rows, k, n).is_some(),
+        };
+        if decode_kernel || self.runs_float_x(client, x.dtype(), rows, k, workspace) {
             return self.run(client, x, Some(input.norm), epilogue, out, workspace);
         }
         let normed = input.unfused(client)?;
@@ -287,6 +313,8 @@ struct Call<'a, R: Runtime> {
     norm: Option<InputNorm<'a, R>>,
     /// The call may allocate (no workspace was given): see [`Gemm8::may_allocate`].
     may_allocate: bool,
+    /// Run on the float-activation decode kernel (the caller checked that it can).
+    float_x: bool,
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
@@ -305,6 +333,7 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         gate,
         norm,
         may_allocate,
+        float_x,
     } = call;
     let format = match qweight.dtype() {
         DType::I8 => QuantFormat::Int8,
@@ -389,18 +418,32 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         may_allocate,
     };
     let source = match choice {
-        KernelChoice::Auto => Gemm8::<R>::decode_source(client, fp8, rows, k, n),
         KernelChoice::Portable => None,
+        _ => Gemm8::<R>::decode_source(client, fp8, rows, k, n),
     };
+    // Per-channel weight scales (a single scale goes the codes path).
+    let float_x = float_x && w_scale.numel() == n;
     if let Some(nm) = norm {
         ops::norm::check_eps(OP, nm.eps)?;
         ops::norm::check_weight(OP, x, nm.weight)?;
-        if source.is_none() {
+        if source.is_none() && !float_x {
             return Err(OpsError::invalid(
                 OP,
                 "an input norm is applied only at decode sizes by the tensor-core kernel",
             ));
         }
+    }
+    if float_x {
+        let epilogue = NkEpilogue {
+            bias,
+            residual: residual.as_ref(),
+            gate,
+            norm,
+        };
+        float_x::gemv_float_x(
+            client, &x2, qweight, w_pitch, w_scale, fp8, epilogue, &out2, rows, k, width,
+        );
+        return Ok(());
     }
     match source {
         // Decode: the GEMM quantizes the activation itself (one launch instead of two; the
@@ -462,6 +505,7 @@ pub fn w8a8_linear_into<R: Runtime>(
         gate: None,
         norm: None,
         may_allocate: false,
+        float_x: false,
     };
     linear8_into(client, call)
 }

@@ -40,6 +40,7 @@ use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
 
 mod shape;
+pub(crate) use shape::tile_warps;
 use shape::LaunchShape;
 
 /// K per step: a quad's four lanes x 32.
@@ -49,14 +50,14 @@ const STEP_K: usize = 128;
 /// its hidden size 48 KB. Larger M x K (16 rows of the down projection, 280 KB) is staged in
 /// chunks of whole passes. On an H200 at 16 rows a 28 KB stage (the down projection in 18
 /// chunks of 4 steps, on 4-warp tiles) took 109 µs where the CUDA-core GEMV took 78.
-const STAGE_MAX_BYTES: usize = 64 * 1024;
+pub(crate) const STAGE_MAX_BYTES: usize = 64 * 1024;
 /// Bytes of the warps' partial sums at most: 16 warps of 16 columns x 8 x rows, gated (above 8
 /// rows of x, 8 warps of twice as many).
-const RED_MAX_BYTES: usize = MAX_WARPS * 128 * 2 * 4;
+pub(crate) const RED_MAX_BYTES: usize = MAX_WARPS * 128 * 2 * 4;
 /// Warps per SM the launch aims for (the warps of a tile split its steps).
-const WARPS_PER_SM: usize = 32;
+pub(crate) const WARPS_PER_SM: usize = 32;
 /// Most warps per tile (a cube of 512 units).
-const MAX_WARPS: usize = 16;
+pub(crate) const MAX_WARPS: usize = 16;
 /// 16-byte weight loads a lane issues before the first is used (two rows per step, and two more
 /// when gated). On an H200 at the 1.5B shape, 16 against 8 decoded W4A16 about 1.4% faster
 /// (medians of two runs in one call: 1 048.3 against 1 035.9 tok/s).
@@ -65,14 +66,14 @@ const MAX_LOADS: usize = 16;
 /// columns) then have 96 tiles, fewer than an H100's or H200's 132 SMs; tiles of 8 weight rows
 /// with the next step in the A fragment's rows 8..16 (and x's two steps in B's columns 0 and 1)
 /// gave every SM work there but decoded no faster on an H200 (1 063 against 1 071 tok/s).
-const TILE_N: usize = 16;
+pub(crate) const TILE_N: usize = 16;
 /// Fewest warps per cube: tiles of fewer warps share a cube, which stages x (and reduces its
 /// norm) once for all of them. Measured with tiles of 8 columns at the 1.5B model's gate-up
 /// projection (1 120 tiles of 4 warps): cubes of 8 warps (two tiles) decoded W4A16 3.4% faster
 /// than cubes of 4 on an H200 (1 040 against 1 006 tok/s, medians of 2 and 6 runs), cubes of
 /// 16 warps 3% slower. With 16-column tiles that projection has 560 tiles of 8 warps, one per
 /// cube.
-const MIN_CUBE_WARPS: usize = 8;
+pub(crate) const MIN_CUBE_WARPS: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct MmaPlan {

@@ -31,6 +31,7 @@
 //! `tiled.rs`, `skinny.rs`), and here the validated operands and the dispatch.
 
 mod epilogue;
+pub(crate) mod float_x;
 mod mma;
 mod portable;
 mod skinny;
@@ -57,6 +58,14 @@ pub enum KernelChoice {
     Auto,
     /// The portable SIMT kernel on every runtime (CUDA included).
     Portable,
+    /// As [`Self::Auto`], except at decode sizes (M <= 16) where the float activation is
+    /// bf16 or f16 on CUDA with the f16 `mma` (sm_89+ for e4m3 weights) and fits the kernel's
+    /// shared memory: there the 8-bit weights multiply x itself on f16 tensor cores, without
+    /// quantizing it (no pre-pass, no quantize pass in the product; x rounded to f16 instead
+    /// of to 8 bits per row, so the results differ from [`Self::Auto`]'s in the last bits).
+    /// Not used by a layer whose workspace asks for row invariance (the kernel's launch shape
+    /// changes with M).
+    FloatActivations,
 }
 
 /// Validated operands of one 8-bit GEMM.
@@ -95,6 +104,26 @@ impl<R: Runtime> Gemm8<'_, R> {
     pub(crate) fn can_gate(client: &ComputeClient<R>, fp8: bool, rows: usize) -> bool {
         has_mma8(client, fp8) && rows <= SKINNY_MAX_M
     }
+}
+
+/// Whether [`KernelChoice::FloatActivations`] runs its own kernel here for `rows` rows of a
+/// `dtype` activation over `k` features against `format` weights (per-channel scales, a layer
+/// whose workspace does not ask for row invariance); where it does not, that choice runs as
+/// [`KernelChoice::Auto`].
+pub fn runs_float_activations<R: Runtime>(
+    client: &ComputeClient<R>,
+    format: crate::QuantFormat,
+    dtype: DType,
+    rows: usize,
+    k: usize,
+) -> bool {
+    float_x::can_run(
+        client,
+        dtype,
+        format == crate::QuantFormat::Fp8E4M3,
+        rows,
+        k,
+    )
 }
 
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
@@ -181,7 +210,7 @@ impl<R: Runtime> Gemm8<'_, R> {
     /// Launches on validated operands.
     pub(crate) fn launch(&self, client: &ComputeClient<R>, choice: KernelChoice) {
         debug_assert!(self.gate.is_none() || Self::can_gate(client, self.fp8, self.m));
-        let tc = choice == KernelChoice::Auto && has_mma8(client, self.fp8);
+        let tc = choice != KernelChoice::Portable && has_mma8(client, self.fp8);
         if tc && self.m <= SKINNY_MAX_M {
             self.launch_skinny(client, None);
         } else if tc {

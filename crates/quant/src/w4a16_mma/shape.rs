@@ -19,25 +19,43 @@ pub(super) struct LaunchShape {
     pub chunk_steps: usize,
 }
 
+/// Warps per tile and steps per pass of a tensor-core decode GEMV whose tiles are 16 weight rows
+/// (two per lane) with x staged whole: for `m` rows of x, `steps` steps and `tiles` tiles on
+/// `sms` SMs, a lane issuing at most `max_loads` 16-byte weight loads per pass. Shared by the
+/// int4 GEMV and the 8-bit one on the float activation (`crate::gemm8::float_x`).
+pub(crate) fn tile_warps(
+    m: usize,
+    steps: usize,
+    tiles: usize,
+    sms: usize,
+    gated: bool,
+    max_loads: usize,
+) -> (usize, usize) {
+    // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
+    // within RED_MAX_BYTES.
+    let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
+    // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, but a power of
+    // two no larger than the steps, so that every warp has a step (12 steps had taken 16 warps,
+    // 4 of them holding registers and joining the barriers for nothing: with 8, the 1.5B
+    // model's qkv and o projections decoded W4A16 1.4% faster on an H200, 1 209.2 against
+    // 1 192.8 tok/s, medians of two rounds in one call; 4 warps of 3 steps gave 1 202.3).
+    let whole_steps = 1 << steps.max(1).ilog2();
+    let warps = (WARPS_PER_SM * sms)
+        .div_ceil(tiles)
+        .next_power_of_two()
+        .min(whole_steps)
+        .clamp(1, max_warps);
+    let halves = if gated { 2 } else { 1 };
+    (
+        warps,
+        steps.div_ceil(warps).clamp(1, max_loads / (2 * halves)),
+    )
+}
+
 impl LaunchShape {
     pub fn new(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -> Self {
-        // Above 8 rows a warp's partial sums are twice as many: half as many warps keep them
-        // within RED_MAX_BYTES.
-        let max_warps = if m > 8 { MAX_WARPS / 2 } else { MAX_WARPS };
-        // Warps per tile: enough for about WARPS_PER_SM warps per SM over the grid, but a power
-        // of two no larger than the steps, so that every warp has a step (12 steps had taken 16
-        // warps, 4 of them holding registers and joining the barriers for nothing: with 8, the
-        // 1.5B model's qkv and o projections decoded W4A16 1.4% faster on an H200, 1 209.2
-        // against 1 192.8 tok/s, medians of two rounds in one call; 4 warps of 3 steps gave
-        // 1 202.3); tiles per cube up to MIN_CUBE_WARPS warps.
-        let whole_steps = 1 << steps.max(1).ilog2();
-        let mut warps = (WARPS_PER_SM * sms)
-            .div_ceil(tiles)
-            .next_power_of_two()
-            .min(whole_steps)
-            .clamp(1, max_warps);
-        let halves = if gated { 2 } else { 1 };
-        let mut batch = steps.div_ceil(warps).clamp(1, MAX_LOADS / (2 * halves));
+        // Tiles per cube up to MIN_CUBE_WARPS warps.
+        let (mut warps, mut batch) = tile_warps(m, steps, tiles, sms, gated, MAX_LOADS);
         // Steps of x that fit the stage: all of K (one chunk, the pass count as it comes), or
         // chunks of whole passes, with fewer warps and loads per pass if one pass would not fit.
         let fit = STAGE_MAX_BYTES / (m.max(1) * STEP_K * 2);

@@ -3,6 +3,7 @@
 //! (`testkit`).
 
 mod gemm8;
+mod linear8_float_x;
 mod linear8_fused;
 mod rowquant;
 mod w4a16;

@@ -1,0 +1,243 @@
+//! The 8-bit layers' float-activation decode path (`KernelChoice::FloatActivations`). Where it
+//! runs (CUDA, bf16 / f16, M <= 16): the dequantized weight times the float activation, with no
+//! activation quantization, against the f64 reference, for the plain product with bias and
+//! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
+//! of the 16-column tiles, K not a multiple of the 64-k steps, M = 1, 3, 9 (two MMAs of x rows)
+//! and 16). Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
+//! workspace): the same bits as `KernelChoice::Auto`.
+
+use cubecl::prelude::*;
+use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
+use ops::matmul::{Activation, InputNorm};
+use ops::DType;
+use quant::format::QuantFormat;
+use quant::gemm8::runs_float_activations;
+use quant::host::quantize_weight_8bit;
+use quant::reference as qref;
+use quant::{Fp8Linear, KernelChoice, W8A8Linear};
+use testkit::*;
+
+use crate::gated_reference;
+
+const FORMATS: [QuantFormat; 2] = [QuantFormat::Int8, QuantFormat::Fp8E4M3];
+const EPS: f32 = 1e-6;
+
+fn layer8<R: Runtime>(
+    client: &ComputeClient<R>,
+    fmt: QuantFormat,
+    w: &[f32],
+    shape: [usize; 2],
+    dtype: DType,
+    choice: KernelChoice,
+) -> Box<dyn Linear<R>> {
+    match fmt {
+        QuantFormat::Int8 => Box::new(
+            W8A8Linear::from_dense(client, w, shape, dtype)
+                .unwrap()
+                .with_kernel(choice),
+        ),
+        QuantFormat::Fp8E4M3 => Box::new(
+            Fp8Linear::from_dense(client, w, shape, dtype)
+                .unwrap()
+                .with_kernel(choice),
+        ),
+    }
+}
+
+/// (M, N, K); on CUDA also the 1.5B model's qkv, o and down shapes at one row, and down at 4
+/// rows, whose x does not fit the kernel's shared memory (the codes path runs).
+fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
+    let mut s = vec![(1, 40, 96), (3, 33, 208), (9, 24, 160), (16, 50, 1536)];
+    if ops::caps::runtime_name(client) == "cuda" {
+        s.extend([
+            (1, 2048, 1536),
+            (1, 1536, 1536),
+            (1, 1536, 8960),
+            (4, 1536, 8960),
+        ]);
+    }
+    s
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Variant {
+    /// Bias and residual in the epilogue.
+    Plain,
+    /// `SiLU(gate) * up` of a `[2N, K]` weight.
+    Gated,
+    /// The input RMSNorm, then the plain product.
+    Normed,
+    /// The input RMSNorm, then the gated product (the model's gate-up).
+    NormedGated,
+}
+
+impl Variant {
+    fn gated(self) -> bool {
+        matches!(self, Variant::Gated | Variant::NormedGated)
+    }
+
+    fn normed(self) -> bool {
+        matches!(self, Variant::Normed | Variant::NormedGated)
+    }
+}
+
+/// Runs `layer` on x (normalized first by `g` when the variant asks) into a fresh output.
+#[allow(clippy::too_many_arguments)]
+fn run<R: Runtime>(
+    client: &ComputeClient<R>,
+    layer: &dyn Linear<R>,
+    variant: Variant,
+    x: &ops::DeviceTensor<R>,
+    g: &ops::DeviceTensor<R>,
+    bias: &ops::DeviceTensor<R>,
+    residual: &ops::DeviceTensor<R>,
+    ws: &LinearWorkspace<R>,
+    out_shape: [usize; 2],
+) -> Vec<f64> {
+    let dtype = x.dtype();
+    let out = poisoned(client, &out_shape, dtype);
+    let epilogue = if variant.gated() {
+        Epilogue::NONE.gated(Activation::Silu)
+    } else {
+        Epilogue::NONE.bias(Some(bias)).residual(residual)
+    };
+    if variant.normed() {
+        let normed = poisoned(client, x.shape(), dtype);
+        let input = NormedInput {
+            x,
+            norm: InputNorm {
+                weight: g,
+                eps: EPS,
+            },
+            normed: &normed,
+        };
+        layer
+            .forward_normed_into(client, input, epilogue, &out, Some(ws))
+            .unwrap();
+    } else {
+        layer
+            .forward_into(client, x, epilogue, &out, Some(ws))
+            .unwrap();
+    }
+    out.to_f64_vec(client).unwrap()
+}
+
+fn float_x_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(91);
+    let variants = [
+        Variant::Plain,
+        Variant::Gated,
+        Variant::Normed,
+        Variant::NormedGated,
+    ];
+    for fmt in FORMATS {
+        for dtype in float_dtypes(client) {
+            for (m, n, k) in shapes(client) {
+                for variant in variants {
+                    let rows = if variant.gated() { 2 * n } else { n };
+                    let x = rows_of_rising_scale(&mut rng, m, k);
+                    let (xt, xh) = upload(client, &x, &[m, k], dtype);
+                    let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+                    let (bias, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+                    let (res, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+                    let w = random(&mut rng, rows * k, 0.5);
+                    let ws = LinearWorkspace::new(client, m, k, rows, dtype);
+                    let what = format!("{fmt:?} {variant:?} {dtype} {m}x{n}x{k}");
+                    let float = layer8(
+                        client,
+                        fmt,
+                        &w,
+                        [rows, k],
+                        dtype,
+                        KernelChoice::FloatActivations,
+                    );
+                    let got = run(client, &*float, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                    if !runs_float_activations(client, fmt, dtype, m, k) {
+                        let auto = layer8(client, fmt, &w, [rows, k], dtype, KernelChoice::Auto);
+                        let want = run(client, &*auto, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                        assert_bits(&what, &got, &want);
+                        continue;
+                    }
+                    let h = if variant.normed() {
+                        normalized(&xh, &gh, m, k)
+                    } else {
+                        xh.clone()
+                    };
+                    let wd = quantize_weight_8bit(&w, rows, k, fmt).unwrap().dequantize();
+                    let product = qref::linear(&h, &wd, None, m, rows, k);
+                    let want = if variant.gated() {
+                        let p: Vec<f32> = product.iter().map(|&v| v as f32).collect();
+                        gated_reference(&round_to(&p, dtype), m, rows)
+                    } else {
+                        (0..m * n).map(|e| product[e] + bh[e % n] + rh[e]).collect()
+                    };
+                    let tol = if variant.gated() { 2.0 } else { 1.0 } * tolerance(dtype);
+                    assert_close(&what, &got, &want, tol);
+                }
+            }
+        }
+    }
+}
+
+/// `x · rstd · g` per row in f64 (the kernel rounds `x · g`, scaled by a power of two, to f16
+/// once, and applies `rstd` to the sums).
+fn normalized(x: &[f64], g: &[f64], m: usize, k: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(m * k);
+    for row in x.chunks(k) {
+        let rstd = ops::reference::norm::inv_rms(row, EPS as f64);
+        out.extend(row.iter().zip(g).map(|(v, w)| v * rstd * w));
+    }
+    out
+}
+
+fn assert_bits(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: element {i} got {} want {} (the codes path's)",
+            got[i], want[i]
+        );
+    }
+}
+
+/// A row-invariant workspace (continuous batching) keeps the codes path: the float kernel's
+/// launch shape changes with M.
+fn rows_invariant_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(92);
+    let (m, n, k) = (1, 40, 96);
+    for fmt in FORMATS {
+        for dtype in float_dtypes(client) {
+            let (xt, _) = upload(client, &random(&mut rng, m * k, 1.0), &[m, k], dtype);
+            let (g, _) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
+            let (bias, _) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
+            let (res, _) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
+            let w = random(&mut rng, n * k, 0.5);
+            let ws = LinearWorkspace::new(client, m, k, n, dtype).rows_invariant(true);
+            let float = layer8(
+                client,
+                fmt,
+                &w,
+                [n, k],
+                dtype,
+                KernelChoice::FloatActivations,
+            );
+            let auto = layer8(client, fmt, &w, [n, k], dtype, KernelChoice::Auto);
+            for variant in [Variant::Plain, Variant::Normed] {
+                let what = format!("{fmt:?} {variant:?} {dtype} rows-invariant");
+                let got = run(client, &*float, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                let want = run(client, &*auto, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                assert_bits(&what, &got, &want);
+            }
+        }
+    }
+}
+
+#[test]
+fn float_activations_match_reference() {
+    on_each_runtime!(float_x_case);
+}
+
+#[test]
+fn float_activations_keep_codes_when_rows_invariant() {
+    on_each_runtime!(rows_invariant_case);
+}
