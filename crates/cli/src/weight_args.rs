@@ -1,7 +1,7 @@
 //! The weight-format flags shared by `generate` and `bench-generate`.
 
 use clap::Args;
-use model::{Compression, Int4Group, LoadReport, QuantMode};
+use model::{Compression, Decode8, Int4Group, LoadReport, QuantMode};
 
 #[derive(Args, Debug, Clone)]
 pub struct WeightArgs {
@@ -27,6 +27,12 @@ pub struct WeightArgs {
     /// Quantize the LM head too (with --quant).
     #[arg(long)]
     pub quant_lm_head: bool,
+    /// How --quant w8a8 and fp8 multiply at decode on CUDA: `codes` quantizes the activation
+    /// per row and multiplies 8-bit codes (as prefill does); `float` multiplies the 8-bit
+    /// weights with the activation itself on f16 tensor cores (no quantize pass; x rounded to
+    /// f16, so the text may differ a little from `codes`).
+    #[arg(long, value_parser = ["codes", "float"], default_value = "codes")]
+    pub quant_decode: String,
 }
 
 impl WeightArgs {
@@ -50,11 +56,19 @@ impl WeightArgs {
         if self.quant_group != "auto" && !matches!(mode, Some(QuantMode::W4A16 { .. })) {
             anyhow::bail!("--quant-group applies to --quant w4a16 only");
         }
+        let decode = match self.quant_decode.as_str() {
+            "float" => Decode8::Float,
+            _ => Decode8::Codes,
+        };
+        if decode != Decode8::Codes && !matches!(mode, Some(QuantMode::W8A8 | QuantMode::Fp8)) {
+            anyhow::bail!("--quant-decode applies to --quant w8a8 and fp8 only");
+        }
         Ok(match (self.sparsify, mode) {
             (Some(sparsity), _) => Compression::Sparsify { sparsity },
             (None, Some(mode)) => Compression::Quant {
                 mode,
                 lm_head: self.quant_lm_head,
+                decode,
             },
             (None, None) => Compression::None,
         })
@@ -71,13 +85,22 @@ pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<Stri
                 sparsity * 100.0
             )
         }
-        Compression::Quant { mode, lm_head } => format!(
-            "linear layers quantized to {}{}",
+        Compression::Quant {
+            mode,
+            lm_head,
+            decode,
+        } => format!(
+            "linear layers quantized to {}{}{}",
             mode.name(),
             if lm_head {
                 ", LM head too"
             } else {
                 ", LM head in float"
+            },
+            if decode == Decode8::Float {
+                ", decode on the float activation"
+            } else {
+                ""
             }
         ),
     };

@@ -35,7 +35,7 @@ pub mod weights;
 pub use config::{GenerationConfig, ModelConfig};
 pub use engine::batch::{BatchBuffers, BatchLm, BatchSession, SlotCache};
 pub use engine::buffers::{Activations, DecodeBuffers};
-pub use engine::compression::{Compression, Int4Group, QuantMode};
+pub use engine::compression::{Compression, Decode8, Int4Group, QuantMode};
 pub use engine::kv_cache::KvCache;
 pub use engine::load::{choose_dtype, LoadOptions, LoadProgress, LoadReport, DEFAULT_MAX_LEN};
 pub use engine::memory::{DeviceMemory, MemoryPlan};

@@ -42,7 +42,36 @@ pub enum Compression {
     /// Quantize every linear projection (q/k/v, o, gate/up, down; not the embeddings or the
     /// norms) at load, and the LM head too when `lm_head` is set (a tied head gets its own
     /// quantized copy; the embedding table stays float).
-    Quant { mode: QuantMode, lm_head: bool },
+    Quant {
+        mode: QuantMode,
+        lm_head: bool,
+        /// How the 8-bit formats multiply at decode (ignored by W4A16).
+        decode: Decode8,
+    },
+}
+
+/// How the 8-bit formats (W8A8, FP8) multiply at decode sizes (up to 16 rows on CUDA); prefill
+/// always quantizes the activation and runs the 8-bit tensor-core GEMM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Decode8 {
+    /// Quantize the activation per row and multiply 8-bit codes (the arithmetic of prefill).
+    #[default]
+    Codes,
+    /// Multiply the 8-bit weights with the float activation on f16 tensor cores, without
+    /// quantizing it (`quant::KernelChoice::FloatActivations`): no quantize pass before the
+    /// products, x rounded to f16 instead of to 8 bits. Elsewhere (other runtimes, f32) as
+    /// `Codes`.
+    Float,
+}
+
+impl Decode8 {
+    /// The 8-bit layers' kernel choice.
+    fn kernel(self) -> quant::KernelChoice {
+        match self {
+            Self::Codes => quant::KernelChoice::Auto,
+            Self::Float => quant::KernelChoice::FloatActivations,
+        }
+    }
 }
 
 /// The quantized weight formats of [`Compression::Quant`].
@@ -169,19 +198,15 @@ impl Compression {
                     dtype,
                 )?)
             }
-            Self::Quant { mode, .. } => match mode {
-                QuantMode::W8A8 => Box::new(quant::W8A8Linear::from_dense(
-                    client,
-                    &w.data,
-                    [n, k],
-                    dtype,
-                )?),
-                QuantMode::Fp8 => Box::new(quant::Fp8Linear::from_dense(
-                    client,
-                    &w.data,
-                    [n, k],
-                    dtype,
-                )?),
+            Self::Quant { mode, decode, .. } => match mode {
+                QuantMode::W8A8 => Box::new(
+                    quant::W8A8Linear::from_dense(client, &w.data, [n, k], dtype)?
+                        .with_kernel(decode.kernel()),
+                ),
+                QuantMode::Fp8 => Box::new(
+                    quant::Fp8Linear::from_dense(client, &w.data, [n, k], dtype)?
+                        .with_kernel(decode.kernel()),
+                ),
                 QuantMode::W4A16 { group } => Box::new(quant::W4A16Linear::from_dense(
                     client,
                     &w.data,

@@ -2,7 +2,7 @@
 //! fixtures: top-1 agreement and mean KL, and the decode path against the prefill path.
 
 use cubecl::prelude::*;
-use model::{CausalLm, Compression, Int4Group, LoadOptions, Model, QuantMode, Session};
+use model::{CausalLm, Compression, Decode8, Int4Group, LoadOptions, Model, QuantMode, Session};
 use ops::{caps, DType};
 use testkit::on_each_runtime_one_cuda_at_a_time;
 
@@ -96,6 +96,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 Compression::Quant {
                     mode: QuantMode::W8A8,
                     lm_head: false,
+                    decode: Decode8::Codes,
                 },
                 W8A8_MAX_KL,
                 W8A8_MIN_TOP1,
@@ -104,6 +105,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 Compression::Quant {
                     mode: QuantMode::W8A8,
                     lm_head: true,
+                    decode: Decode8::Codes,
                 },
                 W8A8_MAX_KL,
                 W8A8_MIN_TOP1,
@@ -112,6 +114,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                 Compression::Quant {
                     mode: QuantMode::Fp8,
                     lm_head: true,
+                    decode: Decode8::Codes,
                 },
                 FP8_MAX_KL,
                 FP8_MIN_TOP1,
@@ -122,6 +125,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                         group: Int4Group::Auto,
                     },
                     lm_head: true,
+                    decode: Decode8::Codes,
                 },
                 W4A16_MAX_KL,
                 W4A16_MIN_TOP1,
@@ -132,6 +136,7 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
                         group: Int4Group::PerChannel,
                     },
                     lm_head: false,
+                    decode: Decode8::Codes,
                 },
                 W4A16_MAX_KL,
                 W4A16_MIN_TOP1,
@@ -198,4 +203,60 @@ fn compressed_models<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn compressed_models_track_the_float_model() {
     on_each_runtime_one_cuda_at_a_time!(compressed_models);
+}
+
+/// The 8-bit formats decoding on the float activation (`Decode8::Float`: on CUDA in bf16 the
+/// float-activation kernel, elsewhere the codes path) track the float model along its greedy
+/// continuation, teacher-forced: the next-token distributions of the first decode steps within
+/// twice each format's KL bound above (bf16 adds its own rounding to the quantization's).
+fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
+    let dtype = if caps::supports_dtype(client, DType::BF16) {
+        DType::BF16
+    } else {
+        DType::F32
+    };
+    for name in ["qwen2-gqa-untied", "llama-bias-untied"] {
+        let dir = fixture(name);
+        let r = reference(&dir);
+        for (mode, max_kl) in [(QuantMode::W8A8, W8A8_MAX_KL), (QuantMode::Fp8, FP8_MAX_KL)] {
+            let compression = Compression::Quant {
+                mode,
+                lm_head: true,
+                decode: Decode8::Float,
+            };
+            let what = format!(
+                "{name} {compression:?} {dtype} on {}",
+                caps::runtime_name(client)
+            );
+            let opts = LoadOptions {
+                dtype: Some(dtype),
+                max_len: Some(128),
+                compression,
+                ..LoadOptions::default()
+            };
+            let (m, _) = load(client, &dir, &opts).unwrap();
+            let mut session = Session::new(m).unwrap();
+            session.prefill(&r.prompt).unwrap();
+            let steps = 6.min(r.greedy.len() - 1);
+            let (mut got, mut logits) = (Vec::new(), Vec::new());
+            for &t in &r.greedy[..steps] {
+                session.decode(t).unwrap();
+                session.logits(&mut logits).unwrap();
+                got.extend_from_slice(&logits);
+            }
+            let want = &r.greedy_logits[r.vocab..(steps + 1) * r.vocab];
+            assert!(got.iter().all(|v| v.is_finite()), "{what}");
+            let (top1, kl) = agreement_and_kl(&got, want, r.vocab);
+            eprintln!(
+                "{what}: decode top-1 agreement {:.1}%, mean KL {kl:.2e}",
+                top1 * 100.0
+            );
+            assert!(kl <= 2.0 * max_kl, "{what}: mean KL {kl:.3e}");
+        }
+    }
+}
+
+#[test]
+fn float_activation_decode_tracks_the_float_model() {
+    on_each_runtime_one_cuda_at_a_time!(float_decode);
 }
