@@ -9,8 +9,10 @@
 #
 # CLI is a cubellm binary, MODEL_DIR a checkpoint (`scripts/make_hf_fixtures.py --big` builds the
 # 1.5B shape). MODES ("none w8a8 fp8 w4a16"; a format with `+head`, e.g. `w4a16+head`, also
-# quantizes the LM head: --quant-lm-head), NEW_TOKENS (128) and RUNS (3) set the runs; the
-# prompt is CONTEXT tokens, so the last decode step attends over CONTEXT + NEW_TOKENS - 1 keys.
+# quantizes the LM head: --quant-lm-head; with `+float`, e.g. `w8a8+float`, the 8-bit formats
+# decode on the float activation: --quant-decode float), NEW_TOKENS (128) and RUNS (3) set the
+# runs; the prompt is CONTEXT tokens, so the last decode step attends over CONTEXT + NEW_TOKENS
+# - 1 keys.
 set -euo pipefail
 cli=$1 model=$2 record=$3
 shift 3
@@ -28,8 +30,10 @@ for ctx in $contexts; do
   echo "peer, context $ctx: $(cat "$peer")" >&2
   for mode in $modes; do
     q=()
-    [ "$mode" != none ] && q=(--quant "${mode%+head}")
-    [ "${mode%+head}" != "$mode" ] && q+=(--quant-lm-head)
+    base=${mode%%+*}
+    [ "$base" != none ] && q=(--quant "$base")
+    case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
+    case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
     "$cli" --runtime cuda bench-generate --model "$model" --prompt-len "$ctx" \
       --new-tokens "$new" --runs "$runs" "${q[@]}" --peer "$peer" --record "$record"
   done

@@ -1,7 +1,8 @@
 //! Cases for `quant`: the W8A8 linear (activation quantization pre-pass + int8 GEMM + dequant
 //! epilogue, as the model runs it) at the prefill GEMM shapes (M = 512 and 4096, K = N = 4096)
 //! and at the 1.5B model's decode shapes (M = 1 and 16), W4A16 at the same shapes, and the e4m3
-//! GEMM on pre-quantized operands (what `torch._scaled_mm` times). Names match
+//! GEMM on pre-quantized operands (what `torch._scaled_mm` times); the 8-bit decode shapes also
+//! on the float-activation kernel (`... float`, no activation quantization). Names match
 //! `scripts/bench_torch.py`'s peers; the decode cases compare with this run's own bf16 GEMVs
 //! (`matmul` family, `gemv <name> 1x<k>x<n>`).
 //!
@@ -80,6 +81,14 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 KernelChoice::Auto,
             );
         }
+        // The float-activation decode kernel (no activation quantization) beside it.
+        w8a8(
+            format!("w8a8 {name} 1x{k}x{n} float"),
+            1,
+            k,
+            n,
+            KernelChoice::FloatActivations,
+        );
     }
     // e4m3 x e4m3 on operands quantized beforehand (the layer's weight, a quantized activation).
     for (m, choice, suffix) in [
@@ -130,15 +139,22 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             w4a16(format!("w4a16 {name} {m}x{k}x{n}"), m, k, n);
         }
     }
-    // The FP8 layer at decode (activation quantization included).
-    for (name, k, n) in MODEL_SHAPES {
+    // The FP8 layer at decode (activation quantization included), and on the float activation.
+    for ((name, k, n), (choice, suffix)) in MODEL_SHAPES.into_iter().flat_map(|s| {
+        [
+            (KernelChoice::Auto, ""),
+            (KernelChoice::FloatActivations, " float"),
+        ]
+        .map(|c| (s, c))
+    }) {
         let layer = Fp8Linear::from_dense(client, &pseudo_random(n * k, 5), [n, k], dtype)
-            .expect("bench weight");
+            .expect("bench weight")
+            .with_kernel(choice);
         let x = DeviceTensor::from_f32(client, &pseudo_random(k, 6), &[1, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[1, n], dtype);
         let ws = LinearWorkspace::new(client, 1, k, n, dtype);
         out.push(Case {
-            name: format!("fp8 {name} 1x{k}x{n}"),
+            name: format!("fp8 {name} 1x{k}x{n}{suffix}"),
             dtype,
             bytes: e * (k + n) as f64 + (n * k + 4 * n) as f64,
             flops: 2.0 * (n * k) as f64,
