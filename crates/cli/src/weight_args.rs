@@ -98,7 +98,7 @@ pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<Stri
                 ", LM head in float"
             },
             if decode == Decode8::Float {
-                ", decode on the float activation"
+                ", --quant-decode float"
             } else {
                 ""
             }

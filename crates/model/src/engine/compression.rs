@@ -143,6 +143,39 @@ impl Compression {
         }
     }
 
+    /// A note for the user when the 8-bit formats were asked to decode on the float activation
+    /// where that kernel does not run (one decode row of the hidden size, in `dtype`): they
+    /// then decode on quantized activations.
+    pub(crate) fn decode_notice<R: Runtime>(
+        &self,
+        client: &ComputeClient<R>,
+        dtype: DType,
+        hidden: usize,
+    ) -> Option<String> {
+        let Self::Quant {
+            mode,
+            decode: Decode8::Float,
+            ..
+        } = *self
+        else {
+            return None;
+        };
+        let format = match mode {
+            QuantMode::W8A8 => quant::QuantFormat::Int8,
+            QuantMode::Fp8 => quant::QuantFormat::Fp8E4M3,
+            QuantMode::W4A16 { .. } => return None,
+        };
+        (!quant::gemm8::runs_float_activations(client, format, dtype, 1, hidden)).then(|| {
+            format!(
+                "note: decoding {} on the float activation needs CUDA with the f16 tensor cores \
+                 (sm_89+ for fp8) and bf16 or f16 activations ({dtype} on {} here): it decodes \
+                 on quantized activations",
+                mode.name(),
+                ops::caps::runtime_name(client)
+            )
+        })
+    }
+
     /// Device bytes of a `numel`-element projection of a slot this compression applies to (the
     /// packed weights; scales and indices add a few percent).
     pub(crate) fn stored_bytes(&self, numel: u64, dtype: DType) -> u64 {

@@ -324,6 +324,9 @@ impl<R: Runtime> Model<R> {
         }
         let compression = options.compression;
         compression.check()?;
+        if let Some(note) = compression.decode_notice(client, dtype, config.hidden_size) {
+            notices.push(note);
+        }
         let (weights, largest_weight) = planned_weight_bytes(&plan, dtype, compression);
         let device = DeviceMemory {
             // On wgpu CubeCL's page size is the storage-buffer binding limit, a hard limit on

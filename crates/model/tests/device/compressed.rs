@@ -234,7 +234,19 @@ fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
                 compression,
                 ..LoadOptions::default()
             };
-            let (m, _) = load(client, &dir, &opts).unwrap();
+            let (m, report) = load(client, &dir, &opts).unwrap();
+            // Where the kernel does not run, the load says so.
+            let format = match mode {
+                QuantMode::Fp8 => quant::QuantFormat::Fp8E4M3,
+                _ => quant::QuantFormat::Int8,
+            };
+            let hidden = m.config().hidden_size;
+            let runs = quant::gemm8::runs_float_activations(client, format, dtype, 1, hidden);
+            let noted = report
+                .notices
+                .iter()
+                .any(|n| n.contains("float activation"));
+            assert_eq!(noted, !runs, "{what}: notices {:?}", report.notices);
             let mut session = Session::new(m).unwrap();
             session.prefill(&r.prompt).unwrap();
             let steps = 6.min(r.greedy.len() - 1);
