@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The 8-bit formats decoding on the float activation (`--quant-decode float`, the kernel of
 # crates/quant/src/gemm8/float_x.rs) and the decode attention planned per rung of cache rows, on
-# the GPU machine from the repository root, in two calls of under 10 minutes:
-#   PART=a bash dev/decode8_device_run.sh   the CUDA tests of both changes (and of the corrected
-#                                           input-norm references), the quant kernel table at one
-#                                           row (codes beside float), then bench-generate W8A8
-#                                           and FP8 with --quant-decode codes and float, two
-#                                           rounds, at a 512-token prompt
-#   PART=b bash dev/decode8_device_run.sh   the rungs A/B (bf16, the CLI of `4de672f` in
-#                                           .devs/cubellm-old.xz against this build, prompts of
-#                                           512 and 2 048 tokens on several cache sizes)
-# .devs/ as `dev/pack_device.sh` leaves it; for part b also .devs/cubellm-old.xz (pack_device.sh
-# empties .devs, so copy it in afterwards: a copy is kept in the git-ignored .devs-keep/ of the
-# working tree where it was built, else build the CLI of `4de672f`). Results under $OUT/r
-# (r.tgz). The recorded end-to-end run follows with scripts/bench_e2e.sh, MODES chosen from
-# these A/Bs.
+# the GPU machine from the repository root, in three calls of under 10 minutes (back to back, so
+# that the machine and its /tmp/big checkpoint stay warm):
+#   PART=tests bash dev/decode8_device_run.sh  the CUDA tests of both changes (and of the
+#                                              corrected input-norm references)
+#   PART=ab    bash dev/decode8_device_run.sh  the quant kernel table at one row (codes beside
+#                                              float), then bench-generate W8A8 and FP8 with
+#                                              --quant-decode codes and float, two rounds, and
+#                                              W8A8 float with the LM head in int8, at a
+#                                              512-token prompt
+#   PART=rungs bash dev/decode8_device_run.sh  the rungs A/B (bf16, the CLI of `4de672f` in
+#                                              .devs/cubellm-old.xz against this build, prompts
+#                                              of 512 and 2 048 tokens on several cache sizes)
+# .devs/ as `dev/pack_device.sh` leaves it; for the rungs also .devs/cubellm-old.xz
+# (pack_device.sh empties .devs, so copy it in afterwards: a copy is kept in the git-ignored
+# .devs-keep/ of the working tree where it was built, else build the CLI of `4de672f`). Results
+# under $OUT/r (r.tgz). The recorded end-to-end run follows with scripts/bench_e2e.sh, MODES
+# chosen from these A/Bs (e.g. `w8a8+float`).
 set -u
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
@@ -31,23 +34,26 @@ bg() { # label binary prompt max_len [flags...]
     --new-tokens 128 --runs 2 --max-len $ml "$@" > $R/bg_$label.out 2>&1
   echo "$label: $(grep -h 'decode' $R/bg_$label.out | tail -1)"
 }
-case ${PART:-a} in
-a)
-  timeout 150 .devs/quant-test --test-threads=8 linear8_float_x linear8_fused rowquant tensor_core \
+case ${PART:-tests} in
+tests)
+  timeout 240 .devs/quant-test --test-threads=8 linear8_float_x linear8_fused \
     > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
   timeout 60 .devs/ops-test --test-threads=8 normed > $R/ops-test.log 2>&1; echo "rc=$?" >> $R/ops-test.log
-  (cd crates/model && timeout 150 ../../.devs/model-test --test-threads=4 float_activation \
+  (cd crates/model && timeout 200 ../../.devs/model-test --test-threads=4 float_activation \
     across_the_first compressed --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
   grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -30
   grep -h "decode top-1" $R/model-test.log | head -10
-  timeout 120 $C --runtime cuda bench --family quant --filter " 1x" > $R/bench_quant.jsonl 2> $R/bench_quant.err
-  python3 - $R/bench_quant.jsonl <<'EOF'
+  wait $MP; tail -2 $R/setup.log
+  ;;
+ab)
+  timeout 150 $C --runtime cuda bench --family quant --filter " 1x" > $R/bench_quant.jsonl 2> $R/bench_quant.err
+  python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     try: r = json.loads(line)
     except Exception: continue
-    print(f"{r['case']:44s} {r['us']:8.2f} us {r['gbps']:7.1f} GB/s")
-EOF
+    print("%-44s %8.2f us %7.1f GB/s" % (r["case"], r["us"], r["gbps"]))
+' $R/bench_quant.jsonl
   wait $MP; tail -2 $R/setup.log
   for round in 1 2; do
     for q in w8a8 fp8; do
@@ -55,8 +61,9 @@ EOF
       bg r${round}_${q}_float cubellm 512 704 --quant $q --quant-decode float
     done
   done
+  bg r1_w8a8_head_float cubellm 512 704 --quant w8a8 --quant-lm-head --quant-decode float
   ;;
-b)
+rungs)
   wait $MP; tail -2 $R/setup.log
   for bin in cubellm-old cubellm; do
     for ml in 704 4096 32768; do bg r1_${bin}_p512_$ml $bin 512 $ml; done

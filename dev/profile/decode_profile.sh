@@ -5,6 +5,9 @@
 #
 #   dev/profile/decode_profile.sh CLI MODEL_DIR OUT_DIR [modes...]     (modes: none w8a8 fp8 w4a16)
 #
+# A mode with `+float` (w8a8+float, fp8+float) decodes on the float activation
+# (--quant-decode float), one with `+head` quantizes the LM head too (--quant-lm-head).
+#
 # CLI is a cubellm binary (or the `cli` binary of builds before commit 533fe89: same flags); libkernel_trace.so is looked for
 # beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
 # NEW_TOKENS (64) set the run; the cache holds PROMPT_LEN + NEW_TOKENS + 64 positions.
@@ -20,7 +23,10 @@ mkdir -p "$out"
 args=(--runtime cuda bench-generate --model "$model" --prompt-len "${PROMPT_LEN:-512}"
       --new-tokens "${NEW_TOKENS:-64}" --runs 1)
 for mode in $modes; do
-  q=(); [ "$mode" != none ] && q=(--quant "$mode")
+  q=(); base=${mode%%+*}
+  [ "$base" != none ] && q=(--quant "$base")
+  case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
+  case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
   CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
     KERNEL_TRACE_COPIES="$out/copies_$mode.csv" \
     "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"
