@@ -69,6 +69,14 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
 
+    if args.model.weights.quant_decode == "float" {
+        eprintln!(
+            "note: the server decodes its sequences in batches whose products give each row \
+             the result it gets alone, which the float-activation kernel does not: \
+             --quant-decode float does not apply here (the 8-bit layers decode on quantized \
+             activations)"
+        );
+    }
     let tokenizer = files.tokenizer.clone();
     let generation = files.generation.clone();
     let (client, model_args, max_batch) = (client.clone(), args.model.clone(), args.max_batch);
