@@ -9,8 +9,8 @@
 //! (int8: the byte with its sign bit flipped placed under an f16 exponent by one PRMT,
 //! `1024 + 128 + w`, then one packed FMA takes 1152 off a pair; e4m3: one
 //! `cvt.rn.f16x2.e4m3x2` per pair, sm_89+), and `mma.sync.m16n8k16` multiplies them with x in
-//! f16. Four instructions per four weights, no quantize pass, no pre-pass launch: the layer has
-//! the launches of the bf16 and W4A16 layers.
+//! f16. Five instructions per four int8 weights (two per four e4m3), no quantize pass, no
+//! pre-pass launch: the layer has the launches of the bf16 and W4A16 layers.
 //!
 //! x in f16, without overflow: a row of `x · g` (the input norm's weight) may exceed f16's
 //! range where bf16 would not. Each cube first reduces the row's largest magnitude (and, with
