@@ -367,19 +367,23 @@ fn float_x_kernel<F: Float, NX: Size>(
                         let lo = wr[i].extract(word);
                         let hi = wr[i + 1].extract(word);
                         // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and a3.
-                        let a0 = code_pair(lo, 0u32, comptime![plan.fp8]);
-                        let a1 = code_pair(hi, 0u32, comptime![plan.fp8]);
-                        let a2 = code_pair(lo, 1u32, comptime![plan.fp8]);
-                        let a3 = code_pair(hi, 1u32, comptime![plan.fp8]);
+                        // Held in a vector: an asm output used directly as another asm's input
+                        // stays a mutable variable, which the C++ backend passes by address
+                        // (ptxas: "Arguments mismatch for instruction 'mma'").
+                        let mut a = Vector::<u32, Const<4>>::new(0u32);
+                        a.insert(0usize, code_pair(lo, 0u32, comptime![plan.fp8]));
+                        a.insert(1usize, code_pair(hi, 0u32, comptime![plan.fp8]));
+                        a.insert(2usize, code_pair(lo, 1u32, comptime![plan.fp8]));
+                        a.insert(3usize, code_pair(hi, 1u32, comptime![plan.fp8]));
                         #[unroll]
                         for xh in 0..x_halves {
                             let di = (half * x_halves + xh) * 2 + comptime![ww % 2];
                             let staged = xv[2 * xh + comptime![ww / 2]];
                             d[di] = mma_m16n8k16(
-                                a0,
-                                a1,
-                                a2,
-                                a3,
+                                a.extract(0usize),
+                                a.extract(1usize),
+                                a.extract(2usize),
+                                a.extract(3usize),
                                 staged.extract(comptime![2 * (ww % 2)]),
                                 staged.extract(comptime![2 * (ww % 2) + 1]),
                                 d[di],
