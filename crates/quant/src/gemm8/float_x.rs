@@ -472,6 +472,55 @@ fn launch_shape(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -
     [warps, (MIN_CUBE_WARPS / warps).max(1), batch]
 }
 
+/// What a launch is for: `m` rows of x over `k` features into `n` output columns, the weight's
+/// format, the epilogue and the input norm.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    m: usize,
+    k: usize,
+    n: usize,
+    fp8: bool,
+    epilogue: EpilogueBlueprint,
+    norm: bool,
+}
+
+/// What the launch takes of the device: its SM count and programmatic dependent launch
+/// (`ops::caps::has_pdl`, `has_launch_dependents`).
+#[derive(Clone, Copy, Debug)]
+struct Device {
+    sms: usize,
+    pdl: bool,
+    trigger: bool,
+}
+
+/// The kernel's comptime plan, units per cube and cube count for `shape` on `device`, with the
+/// cube reduction `reduce` gives for a cube of that many units.
+fn launch_plan(
+    shape: Shape,
+    device: Device,
+    reduce: impl FnOnce(u32) -> ReducePlan,
+) -> (FloatXPlan, u32, u32) {
+    let steps = shape.k.div_ceil(STEP_K);
+    let tiles = shape.n.div_ceil(TILE_N);
+    let gated = shape.epilogue.is_gated();
+    let [warps, per_cube, batch] = launch_shape(shape.m, steps, tiles, device.sms, gated);
+    let units = (32 * warps * per_cube) as u32;
+    let plan = FloatXPlan {
+        m: shape.m as u32,
+        warps: warps as u32,
+        tiles: per_cube as u32,
+        batch: batch as u32,
+        row_words: (steps * STEP_K / 8) as u32,
+        fp8: shape.fp8,
+        epilogue: shape.epilogue,
+        norm: shape.norm,
+        reduce: reduce(units),
+        early_wait: device.pdl,
+        trigger: device.trigger,
+    };
+    (plan, units, tiles.div_ceil(per_cube) as u32)
+}
+
 /// The GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous bf16/f16, `w` an
 /// 8-bit `[N, K]` padded matrix (`[2N, K]`: gate rows then up rows when gated) of row pitch
 /// `pitch` bytes with per-row scales `w_scale`, `out[M, N]`.
@@ -490,28 +539,23 @@ pub(crate) fn gemv_float_x<R: Runtime>(
     n: usize,
 ) {
     debug_assert!(can_run(client, x.dtype(), fp8, m, k));
-    let steps = k.div_ceil(STEP_K);
-    let tiles = n.div_ceil(TILE_N);
     let gated = epilogue.gate.is_some();
-    let [warps, per_cube, batch] =
-        launch_shape(m, steps, tiles, caps::num_sms(client) as usize, gated);
-    let units = (32 * warps * per_cube) as u32;
-    let plan = FloatXPlan {
-        m: m as u32,
-        warps: warps as u32,
-        tiles: per_cube as u32,
-        batch: batch as u32,
-        row_words: (steps * STEP_K / 8) as u32,
+    let device = Device {
+        sms: caps::num_sms(client) as usize,
+        pdl: caps::has_pdl(client),
+        trigger: caps::has_launch_dependents(client),
+    };
+    let shape = Shape {
+        m,
+        k,
+        n,
         fp8,
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.is_some(),
-        reduce: ReducePlan::new(client, units),
-        early_wait: caps::has_pdl(client),
-        trigger: caps::has_launch_dependents(client),
     };
+    let (plan, units, cubes) = launch_plan(shape, device, |units| ReducePlan::new(client, units));
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let up_offset = if gated { n } else { 0 };
-    let cubes = tiles.div_ceil(per_cube) as u32;
     // SAFETY: the operands were validated by the caller against M, N and K (the padded weight
     // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated), and
     // `can_run` bounds the shared memory.
@@ -541,6 +585,9 @@ pub(crate) fn gemv_float_x<R: Runtime>(
         );
     }
 }
+
+#[cfg(test)]
+mod cuda_source;
 
 #[cfg(test)]
 mod tests {
