@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Compiles CUDA C++ sources as the CUDA runtime does on the device (NVRTC, then ptxas) on a
+machine without a GPU, and prints each kernel's registers, spills and shared memory.
+
+    python3 dev/cuda_compile/check.py DIR [--arch sm_90a]
+
+DIR holds `.cu` files, e.g. those the quant crate's `cuda_sources_build_for_sm90` test writes
+with CUBELLM_CUDA_SOURCE_DIR=DIR. NVRTC, ptxas and the CUDA headers come from PyPI's
+`nvidia-cuda-nvrtc-cu12`, `nvidia-cuda-nvcc-cu12` and `nvidia-cuda-runtime-cu12` (see
+`dev/cuda_compile/README.md`). Exits 1 if any source fails to compile or assemble.
+"""
+import argparse
+import ctypes
+import glob
+import os
+import re
+import subprocess
+import sys
+
+
+def toolkit():
+    import nvidia  # the namespace package of the nvidia-cuda-* wheels
+
+    root = list(nvidia.__path__)[0]
+    nvrtc = glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*"))
+    ptxas = os.path.join(root, "cuda_nvcc", "bin", "ptxas")
+    include = os.path.join(root, "cuda_runtime", "include")
+    if not nvrtc or not os.path.exists(ptxas) or not os.path.isdir(include):
+        sys.exit(f"the CUDA compiler packages are incomplete under {root}")
+    return ctypes.CDLL(sorted(nvrtc)[0]), ptxas, include
+
+
+def nvrtc_ptx(lib, source, name, arch, include):
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None, None):
+        return None, "nvrtcCreateProgram failed"
+    opts = [f"--gpu-architecture={arch}", f"--include-path={include}", "-lineinfo"]
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    if rc:
+        return None, log.value.decode(errors="replace")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value, None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--arch", default="sm_90a")
+    args = ap.parse_args()
+    lib, ptxas, include = toolkit()
+    sources = sorted(glob.glob(os.path.join(args.dir, "*.cu")))
+    if not sources:
+        sys.exit(f"no .cu files in {args.dir}")
+    failed = 0
+    for path in sources:
+        name = os.path.basename(path)
+        ptx, err = nvrtc_ptx(lib, open(path, "rb").read(), name, args.arch, include)
+        if err is None:
+            ptx_path = path[:-3] + ".ptx"
+            open(ptx_path, "wb").write(ptx)
+            r = subprocess.run([ptxas, f"-arch={args.arch}", "-v", ptx_path, "-o", os.devnull],
+                               capture_output=True, text=True)
+            err = None if r.returncode == 0 else (r.stdout + r.stderr)
+            info = r.stdout + r.stderr
+        if err is not None:
+            failed += 1
+            print(f"{name}: FAILED\n{err[:3000]}")
+            continue
+        regs = re.search(r"Used (\d+) registers", info)
+        spill = re.search(r"(\d+) bytes spill stores", info)
+        smem = re.search(r"(\d+) bytes smem", info)
+        print(f"{name:44s} ok  {regs.group(1) if regs else '?':>4} registers, "
+              f"{spill.group(1) if spill else '?'} B spilled, "
+              f"{smem.group(1) if smem else '0'} B static shared")
+    print(f"{len(sources) - failed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
