@@ -40,8 +40,10 @@ use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
 
 mod shape;
-pub(crate) use shape::tile_warps;
 use shape::LaunchShape;
+pub(crate) use shape::{tile_warps, SmDevice};
+#[cfg(test)]
+mod cuda_source;
 
 /// K per step: a quad's four lanes x 32.
 const STEP_K: usize = 128;
@@ -650,6 +652,50 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     }
 }
 
+/// The kernel's plan for `[m, k, n]` (f16 activations, else bf16) on `device`, the cube
+/// reduction `reduce` gives for that many units; with the units per cube, the cube count and the
+/// tile groups.
+fn launch_plan(
+    [m, k, n]: [usize; 3],
+    f16: bool,
+    epilogue: EpilogueBlueprint,
+    norm: bool,
+    device: SmDevice,
+    reduce: impl FnOnce(u32) -> ReducePlan,
+) -> (MmaPlan, u32, u32, usize) {
+    let steps = k.div_ceil(STEP_K);
+    let tiles = n.div_ceil(TILE_N);
+    let sms = device.sms;
+    let shape = LaunchShape::new(m, steps, tiles, sms, epilogue.is_gated());
+    let units = (32 * shape.warps * shape.per_cube) as u32;
+    // Gated tile groups past one wave: cubes for one wave, each walking several groups. (The
+    // int4 LM head, 9 496 tiles in groups of 8, decoded slower that way: W4A16 with it 1 177.3
+    // tok/s against 1 186.3 without it on an H200, where it had been 7.8% faster.)
+    let tile_groups = tiles.div_ceil(shape.per_cube);
+    let resident = resident_cubes(units as usize, m);
+    let wave = sms * resident;
+    // `request_cubes_per_sm` names up to 6 cubes (one cube always fits its launch bounds).
+    let persistent =
+        epilogue.is_gated() && shape.chunks == 1 && tile_groups > wave && resident <= 6;
+    let plan = MmaPlan {
+        m: m as u32,
+        warps: shape.warps as u32,
+        tiles: shape.per_cube as u32,
+        batch: shape.batch as u32,
+        f16,
+        epilogue,
+        norm: norm.then(|| reduce(units)),
+        row_words: (shape.chunk_steps * STEP_K / 8) as u32,
+        chunks: shape.chunks as u32,
+        chunk_passes: shape.chunk_passes as u32,
+        persistent: persistent.then_some(resident as u32),
+        early_wait: device.pdl,
+        trigger: device.trigger,
+    };
+    let cubes = if persistent { wave } else { tile_groups } as u32;
+    (plan, units, cubes, tile_groups)
+}
+
 /// The tensor-core GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous
 /// bf16/f16, `qweight_nk[N, K/8]` (`[2N, K/8]` when gated), `scales_nk[.., K/group]` f32,
 /// `out[M, N]`.
@@ -668,36 +714,15 @@ pub(crate) fn gemv_mma<R: Runtime>(
 ) -> Result<()> {
     debug_assert!(can_run(client, x.dtype(), m, k, group));
     let steps = k.div_ceil(STEP_K);
-    let tiles = n.div_ceil(TILE_N);
-    let sms = caps::num_sms(client) as usize;
-    let shape = LaunchShape::new(m, steps, tiles, sms, epilogue.gate.is_some());
-    let units = (32 * shape.warps * shape.per_cube) as u32;
-    // Gated tile groups past one wave: cubes for one wave, each walking several groups. (The
-    // int4 LM head, 9 496 tiles in groups of 8, decoded slower that way: W4A16 with it 1 177.3
-    // tok/s against 1 186.3 without it on an H200, where it had been 7.8% faster.)
-    let tile_groups = tiles.div_ceil(shape.per_cube);
-    let resident = resident_cubes(units as usize, m);
-    let wave = sms * resident;
-    // `request_cubes_per_sm` names up to 6 cubes (one cube always fits its launch bounds).
-    let persistent =
-        epilogue.gate.is_some() && shape.chunks == 1 && tile_groups > wave && resident <= 6;
-    let plan = MmaPlan {
-        m: m as u32,
-        warps: shape.warps as u32,
-        tiles: shape.per_cube as u32,
-        batch: shape.batch as u32,
-        f16: x.dtype() == DType::F16,
-        epilogue: epilogue.blueprint(),
-        norm: epilogue.norm.map(|_| ReducePlan::new(client, units)),
-        row_words: (shape.chunk_steps * STEP_K / 8) as u32,
-        chunks: shape.chunks as u32,
-        chunk_passes: shape.chunk_passes as u32,
-        persistent: persistent.then_some(resident as u32),
-        early_wait: caps::has_pdl(client),
-        trigger: caps::has_launch_dependents(client),
-    };
+    let (plan, units, cubes, tile_groups) = launch_plan(
+        [m, k, n],
+        x.dtype() == DType::F16,
+        epilogue.blueprint(),
+        epilogue.norm.is_some(),
+        SmDevice::of(client),
+        |units| ReducePlan::new(client, units),
+    );
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
-    let cubes = if persistent { wave } else { tile_groups } as u32;
     let up_offset = if epilogue.gate.is_some() { n } else { 0 };
     let groups = k / group;
     unsafe {

@@ -15,6 +15,7 @@ use rand::{Rng, SeedableRng};
 pub use runtime::{self, Backend};
 use std::sync::OnceLock;
 
+pub mod cuda_source;
 pub mod fuzz;
 
 /// The runtimes the tests run on (probed once).

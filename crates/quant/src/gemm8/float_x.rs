@@ -41,7 +41,9 @@ use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, pack_pair};
 // The int4 GEMV's tile of 16 output columns, shared-memory budget (x staged whole up to
 // STAGE_MAX_BYTES; 1.5B model: one row of down 17.5 KB, 16 rows of its hidden size 48 KB; larger
 // M x K runs on the codes path) and warps per tile.
-use crate::w4a16_mma::{tile_warps, MIN_CUBE_WARPS, RED_MAX_BYTES, STAGE_MAX_BYTES, TILE_N};
+use crate::w4a16_mma::{
+    tile_warps, SmDevice, MIN_CUBE_WARPS, RED_MAX_BYTES, STAGE_MAX_BYTES, TILE_N,
+};
 use crate::w4a16_nk::NkEpilogue;
 
 /// K per step: a quad's four lanes x 16 codes.
@@ -484,20 +486,11 @@ struct Shape {
     norm: bool,
 }
 
-/// What the launch takes of the device: its SM count and programmatic dependent launch
-/// (`ops::caps::has_pdl`, `has_launch_dependents`).
-#[derive(Clone, Copy, Debug)]
-struct Device {
-    sms: usize,
-    pdl: bool,
-    trigger: bool,
-}
-
 /// The kernel's comptime plan, units per cube and cube count for `shape` on `device`, with the
 /// cube reduction `reduce` gives for a cube of that many units.
 fn launch_plan(
     shape: Shape,
-    device: Device,
+    device: SmDevice,
     reduce: impl FnOnce(u32) -> ReducePlan,
 ) -> (FloatXPlan, u32, u32) {
     let steps = shape.k.div_ceil(STEP_K);
@@ -540,11 +533,7 @@ pub(crate) fn gemv_float_x<R: Runtime>(
 ) {
     debug_assert!(can_run(client, x.dtype(), fp8, m, k));
     let gated = epilogue.gate.is_some();
-    let device = Device {
-        sms: caps::num_sms(client) as usize,
-        pdl: caps::has_pdl(client),
-        trigger: caps::has_launch_dependents(client),
-    };
+    let device = SmDevice::of(client);
     let shape = Shape {
         m,
         k,

@@ -3,6 +3,35 @@
 
 use super::{MAX_LOADS, MAX_WARPS, MIN_CUBE_WARPS, STAGE_MAX_BYTES, STEP_K, WARPS_PER_SM};
 
+/// What a decode GEMV's launch takes of the device: its SM count and programmatic dependent
+/// launch (`ops::caps::has_pdl`, `has_launch_dependents`). Shared with the 8-bit
+/// float-activation GEMV.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SmDevice {
+    pub sms: usize,
+    pub pdl: bool,
+    pub trigger: bool,
+}
+
+impl SmDevice {
+    pub fn of<R: cubecl::prelude::Runtime>(client: &cubecl::prelude::ComputeClient<R>) -> Self {
+        Self {
+            sms: ops::caps::num_sms(client) as usize,
+            pdl: ops::caps::has_pdl(client),
+            trigger: ops::caps::has_launch_dependents(client),
+        }
+    }
+
+    /// An sm_90 device as the CUDA runtime reports an H100 or H200 (for the tests that build
+    /// CUDA sources without one).
+    #[cfg(test)]
+    pub const SM90: Self = Self {
+        sms: 132,
+        pdl: true,
+        trigger: true,
+    };
+}
+
 /// How [`super::gemv_mma`] lays out its launch for `m` rows of x, `steps` 128-k steps and `tiles`
 /// tiles of 16 output columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,56 +1,34 @@
-//! The kernel's CUDA C++ as the CUDA runtime compiles it, built on any machine: CubeCL's
-//! expansion and its C++ backend need no device, so a launch's plan for an sm_90 device (132
-//! SMs, programmatic dependent launch, plane reductions) is expanded with whichever runtime is
-//! at hand and compiled by `cubecl::cuda::CudaCompiler`. Each of the 1.5B model's four
-//! projections in both formats, and a 12-row gated one (two MMAs of x rows), must compile, and
-//! no `mma` may take an operand by address (an asm output fed straight into another asm stays
-//! a mutable variable, which the backend passes as a pointer: ptxas refuses it).
-//!
-//! With `CUBELLM_CUDA_SOURCE_DIR` set, each source is written there as `float_x_<case>.cu`, for
-//! `dev/cuda_compile/check.py` to compile with NVRTC and ptxas as the device would (`.ci/run`
-//! does).
+//! The kernel's CUDA C++ for an sm_90 device (132 SMs, programmatic dependent launch, plane
+//! reductions), built on any machine (`testkit::cuda_source`): each of the 1.5B model's four
+//! projections in both formats, a 12-row gated one (two MMAs of x rows) and an awkward f16 one
+//! must compile, with no `mma` operand passed by address.
 
 use cubecl::prelude::*;
-use cubecl::Compiler;
 use ops::gemm::EpilogueBlueprint;
 use ops::matmul::Activation;
 use ops::reduce::ReducePlan;
 use ops::DType;
+use testkit::cuda_source;
 
-use super::{float_x_kernel, launch_plan, Device, Shape};
+use super::{float_x_kernel, launch_plan, Shape};
+use crate::w4a16_mma::SmDevice;
 
-/// An sm_90 device as the CUDA runtime reports an H100 or H200.
-const SM90: Device = Device {
-    sms: 132,
-    pdl: true,
-    trigger: true,
-};
-
-/// The CUDA C++ of the launch for `shape` on [`SM90`] with `dtype` activations, expanded with
-/// `client`'s runtime.
-fn cuda_source<R: Runtime>(client: &ComputeClient<R>, shape: Shape, dtype: DType) -> String {
-    let (plan, units, _) = launch_plan(shape, SM90, |cube_dim| ReducePlan {
+/// Checks the CUDA C++ of the launch for `shape` on an sm_90 device with `dtype` activations, expanded
+/// with `client`'s runtime (written as `name.cu` where asked).
+fn source<R: Runtime>(client: &ComputeClient<R>, name: &str, shape: Shape, dtype: DType) {
+    let (plan, units, _) = launch_plan(shape, SmDevice::SM90, |cube_dim| ReducePlan {
         cube_dim,
         use_plane: true,
         plane_size_min: 32,
     });
     let elem = dtype.elem_type();
-    let settings = KernelSettings::new(
-        CubeDim::new_1d(units).into(),
-        ExecutionMode::Unchecked,
-        AddressType::U32,
-    );
-    // What the launch macro does before it hands the kernel to the server.
-    let mut launcher = KernelLauncher::<R>::new(settings.clone());
+    let (settings, mut launcher) = cuda_source::launcher(client, units);
     launcher.with_scope(|scope| {
-        scope.device_properties(client.properties());
         scope.register_size::<DynamicSize<float_x_kernel::_NX>>(8usize);
         scope.register_type::<DynamicScalar<float_x_kernel::_F>>(elem);
     });
-    // The buffers only give the arguments their kinds: nothing is launched.
-    // SAFETY: the handles are never bound to a launch.
-    let buffer = || unsafe { BufferArg::<R>::from_raw_parts(client.empty(256), 16) };
     use float_x_kernel::{F, NX};
+    let buffer = || cuda_source::buffer(client);
     let x = <[Vector<F, NX>] as LaunchArg>::register(buffer(), &mut launcher);
     let w = <[Vector<i32, Const<4>>] as LaunchArg>::register(buffer(), &mut launcher);
     let w_scale = <[f32] as LaunchArg>::register(buffer(), &mut launcher);
@@ -86,25 +64,37 @@ fn cuda_source<R: Runtime>(client: &ComputeClient<R>, shape: Shape, dtype: DType
         plan,
         elem,
     );
-    let options = <cubecl::cuda::CudaCompiler as Compiler>::CompilationOptions::default();
-    cubecl::cuda::CudaCompiler::default()
-        .compile(kernel.define(), &options)
-        .unwrap_or_else(|e| panic!("{shape:?}: {e}"))
-        .to_string()
+    cuda_source::check(name, kernel.define());
 }
 
-fn cases() -> Vec<(String, Shape, DType)> {
-    let linear = |bias, residual| EpilogueBlueprint::linear(bias, residual);
+fn case<R: Runtime>(client: &ComputeClient<R>) {
+    let linear = EpilogueBlueprint::linear;
     let gated = EpilogueBlueprint::gated(Activation::Silu);
-    let mut out = Vec::new();
     for fp8 in [false, true] {
         let format = if fp8 { "fp8" } else { "int8" };
-        for (name, m, k, n, epilogue, norm) in [
-            ("qkv", 1, 1536, 2048, linear(true, false), true),
-            ("o", 1, 1536, 1536, linear(false, true), false),
-            ("gate_up", 1, 1536, 8960, gated, true),
-            ("down", 1, 8960, 1536, linear(false, true), false),
-            ("gate_up_12rows", 12, 1536, 8960, gated, true),
+        for (name, m, k, n, epilogue, norm, dtype) in [
+            ("qkv", 1, 1536, 2048, linear(true, false), true, DType::BF16),
+            ("o", 1, 1536, 1536, linear(false, true), false, DType::BF16),
+            ("gate_up", 1, 1536, 8960, gated, true, DType::BF16),
+            (
+                "down",
+                1,
+                8960,
+                1536,
+                linear(false, true),
+                false,
+                DType::BF16,
+            ),
+            ("gate_up_12rows", 12, 1536, 8960, gated, true, DType::BF16),
+            (
+                "awkward_f16",
+                3,
+                208,
+                33,
+                linear(true, true),
+                false,
+                DType::F16,
+            ),
         ] {
             let shape = Shape {
                 m,
@@ -114,33 +104,7 @@ fn cases() -> Vec<(String, Shape, DType)> {
                 epilogue,
                 norm,
             };
-            out.push((format!("{format}_{name}_bf16"), shape, DType::BF16));
-        }
-        let o = Shape {
-            m: 3,
-            k: 208,
-            n: 33,
-            fp8,
-            epilogue: linear(true, true),
-            norm: false,
-        };
-        out.push((format!("{format}_awkward_f16"), o, DType::F16));
-    }
-    out
-}
-
-fn case<R: Runtime>(client: &ComputeClient<R>) {
-    let dir = std::env::var_os("CUBELLM_CUDA_SOURCE_DIR").map(std::path::PathBuf::from);
-    for (name, shape, dtype) in cases() {
-        let source = cuda_source(client, shape, dtype);
-        let mmas: Vec<&str> = source.lines().filter(|l| l.contains("mma.sync")).collect();
-        assert!(!mmas.is_empty(), "{name}: no mma in the source");
-        if let Some(l) = mmas.iter().find(|l| l.contains("\"l\"(")) {
-            panic!("{name}: an mma operand passed by address: {l}");
-        }
-        if let Some(dir) = &dir {
-            std::fs::create_dir_all(dir).unwrap();
-            std::fs::write(dir.join(format!("float_x_{name}.cu")), &source).unwrap();
+            source(client, &format!("float_x_{format}_{name}"), shape, dtype);
         }
     }
 }
