@@ -51,6 +51,9 @@ use crate::gemm::{last_to_finish, write_epilogue, EpilogueBlueprint, SplitNeed, 
 use crate::norm::sum_squares;
 use crate::{DType, OpsError, Result};
 
+#[cfg(test)]
+mod cuda_source;
+
 /// Elements per vector load (16 bytes of f16/bf16).
 const VEC: usize = 8;
 /// Output columns per plane (the `mma`'s N).
