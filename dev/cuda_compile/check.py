@@ -2,12 +2,14 @@
 """Compiles CUDA C++ sources as the CUDA runtime does on the device (NVRTC, then ptxas) on a
 machine without a GPU, and prints each kernel's registers, spills and shared memory.
 
-    python3 dev/cuda_compile/check.py DIR [--arch sm_90a]
+    python3 dev/cuda_compile/check.py DIR [--arch sm_90a] [--sass]
 
 DIR holds `.cu` files, e.g. those the quant crate's `cuda_sources_build_for_sm90` test writes
 with CUBELLM_CUDA_SOURCE_DIR=DIR. NVRTC, ptxas and the CUDA headers come from PyPI's
 `nvidia-cuda-nvrtc-cu12`, `nvidia-cuda-nvcc-cu12` and `nvidia-cuda-runtime-cu12` (see
-`dev/cuda_compile/README.md`). Exits 1 if any source fails to compile or assemble.
+`dev/cuda_compile/README.md`). With --sass (PyPI's `nvidia-cuda-nvdisasm`) each kernel's SASS
+is written beside its source and a count of its instruction classes printed. Exits 1 if any
+source fails to compile or assemble.
 """
 import argparse
 import ctypes
@@ -18,10 +20,33 @@ import subprocess
 import sys
 
 
-def toolkit():
+# SASS opcodes counted with --sass: tensor cores, memory, conversions, barriers.
+SASS_CLASSES = ["HMMA", "IMMA", "LDG", "LDS", "STS", "STG", "SHFL", "BAR", "PRMT", "F2FP", "I2F",
+                "LOP3", "HFMA2", "FFMA"]
+
+
+def nvidia_root():
     import nvidia  # the namespace package of the nvidia-cuda-* wheels
 
-    root = list(nvidia.__path__)[0]
+    return list(nvidia.__path__)[0]
+
+
+def sass_counts(ptxas, cubin_from, arch):
+    root = nvidia_root()
+    nvdisasm = (glob.glob(os.path.join(root, "*", "bin", "nvdisasm")) or [None])[0]
+    if nvdisasm is None:
+        sys.exit("--sass needs nvdisasm (pip install nvidia-cuda-nvdisasm)")
+    cubin = cubin_from[:-4] + ".cubin"
+    subprocess.run([ptxas, f"-arch={arch}", cubin_from, "-o", cubin], check=True)
+    sass = subprocess.run([nvdisasm, "-c", cubin], capture_output=True, text=True).stdout
+    open(cubin_from[:-4] + ".sass", "w").write(sass)
+    ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    counts = {c: sum(1 for o in ops if o == c or o.startswith(c + "_")) for c in SASS_CLASSES}
+    return len(ops), counts
+
+
+def toolkit():
+    root = nvidia_root()
     nvrtc = glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*"))
     ptxas = os.path.join(root, "cuda_nvcc", "bin", "ptxas")
     include = os.path.join(root, "cuda_runtime", "include")
@@ -53,6 +78,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--sass", action="store_true")
     args = ap.parse_args()
     lib, ptxas, include = toolkit()
     sources = sorted(glob.glob(os.path.join(args.dir, "*.cu")))
@@ -79,6 +105,10 @@ def main():
         print(f"{name:44s} ok  {regs.group(1) if regs else '?':>4} registers, "
               f"{spill.group(1) if spill else '?'} B spilled, "
               f"{smem.group(1) if smem else '0'} B static shared")
+        if args.sass:
+            total, counts = sass_counts(ptxas, ptx_path, args.arch)
+            print(f"    {total} instructions: " + ", ".join(
+                f"{c} {n}" for c, n in counts.items() if n))
     print(f"{len(sources) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
