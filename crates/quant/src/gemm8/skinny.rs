@@ -461,6 +461,50 @@ const QUANTIZE_MAX_PITCH: usize = 4 * 4 * 256;
 /// pre-pass launch.
 const QUANTIZE_MAX_ENCODES: usize = 512 * 1024;
 
+/// The skinny kernel's plan for `[m, k, n]` (`n` weight rows, gate then up rows when the
+/// epilogue is gated) with the activation codes from `source` (rows of `a_pitch` bytes) on
+/// `sms` SMs, `early` under programmatic dependent launch, and `rows` the quantization plan for a
+/// cube of that many units; with the units per cube and the cube count.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn skinny_plan(
+    [m, k, n]: [usize; 3],
+    epi: EpiloguePlan,
+    fp8: bool,
+    source: XSource,
+    a_pitch: usize,
+    sms: usize,
+    early: bool,
+    rows: impl FnOnce(u32) -> RowQuantPlan,
+) -> (SkinnyPlan, u32, u32) {
+    let gated = epi.gate.is_some();
+    let shape = SkinnyShape::for_sms(sms, n, k, gated);
+    let (warps, tiles) = (shape.warps, shape.tiles);
+    let units = 32 * warps * tiles;
+    let chunks = k.div_ceil(64);
+    let plan = SkinnyPlan {
+        epi,
+        warps,
+        tiles,
+        batch: chunks.div_ceil(warps as usize).clamp(
+            1,
+            match (gated, fp8) {
+                (true, false) => MAX_GATED_BATCH,
+                (true, true) => MAX_GATED_BATCH_FP8,
+                (false, _) => MAX_BATCH,
+            },
+        ) as u32,
+        paired: m <= 8,
+        x: source,
+        held: match source {
+            XSource::Quantize => (a_pitch / 4).div_ceil(units as usize),
+            _ => 0,
+        } as u32,
+        early,
+        rows: rows(units),
+    };
+    (plan, units, shape.cubes(n, gated) as u32)
+}
+
 impl<R: Runtime> Gemm8<'_, R> {
     /// Where the skinny kernel takes the activation codes of `rows` x `k` from for `n` output
     /// columns, or `None` where it does not run (no 8-bit `mma`, more than 16 rows). In the
@@ -494,9 +538,6 @@ impl<R: Runtime> Gemm8<'_, R> {
     /// contiguous) itself when given (`a` and `sa` are then not read), else reading the codes
     /// `a` and scales `sa`.
     pub(crate) fn launch_skinny(&self, client: &ComputeClient<R>, x: Option<&DeviceTensor<R>>) {
-        let gated = self.gate.is_some();
-        let shape = SkinnyShape::new(client, self.n, self.k, gated);
-        let (warps, tiles) = (shape.warps, shape.tiles);
         let format = if self.fp8 {
             QuantFormat::Fp8E4M3
         } else {
@@ -509,34 +550,24 @@ impl<R: Runtime> Gemm8<'_, R> {
         // Reading codes, `x` is never read: bind the output (CUDA only, where aliasing is
         // allowed).
         let xt = x.unwrap_or(self.out);
-        let mut rows = RowQuantPlan::new(client, xt, format, 32 * warps * tiles);
-        rows.norm = self.norm.is_some();
+        let (plan, units, cubes) = skinny_plan(
+            [self.m, self.k, self.n],
+            self.epilogue_plan(),
+            self.fp8,
+            source,
+            self.a_pitch,
+            caps::num_sms(client) as usize,
+            caps::has_pdl(client),
+            |units| {
+                let mut rows = RowQuantPlan::new(client, xt, format, units);
+                rows.norm = self.norm.is_some();
+                rows
+            },
+        );
         debug_assert!(
-            !rows.norm || x.is_some(),
+            !plan.rows.norm || x.is_some(),
             "the input norm needs the quantizing kernel"
         );
-        let chunks = self.k.div_ceil(64);
-        let plan = SkinnyPlan {
-            epi: self.epilogue_plan(),
-            warps,
-            tiles,
-            batch: chunks.div_ceil(warps as usize).clamp(
-                1,
-                match (gated, self.fp8) {
-                    (true, false) => MAX_GATED_BATCH,
-                    (true, true) => MAX_GATED_BATCH_FP8,
-                    (false, _) => MAX_BATCH,
-                },
-            ) as u32,
-            paired: self.m <= 8,
-            x: source,
-            held: match source {
-                XSource::Quantize => (self.a_pitch / 4).div_ceil((32 * warps * tiles) as usize),
-                _ => 0,
-            } as u32,
-            early: caps::has_pdl(client),
-            rows,
-        };
         // Without a norm its weight is never read: bind x.
         let (norm_w, norm_eps) = match self.norm {
             Some(n) => (n.weight, n.eps),
@@ -545,8 +576,8 @@ impl<R: Runtime> Gemm8<'_, R> {
         unsafe {
             gemm8_skinny_kernel::launch_unchecked::<R>(
                 client,
-                ops::launch::cube_count_1d(client, shape.cubes(self.n, gated) as u32),
-                CubeDim::new_1d(32 * warps * tiles),
+                ops::launch::cube_count_1d(client, cubes),
+                CubeDim::new_1d(units),
                 plan.rows.vector,
                 self.vec_arg(self.a),
                 xt.as_buffer_arg(),
@@ -562,6 +593,9 @@ impl<R: Runtime> Gemm8<'_, R> {
         }
     }
 }
+
+#[cfg(test)]
+mod cuda_source;
 
 #[cfg(test)]
 mod tests {
