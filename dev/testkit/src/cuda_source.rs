@@ -30,6 +30,26 @@ pub fn launcher<R: Runtime>(
     (settings, launcher)
 }
 
+/// The cube reduction of an sm_90 device (plane operations, 32-lane planes) for `cube_dim`
+/// units.
+pub fn sm90_reduce(cube_dim: u32) -> ops::reduce::ReducePlan {
+    ops::reduce::ReducePlan {
+        cube_dim,
+        use_plane: true,
+        plane_size_min: 32,
+    }
+}
+
+/// Runs `case::<R>(&client)` on the first runtime present: a kernel's CUDA source does not
+/// depend on the runtime that expands it.
+#[macro_export]
+macro_rules! on_first_runtime {
+    ($case:ident) => {{
+        let backend = $crate::backends()[0];
+        $crate::runtime::with_runtime!(backend, |client: R| $case::<R>(&client));
+    }};
+}
+
 /// A small buffer argument: registering a buffer only gives an argument its kind.
 pub fn buffer<R: Runtime>(client: &ComputeClient<R>) -> BufferArg<R> {
     // SAFETY: the argument is registered to define a kernel, never bound to a launch.

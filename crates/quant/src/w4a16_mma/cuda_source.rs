@@ -6,7 +6,6 @@
 use cubecl::prelude::*;
 use ops::gemm::EpilogueBlueprint;
 use ops::matmul::Activation;
-use ops::reduce::ReducePlan;
 use testkit::cuda_source;
 
 use super::{launch_plan, w4a16_mma_kernel, SmDevice};
@@ -21,13 +20,9 @@ fn source<R: Runtime>(
     epilogue: EpilogueBlueprint,
     norm: bool,
 ) {
-    let (plan, units, _, _) = launch_plan(mkn, f16, epilogue, norm, SmDevice::SM90, |cube_dim| {
-        ReducePlan {
-            cube_dim,
-            use_plane: true,
-            plane_size_min: 32,
-        }
-    });
+    let device = SmDevice::SM90;
+    let (plan, units, _, _) =
+        launch_plan(mkn, f16, epilogue, norm, device, cuda_source::sm90_reduce);
     let elem = if f16 {
         ops::DType::F16
     } else {
@@ -113,7 +108,5 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn cuda_sources_build_for_sm90() {
-    // One runtime is enough: the source does not depend on the one that expands it.
-    let backend = testkit::backends()[0];
-    testkit::runtime::with_runtime!(backend, |client: R| case::<R>(&client));
+    testkit::on_first_runtime!(case);
 }

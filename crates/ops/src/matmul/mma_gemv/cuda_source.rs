@@ -109,7 +109,5 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn cuda_sources_build_for_sm90() {
-    // One runtime is enough: the source does not depend on the one that expands it.
-    let backend = testkit::backends()[0];
-    testkit::runtime::with_runtime!(backend, |client: R| case::<R>(&client));
+    testkit::on_first_runtime!(case);
 }

@@ -6,7 +6,6 @@
 use cubecl::prelude::*;
 use ops::gemm::EpilogueBlueprint;
 use ops::matmul::Activation;
-use ops::reduce::ReducePlan;
 use ops::DType;
 use testkit::cuda_source;
 
@@ -16,11 +15,7 @@ use crate::w4a16_mma::SmDevice;
 /// Checks the CUDA C++ of the launch for `shape` on an sm_90 device with `dtype` activations, expanded
 /// with `client`'s runtime (written as `name.cu` where asked).
 fn source<R: Runtime>(client: &ComputeClient<R>, name: &str, shape: Shape, dtype: DType) {
-    let (plan, units, _) = launch_plan(shape, SmDevice::SM90, |cube_dim| ReducePlan {
-        cube_dim,
-        use_plane: true,
-        plane_size_min: 32,
-    });
+    let (plan, units, _) = launch_plan(shape, SmDevice::SM90, cuda_source::sm90_reduce);
     let elem = dtype.elem_type();
     let (settings, mut launcher) = cuda_source::launcher(client, units);
     launcher.with_scope(|scope| {
@@ -111,7 +106,5 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn cuda_sources_build_for_sm90() {
-    // One runtime is enough: the source does not depend on the one that expands it.
-    let backend = testkit::backends()[0];
-    testkit::runtime::with_runtime!(backend, |client: R| case::<R>(&client));
+    testkit::on_first_runtime!(case);
 }

@@ -5,7 +5,6 @@
 
 use cubecl::prelude::*;
 use ops::matmul::Activation;
-use ops::reduce::ReducePlan;
 use ops::DType;
 use testkit::cuda_source;
 
@@ -39,11 +38,7 @@ fn source<R: Runtime>(
     let a_pitch = crate::format::row_pitch(k);
     let (plan, units, _) = skinny_plan(mkn, epi, fp8, source, a_pitch, SM90_SMS, true, |units| {
         RowQuantPlan {
-            reduce: ReducePlan {
-                cube_dim: units,
-                use_plane: true,
-                plane_size_min: 32,
-            },
+            reduce: cuda_source::sm90_reduce(units),
             fp8,
             // bf16 rows in 4-element vectors, as CUDA loads them.
             vector: 4,
@@ -122,7 +117,5 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
 
 #[test]
 fn cuda_sources_build_for_sm90() {
-    // One runtime is enough: the source does not depend on the one that expands it.
-    let backend = testkit::backends()[0];
-    testkit::runtime::with_runtime!(backend, |client: R| case::<R>(&client));
+    testkit::on_first_runtime!(case);
 }
