@@ -14,7 +14,7 @@
 //!
 //! With [`KernelChoice::FloatActivations`] a decode-sized product on CUDA skips the codes: the
 //! 8-bit weights multiply the float activation on f16 tensor cores
-//! ([`crate::gemm8::float_x`]), the input norm and the epilogue fused as in the bf16 GEMV.
+//! (`gemm8/float_x.rs`), the input norm and the epilogue fused as in the bf16 GEMV.
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
