@@ -3,8 +3,9 @@
 # crates/quant/src/gemm8/float_x.rs) and the decode attention planned per rung of cache rows, on
 # the GPU machine from the repository root, in three calls of under 10 minutes (back to back, so
 # that the machine and its /tmp/big checkpoint stay warm):
-#   PART=tests bash dev/decode8_device_run.sh  the CUDA tests of both changes (and of the
-#                                              corrected input-norm references)
+#   PART=tests bash dev/decode8_device_run.sh  the CUDA tests of both changes, of the int4 GEMV
+#                                              (its end shared with the float kernel) and of the
+#                                              corrected input-norm references
 #   PART=ab    bash dev/decode8_device_run.sh  the quant kernel table at one row (codes beside
 #                                              float), then bench-generate W8A8 and FP8 with
 #                                              --quant-decode codes and float, two rounds, and
@@ -36,7 +37,7 @@ bg() { # label binary prompt max_len [flags...]
 }
 case ${PART:-tests} in
 tests)
-  timeout 240 .devs/quant-test --test-threads=8 linear8_float_x linear8_fused \
+  timeout 240 .devs/quant-test --test-threads=8 linear8_float_x linear8_fused w4a16:: \
     > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
   timeout 60 .devs/ops-test --test-threads=8 normed > $R/ops-test.log 2>&1; echo "rc=$?" >> $R/ops-test.log
   (cd crates/model && timeout 200 ../../.devs/model-test --test-threads=4 float_activation \

@@ -31,11 +31,12 @@
 //! whole passes, each multiplied before the next is staged, so any M up to 16 runs here.
 
 use cubecl::prelude::*;
-use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::gemm::EpilogueBlueprint;
 use ops::norm::{cube_inv_rms, row_inv_rms, scale_by_weight, sum_squares};
 use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
+use crate::tile_sums::{stash_tile_sums, write_tile_sums, TileSums};
 use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
 
@@ -150,6 +151,16 @@ impl MmaPlan {
             2
         } else {
             1
+        }
+    }
+    /// How the warps' partial sums are laid out in shared memory.
+    fn tile_sums(&self) -> TileSums {
+        TileSums {
+            warps: self.warps,
+            tiles: self.tiles,
+            halves: self.halves() as u32,
+            x_halves: self.x_halves() as u32,
+            m: self.m,
         }
     }
 }
@@ -360,9 +371,8 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
     let per_pass = warps * batch;
     let passes = steps.div_ceil(per_pass);
     let chunk_passes = comptime![plan.chunk_passes as usize];
-    let mut red = Shared::<[f32]>::new_slice(comptime![
-        (plan.warps * plan.tiles) as usize * TILE_N * 8 * plan.x_halves() * plan.halves()
-    ]);
+    let sums = comptime![plan.tile_sums()];
+    let mut red = Shared::<[f32]>::new_slice(comptime![sums.shared_len()]);
     let mut stage_x = true;
     while group < tile_groups {
         #[unroll]
@@ -560,22 +570,8 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
             gpu_asm!("griddepcontrol.launch_dependents;");
         }
 
-        // The tile's warps summed in warp order; a slot holds a (tile, warp, half)'s outputs, x row
-        // major.
-        let slot_len = comptime![TILE_N * 8 * plan.x_halves()];
-        #[unroll]
-        for half in 0..halves {
-            #[unroll]
-            for xh in 0..x_halves {
-                #[unroll]
-                for e in 0..4usize {
-                    let nr = gid + 8 * (e / 2);
-                    let xr = 8 * xh + 2 * tig + e % 2;
-                    let slot = (tile * warps + warp) * halves + half;
-                    red[slot * slot_len + xr * TILE_N + nr] = acc[4 * (half * x_halves + xh) + e];
-                }
-            }
-        }
+        // The tile's warps summed in warp order.
+        stash_tile_sums(&mut red, &acc, tile, warp, sums);
         // The next group's first pass, into the registers the MMAs and the partial sums are done
         // with: it loads while this group is reduced and written.
         let next = group + CUBE_COUNT;
@@ -600,49 +596,21 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
             }
         }
         sync_cube();
-        for idx in range_stepped(
-            tid,
-            comptime![plan.tiles as usize * TILE_N * 8 * plan.x_halves()],
-            CUBE_DIM as usize,
-        ) {
-            let t = idx / slot_len;
-            let o = idx % slot_len;
-            let r = o / TILE_N;
-            let col = (group * comptime![plan.tiles as usize] + t) * TILE_N + o % TILE_N;
-            let mut total = 0f32;
-            let mut total_up = 0f32;
-            #[unroll]
-            for w in 0..warps {
-                total += red[((t * warps + w) * halves) * slot_len + o];
-                if comptime![plan.epilogue.is_gated()] {
-                    total_up += red[((t * warps + w) * halves + 1) * slot_len + o];
-                }
-            }
-            if comptime![streamed] {
-                let mut inv = 1f32;
-                #[unroll]
-                for m in 0..m_rows {
-                    if r == m {
-                        inv = inv_rms[m];
-                    }
-                }
-                total *= inv;
-                total_up *= inv;
-            }
-            if r < m_rows && col < n {
-                write_epilogue::<F>(
-                    out,
-                    total,
-                    total_up,
-                    r,
-                    col,
-                    n,
-                    bias,
-                    residual,
-                    plan.epilogue,
-                );
-            }
-        }
+        write_tile_sums::<F>(
+            &red,
+            out,
+            bias,
+            residual,
+            &inv_rms,
+            scales,
+            group,
+            n,
+            up_offset,
+            sums,
+            streamed,
+            false,
+            plan.epilogue,
+        );
         if comptime![plan.persistent.is_some()] {
             // Every unit is done reading this group's partial sums before the next group's land.
             sync_cube();

@@ -32,11 +32,12 @@
 //! to f16 (after the norm's weight, before its `1 / rms`), there to 8 bits per row.
 
 use cubecl::prelude::*;
-use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::gemm::EpilogueBlueprint;
 use ops::norm::sum_squares;
 use ops::reduce::{cube_max, cube_sum, ReducePlan};
 use ops::{caps, DType, DeviceTensor};
 
+use crate::tile_sums::{stash_tile_sums, write_tile_sums, TileSums};
 use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, pack_pair};
 // The int4 GEMV's tile of 16 output columns, shared-memory budget (x staged whole up to
 // STAGE_MAX_BYTES; 1.5B model: one row of down 17.5 KB, 16 rows of its hidden size 48 KB; larger
@@ -94,6 +95,16 @@ impl FloatXPlan {
             2
         } else {
             1
+        }
+    }
+    /// How the warps' partial sums are laid out in shared memory.
+    fn tile_sums(&self) -> TileSums {
+        TileSums {
+            warps: self.warps,
+            tiles: self.tiles,
+            halves: self.halves() as u32,
+            x_halves: self.x_halves() as u32,
+            m: self.m,
         }
     }
 }
@@ -401,70 +412,34 @@ fn float_x_kernel<F: Float, NX: Size>(
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
 
-    // The tile's warps summed in warp order; a slot holds a (tile, warp, half)'s outputs, x row
-    // major.
-    let slot_len = comptime![TILE_N * 8 * plan.x_halves()];
-    let mut red = Shared::<[f32]>::new_slice(comptime![
-        (plan.warps * plan.tiles) as usize * TILE_N * 8 * plan.x_halves() * plan.halves()
-    ]);
+    // The two chains' sums, then the tile's warps summed in warp order.
+    let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
     #[unroll]
-    for half in 0..halves {
+    for c in 0..comptime![plan.halves() * plan.x_halves()] {
         #[unroll]
-        for xh in 0..x_halves {
-            let c = (half * x_halves + xh) * 2;
-            #[unroll]
-            for e in 0..4usize {
-                let nr = gid + 8 * (e / 2);
-                let xr = 8 * xh + 2 * tig + e % 2;
-                let slot = (tile * warps + warp) * halves + half;
-                red[slot * slot_len + xr * TILE_N + nr] = d[c].extract(e) + d[c + 1].extract(e);
-            }
+        for e in 0..4usize {
+            acc[4 * c + e] = d[2 * c].extract(e) + d[2 * c + 1].extract(e);
         }
     }
+    let sums = comptime![plan.tile_sums()];
+    let mut red = Shared::<[f32]>::new_slice(comptime![sums.shared_len()]);
+    stash_tile_sums(&mut red, &acc, tile, warp, sums);
     sync_cube();
-    for idx in range_stepped(
-        tid,
-        comptime![plan.tiles as usize * TILE_N * 8 * plan.x_halves()],
-        CUBE_DIM as usize,
-    ) {
-        let t = idx / slot_len;
-        let o = idx % slot_len;
-        let r = o / TILE_N;
-        let col = (CUBE_POS * comptime![plan.tiles as usize] + t) * TILE_N + o % TILE_N;
-        if r < m_rows && col < n {
-            let mut total = 0f32;
-            let mut total_up = 0f32;
-            #[unroll]
-            for wp in 0..warps {
-                total += red[((t * warps + wp) * halves) * slot_len + o];
-                if comptime![plan.epilogue.is_gated()] {
-                    total_up += red[((t * warps + wp) * halves + 1) * slot_len + o];
-                }
-            }
-            let mut f = 1f32;
-            #[unroll]
-            for mm in 0..m_rows {
-                if r == mm {
-                    f = post[mm];
-                }
-            }
-            total *= f * w_scale[col];
-            if comptime![plan.epilogue.is_gated()] {
-                total_up *= f * w_scale[up_offset + col];
-            }
-            write_epilogue::<F>(
-                out,
-                total,
-                total_up,
-                r,
-                col,
-                n,
-                bias,
-                residual,
-                plan.epilogue,
-            );
-        }
-    }
+    write_tile_sums::<F>(
+        &red,
+        out,
+        bias,
+        residual,
+        &post,
+        w_scale,
+        CUBE_POS,
+        n,
+        up_offset,
+        sums,
+        true,
+        true,
+        plan.epilogue,
+    );
 }
 
 /// Warps per tile, tiles per cube and steps per pass for `m` rows, `steps` steps and `tiles`
