@@ -36,6 +36,8 @@ error and the seed are recorded.
 intermediate 8960, vocab 151936, untied, bf16) with random weights on the GPU, for speed tests
 and the 32-token greedy agreement check (never committed: 3.5 GB), and records its greedy
 continuation and last-position logits computed in f32 (from the saved bf16 weights) by transformers.
+`--big-layers N` keeps that shape with N decoder layers (per-layer kernel profiles that load in a
+fraction of the time; end-to-end numbers need all 28).
 """
 import argparse
 import copy
@@ -323,13 +325,14 @@ def make_fixture(name, overrides, tokenizer_dir, out_dir, device):
           f"errors {low_err}, {size / 1e6:.2f} MB, greedy {new.tolist()[:8]}...", flush=True)
 
 
-def make_big(tokenizer_dir, out_dir, device):
-    """The 1.5B shape with random bf16 weights (built on the GPU), plus its greedy reference."""
+def make_big(tokenizer_dir, out_dir, device, layers=28):
+    """The 1.5B shape (with `layers` decoder layers) with random bf16 weights (built on the
+    GPU), plus its greedy reference."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from safetensors.torch import save_file
 
     config = make_config(Qwen2Config, dict(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=layers, num_attention_heads=12,
         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=131072,
         rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, hidden_act="silu",
         use_sliding_window=False, bos_token_id=None, eos_token_id=None,
@@ -372,6 +375,8 @@ def main():
                     help="directory with the demo tokenizer (cubellm make-demo-model --out DIR)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--big", action="store_true", help="build the 1.5B-shaped random model")
+    ap.add_argument("--big-layers", type=int, default=28,
+                    help="decoder layers of the --big model (default 28, the real model's)")
     ap.add_argument("--only", nargs="*", help="fixture names to build (default: all)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -380,7 +385,7 @@ def main():
     torch.backends.cudnn.allow_tf32 = False
     print(f"device {device}, {versions()}", flush=True)
     if args.big:
-        make_big(args.tokenizer, args.out, device)
+        make_big(args.tokenizer, args.out, device, args.big_layers)
         return
     names = args.only or list(FIXTURES)
     failed = []

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The float-activation 8-bit decode with its gated launch walking tile groups (one wave of 3
+# cubes per SM instead of 2.1 waves of 2), on the GPU machine from the repository root, in one
+# call of about 5 minutes: the kernel's CUDA tests for that launch and the model's float-decode
+# test, then CUPTI per-kernel tables of the graph-replayed decode step (dev/profile) for W8A8 and
+# FP8 on the float activation and on codes, bf16 beside them, on the 1.5B shape with 6 decoder
+# layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer times of the 28-layer model
+# at a quarter of its load time). .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r
+# (r.tgz).
+set -u
+R=$OUT/r; mkdir -p $R
+trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
+source dev/device_setup.sh; unpack_devs
+C=.devs/cubellm
+cp .devs/commit.txt $R/; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt
+(timeout 60 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
+ timeout 150 python3 scripts/make_hf_fixtures.py --big --big-layers 6 --tokenizer /tmp/demo \
+   --out /tmp/big6 >> $R/setup.log 2>&1; echo "model rc=$?" >> $R/setup.log) &
+MP=$!
+cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
+gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include \
+  dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
+  > $R/trace-build.log 2>&1
+export CUBELLM_TEST_RUNTIMES=cuda
+timeout 90 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups gated_launches \
+  > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
+(cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 float_activation \
+  --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
+grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -20
+wait $MP; tail -2 $R/setup.log
+for mode in ${MODES:-w8a8+float w8a8 fp8+float none fp8}; do
+  TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
+    $R/prof "$mode" >> $R/profile.out 2>&1
+  echo "== $mode"; grep -h "^per layer\|^step" "$R/prof/table_$mode.md" 2>/dev/null
+done
+rm -f $R/prof/copies_*.csv; gzip -f $R/prof/trace_*.csv 2>/dev/null
