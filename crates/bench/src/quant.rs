@@ -7,15 +7,47 @@
 //! (`matmul` family, `gemv <name> 1x<k>x<n>`).
 //!
 //! Bytes are the minimum the op moves: the float activation in and out, the 8-bit weight and
-//! its scales.
+//! its scales. A decode case (M <= 16) cycles through copies of its layer filling
+//! [`SWEEP_WEIGHT_POOL`] bytes, so that its weight streams from DRAM as in the decode step (one
+//! copy of any projection but the LM head would stay in a 50 MB L2 and time the cache).
 
 use cubecl::prelude::*;
 use ops::linear::{Epilogue, Linear, LinearWorkspace};
 use ops::{caps, DType, DeviceTensor};
 use quant::{gemm8_into, Fp8Linear, KernelChoice, QuantFormat, W4A16Linear, W8A8Linear};
 
-use super::matmul::MODEL_SHAPES;
+use super::matmul::{MODEL_SHAPES, SWEEP_WEIGHT_POOL};
 use super::Case;
+
+/// Copies of a layer of `weight_bytes` that a decode case (M <= 16) cycles through (one for a
+/// prefill case: its weight is read many times per call anyway).
+fn copies(m: usize, weight_bytes: usize) -> usize {
+    if m <= 16 {
+        (SWEEP_WEIGHT_POOL / weight_bytes.max(1)).max(1)
+    } else {
+        1
+    }
+}
+
+/// Items handed out in turn.
+struct Rotation<T> {
+    items: Vec<T>,
+    next: usize,
+}
+
+impl<T> Rotation<T> {
+    /// `make` called `count` times.
+    fn new(count: usize, make: impl FnMut() -> T) -> Self {
+        let items = std::iter::repeat_with(make).take(count.max(1)).collect();
+        Self { items, next: 0 }
+    }
+
+    fn next(&mut self) -> &T {
+        let i = self.next % self.items.len();
+        self.next += 1;
+        &self.items[i]
+    }
+}
 
 fn pseudo_random(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
@@ -37,9 +69,12 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     let e = dtype.size() as f64;
     let mut out = Vec::new();
     let mut w8a8 = |name: String, m: usize, k: usize, n: usize, choice: KernelChoice| {
-        let layer = W8A8Linear::from_dense(client, &pseudo_random(n * k, 1), [n, k], dtype)
-            .expect("bench weight")
-            .with_kernel(choice);
+        let w = pseudo_random(n * k, 1);
+        let mut layer = Rotation::new(copies(m, n * k), || {
+            W8A8Linear::from_dense(client, &w, [n, k], dtype)
+                .expect("bench weight")
+                .with_kernel(choice)
+        });
         let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 2), &[m, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[m, n], dtype);
         let ws = LinearWorkspace::new(client, m, k, n, dtype);
@@ -50,7 +85,10 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             flops: 2.0 * (m * n * k) as f64,
             run: Box::new(move || {
                 let e = Epilogue::NONE;
-                layer.forward_into(client, &x, e, &y, Some(&ws)).unwrap()
+                layer
+                    .next()
+                    .forward_into(client, &x, e, &y, Some(&ws))
+                    .unwrap()
             }),
         });
     };
@@ -116,8 +154,9 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     // against cuBLAS bf16 at the same shape (the dense product the int4 layer replaces).
     let mut w4a16 = |name: String, m: usize, k: usize, n: usize| {
         let w = pseudo_random(n * k, 7);
-        let layer =
-            W4A16Linear::from_dense(client, &w, [n, k], dtype, Some(128)).expect("bench weight");
+        let mut layer = Rotation::new(copies(m, n * k / 2), || {
+            W4A16Linear::from_dense(client, &w, [n, k], dtype, Some(128)).expect("bench weight")
+        });
         let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 8), &[m, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[m, n], dtype);
         out.push(Case {
@@ -127,7 +166,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             flops: 2.0 * (m * n * k) as f64,
             run: Box::new(move || {
                 let e = Epilogue::NONE;
-                layer.forward_into(client, &x, e, &y, None).unwrap()
+                layer.next().forward_into(client, &x, e, &y, None).unwrap()
             }),
         });
     };
@@ -147,9 +186,12 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         ]
         .map(|c| (s, c))
     }) {
-        let layer = Fp8Linear::from_dense(client, &pseudo_random(n * k, 5), [n, k], dtype)
-            .expect("bench weight")
-            .with_kernel(choice);
+        let w = pseudo_random(n * k, 5);
+        let mut layer = Rotation::new(copies(1, n * k), || {
+            Fp8Linear::from_dense(client, &w, [n, k], dtype)
+                .expect("bench weight")
+                .with_kernel(choice)
+        });
         let x = DeviceTensor::from_f32(client, &pseudo_random(k, 6), &[1, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[1, n], dtype);
         let ws = LinearWorkspace::new(client, 1, k, n, dtype);
@@ -160,7 +202,10 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             flops: 2.0 * (n * k) as f64,
             run: Box::new(move || {
                 let e = Epilogue::NONE;
-                layer.forward_into(client, &x, e, &y, Some(&ws)).unwrap()
+                layer
+                    .next()
+                    .forward_into(client, &x, e, &y, Some(&ws))
+                    .unwrap()
             }),
         });
     }
@@ -188,7 +233,9 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         let x = DeviceTensor::from_f32(client, &pseudo_random(k, 10), &[1, k], dtype).unwrap();
         let (qa, sa) = quant::quantize_per_row(client, &x, fmt).unwrap();
         let w = DeviceTensor::from_f32(client, &pseudo_random(n * k, 11), &[n, k], dtype).unwrap();
-        let (qb, sb) = quant::quantize_per_row(client, &w, fmt).unwrap();
+        let mut wq = Rotation::new(copies(1, n * k), || {
+            quant::quantize_per_row(client, &w, fmt).unwrap()
+        });
         let y = DeviceTensor::empty(client, &[1, n], dtype);
         out.push(Case {
             name: format!("gemm8 {tag} 1x{k}x{n}"),
@@ -196,7 +243,8 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             bytes: (k + n * k) as f64 + e * n as f64,
             flops: 2.0 * (n * k) as f64,
             run: Box::new(move || {
-                gemm8_into(client, &qa, &sa, &qb, &sb, None, &y, KernelChoice::Auto).unwrap()
+                let (qb, sb) = wq.next();
+                gemm8_into(client, &qa, &sa, qb, sb, None, &y, KernelChoice::Auto).unwrap()
             }),
         });
     }

@@ -3,7 +3,8 @@
 //! activation quantization, against the f64 reference, for the plain product with bias and
 //! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
 //! of the 16-column tiles, K not a multiple of the 64-k steps, M = 1, 3, 9 (two MMAs of x rows)
-//! and 16). Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
+//! and 16), on the 1.5B model's projections as the model runs them (bf16), and on gated launches
+//! whose cubes walk several tile groups. Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
 //! workspace): the same bits as `KernelChoice::Auto`.
 
 use cubecl::prelude::*;
@@ -44,20 +45,19 @@ fn layer8<R: Runtime>(
     }
 }
 
-/// (M, N, K); on CUDA also the 1.5B model's qkv, o and down shapes at one row, and down at 4
-/// rows, whose x does not fit the kernel's shared memory (the codes path runs).
-fn shapes<R: Runtime>(client: &ComputeClient<R>) -> Vec<(usize, usize, usize)> {
-    let mut s = vec![(1, 40, 96), (3, 33, 208), (9, 24, 160), (16, 50, 1536)];
-    if ops::caps::runtime_name(client) == "cuda" {
-        s.extend([
-            (1, 2048, 1536),
-            (1, 1536, 1536),
-            (1, 1536, 8960),
-            (4, 1536, 8960),
-        ]);
-    }
-    s
-}
+/// Awkward (M, N, K).
+const SHAPES: [(usize, usize, usize); 4] =
+    [(1, 40, 96), (3, 33, 208), (9, 24, 160), (16, 50, 1536)];
+
+/// The 1.5B model's qkv, o and down products at one row as the model runs them, and down at 4
+/// rows, whose x does not fit the kernel's shared memory (the codes path runs). Gate-up is in
+/// [`gated_groups_case`].
+const MODEL_CASES: [((usize, usize, usize), Variant); 4] = [
+    ((1, 2048, 1536), Variant::Normed),
+    ((1, 1536, 1536), Variant::Plain),
+    ((1, 1536, 8960), Variant::Plain),
+    ((4, 1536, 8960), Variant::Plain),
+];
 
 #[derive(Clone, Copy, Debug)]
 enum Variant {
@@ -129,26 +129,43 @@ fn float_x_case<R: Runtime>(client: &ComputeClient<R>) {
         Variant::Normed,
         Variant::NormedGated,
     ];
-    float_x_cases(client, &shapes(client), &variants, 91);
+    float_x_cases(client, &SHAPES, &variants, &float_dtypes(client), 91);
+}
+
+/// [`MODEL_CASES`] in bf16, on CUDA (elsewhere the awkward shapes cover the fallback).
+fn model_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
+    if ops::caps::runtime_name(client) != "cuda" {
+        return;
+    }
+    for (shape, variant) in MODEL_CASES {
+        float_x_cases(client, &[shape], &[variant], &[DType::BF16], 93);
+    }
 }
 
 /// Gated launches of more 16-column tile groups than one wave of cubes holds on an H100 or
 /// H200 (3 cubes on each of 132 SMs), where each cube walks several groups: the 1.5B model's
-/// gate-up at one row (560 groups) and an awkward one (438 groups, the last one partial).
+/// gate-up at one row (560 groups) and an awkward one (438 groups, the last one partial), on
+/// CUDA.
 fn gated_groups_case<R: Runtime>(client: &ComputeClient<R>) {
+    // Elsewhere these run the codes path, which the awkward shapes already compare with.
+    if ops::caps::runtime_name(client) != "cuda" {
+        return;
+    }
     let shapes = [(1, 8960, 1536), (5, 7000, 320)];
-    float_x_cases(client, &shapes, &[Variant::Gated, Variant::NormedGated], 92);
+    let variants = [Variant::Gated, Variant::NormedGated];
+    float_x_cases(client, &shapes, &variants, &float_dtypes(client), 92);
 }
 
 fn float_x_cases<R: Runtime>(
     client: &ComputeClient<R>,
     shapes: &[(usize, usize, usize)],
     variants: &[Variant],
+    dtypes: &[DType],
     seed: u64,
 ) {
     let mut rng = rng(seed);
     for fmt in FORMATS {
-        for dtype in float_dtypes(client) {
+        for &dtype in dtypes {
             for &(m, n, k) in shapes {
                 for &variant in variants {
                     let rows = if variant.gated() { 2 * n } else { n };
@@ -252,6 +269,11 @@ fn rows_invariant_case<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn float_activations_match_reference() {
     on_each_runtime!(float_x_case);
+}
+
+#[test]
+fn float_activations_match_reference_at_model_shapes() {
+    on_each_runtime!(model_shapes_case);
 }
 
 #[test]
