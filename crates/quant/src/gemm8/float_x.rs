@@ -30,94 +30,35 @@
 //! 1.5B model's gate-up: 560 groups of 256 units, 2.1 waves at the 98 registers a unit takes
 //! uncapped) runs one wave of 3 cubes per SM instead, registers capped to fit, each cube walking
 //! groups with the next group's weights loading while one is reduced and written, and x staged
-//! once: on an H100 the one-wave-per-group launch added 15.8 µs per layer to the step where the
-//! codes path's gate-up adds 8.7.
+//! once: on an H100 the one-wave-per-group launch added 15.6 µs per layer to the step where the
+//! codes path's gate-up adds 8.7. An ungated launch of a long K on fewer tiles than SMs (the
+//! down projection: 96 tiles of 8 960 k) runs each tile on a cluster of two 256-unit cubes over
+//! alternate runs of steps, the second handing its warps' sums to the first through the
+//! workspace's split-K scratch behind the cluster barrier: one 512-unit cube per tile took an
+//! SM's whole register file, so it could not start (and load its weights before its wait)
+//! beside gate-up's last cubes, and left 36 of 132 SMs idle (8.3 µs per layer on an H100).
 //!
 //! The numbers differ from the codes path's by its activation rounding: here x is rounded once
 //! to f16 (after the norm's weight, before its `1 / rms`), there to 8 bits per row.
 
 use cubecl::prelude::*;
-use ops::gemm::EpilogueBlueprint;
+use ops::gemm::SplitScratch;
 use ops::norm::sum_squares;
 use ops::reduce::{cube_max, cube_sum, ReducePlan};
 use ops::{caps, DType, DeviceTensor};
 
-use crate::tile_sums::{stash_tile_sums, write_tile_sums, TileSums};
+use crate::tile_sums::{stash_tile_sums, write_tile_sums};
 use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, pack_pair};
-// The int4 GEMV's tile of 16 output columns, shared-memory budget (x staged whole up to
+// The int4 GEMV's tile of 16 output columns and shared-memory budget (x staged whole up to
 // STAGE_MAX_BYTES; 1.5B model: one row of down 17.5 KB, 16 rows of its hidden size 48 KB; larger
-// M x K runs on the codes path) and warps per tile.
-use crate::w4a16_mma::{
-    request_cubes_per_sm, resident_cubes, tile_warps, SmDevice, MIN_CUBE_WARPS, RED_MAX_BYTES,
-    STAGE_MAX_BYTES, TILE_N,
-};
+// M x K runs on the codes path).
+use crate::w4a16_mma::{request_cubes_per_sm, SmDevice, RED_MAX_BYTES, STAGE_MAX_BYTES, TILE_N};
 use crate::w4a16_nk::NkEpilogue;
 
-/// K per step: a quad's four lanes x 16 codes.
-const STEP_K: usize = 64;
-/// 16-byte weight loads a lane issues before the first is used (two rows per step, two more
-/// when gated): 9 steps of an ungated launch, so that the 1.5B model's down projection (140
-/// steps over 16 warps per tile) loads its whole K in one pass before the kernel waits, 4 of a
-/// gated one (gate-up: 24 steps over 8 warps, 3 each).
-const MAX_LOADS: usize = 18;
+mod plan;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct FloatXPlan {
-    /// Rows of x (at most 16: two MMAs of 8 x rows).
-    m: u32,
-    /// Warps per tile, over interleaved steps.
-    warps: u32,
-    /// Tiles per cube.
-    tiles: u32,
-    /// Steps per pass of a lane (all loaded before the first is used).
-    batch: u32,
-    /// Staged 16-byte words (8 k each) per x row: K in whole steps.
-    row_words: u32,
-    /// e4m3 weights (else int8).
-    fp8: bool,
-    epilogue: EpilogueBlueprint,
-    /// x goes through an RMSNorm first.
-    norm: bool,
-    reduce: ReducePlan,
-    /// Load the first pass's weights before `griddepcontrol.wait` (`ops::caps::has_pdl`).
-    early_wait: bool,
-    /// Signal `griddepcontrol.launch_dependents` (with `early_wait`, once the first pass's
-    /// weight loads are issued, as the int4 GEMV does).
-    trigger: bool,
-    /// One wave of cubes, this many per SM, each walking tile groups `CUBE_POS`, then every
-    /// cube count on: x is staged once per cube and the next group's weights load while a
-    /// group is reduced and written (a gated launch of more groups than one wave holds).
-    persistent: Option<u32>,
-}
-
-impl FloatXPlan {
-    fn halves(&self) -> usize {
-        if self.epilogue.is_gated() {
-            2
-        } else {
-            1
-        }
-    }
-
-    /// MMAs per weight fragment: x rows 0..8, and 8..16 above 8 rows.
-    fn x_halves(&self) -> usize {
-        if self.m > 8 {
-            2
-        } else {
-            1
-        }
-    }
-    /// How the warps' partial sums are laid out in shared memory.
-    fn tile_sums(&self) -> TileSums {
-        TileSums {
-            warps: self.warps,
-            tiles: self.tiles,
-            halves: self.halves() as u32,
-            x_halves: self.x_halves() as u32,
-            m: self.m,
-        }
-    }
-}
+pub(crate) use plan::split_partials;
+use plan::{launch_plan, FloatXPlan, Shape, K_SPLIT, STEP_K};
 
 /// Whether [`gemv_float_x`] takes `x[m, k]` of `dtype` (bf16 or f16) against 8-bit weights of
 /// the format `fp8` names: CUDA with the f16 `mma.sync` (and, for e4m3, sm_89's conversions:
@@ -194,7 +135,7 @@ fn stage_scales(top: f32) -> Vector<f32, Const<2>> {
     s
 }
 
-/// The weight vectors of one pass of a lane: step `s0 + j · warps` of its two rows (`gid` and
+/// The weight vectors of one pass of a lane: step `s0 + j · warps · k_split` of its two rows (`gid` and
 /// `gid + 8` of the tile, and the matching up rows when gated), zeros past K or past the matrix.
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -212,7 +153,7 @@ fn load_pass(
     let tig = (UNIT_POS as usize % 32) % 4;
     #[unroll]
     for j in 0..comptime![plan.batch as usize] {
-        let v = (s0 + j * comptime![plan.warps as usize]) * 4 + tig;
+        let v = (s0 + j * comptime![(plan.warps * plan.k_split) as usize]) * 4 + tig;
         #[unroll]
         for half in 0..comptime![plan.halves()] {
             #[unroll]
@@ -228,13 +169,10 @@ fn load_pass(
     }
 }
 
-/// Cube: `tiles` tiles of 16 output columns, `warps` warps each (over interleaved steps). Unit
-/// (warp, lane = 4 gid + tig): loads weight rows `gid` and `gid + 8` of its tile and x row `gid`
-/// (above 8 rows also `gid + 8`) from the staged copy, and accumulates the outputs of those two
-/// weight rows for x rows `2 tig` and `2 tig + 1` (above 8 rows also `+ 8`).
+/// The launch of [`float_x_body`] with one cube per tile group (`plan.k_split == 1`);
+/// `partials` is not read.
 #[cube(launch_unchecked)]
-// A comptime condition stays apart from the runtime one it guards (`collapsible_if`).
-#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+#[allow(clippy::too_many_arguments)]
 fn float_x_kernel<F: Float, NX: Size>(
     x: &[Vector<F, NX>],
     w: &[Vector<i32, Const<4>>],
@@ -243,6 +181,7 @@ fn float_x_kernel<F: Float, NX: Size>(
     residual: &[F],
     out: &mut [F],
     norm_w: &[Vector<F, NX>],
+    partials: &mut [f32],
     n: usize,
     k: usize,
     pitch_vectors: usize,
@@ -251,6 +190,91 @@ fn float_x_kernel<F: Float, NX: Size>(
     eps: f32,
     #[comptime] plan: FloatXPlan,
     #[define(F)] _dtype: ElemType,
+) {
+    float_x_body::<F, NX>(
+        x,
+        w,
+        w_scale,
+        bias,
+        residual,
+        out,
+        norm_w,
+        partials,
+        n,
+        k,
+        pitch_vectors,
+        up_offset,
+        inv_k,
+        eps,
+        plan,
+    );
+}
+
+/// The launch of [`float_x_body`] on clusters of [`K_SPLIT`] cubes per tile group, `partials`
+/// holding `K_SPLIT - 1` sets of partial sums per group.
+#[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(K_SPLIT as u32, 1, 1))]
+#[allow(clippy::too_many_arguments)]
+fn float_x_cluster_kernel<F: Float, NX: Size>(
+    x: &[Vector<F, NX>],
+    w: &[Vector<i32, Const<4>>],
+    w_scale: &[f32],
+    bias: &[F],
+    residual: &[F],
+    out: &mut [F],
+    norm_w: &[Vector<F, NX>],
+    partials: &mut [f32],
+    n: usize,
+    k: usize,
+    pitch_vectors: usize,
+    up_offset: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] plan: FloatXPlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    float_x_body::<F, NX>(
+        x,
+        w,
+        w_scale,
+        bias,
+        residual,
+        out,
+        norm_w,
+        partials,
+        n,
+        k,
+        pitch_vectors,
+        up_offset,
+        inv_k,
+        eps,
+        plan,
+    );
+}
+
+/// Cube: `tiles` tiles of 16 output columns, `warps` warps each (over interleaved steps). Unit
+/// (warp, lane = 4 gid + tig): loads weight rows `gid` and `gid + 8` of its tile and x row `gid`
+/// (above 8 rows also `gid + 8`) from the staged copy, and accumulates the outputs of those two
+/// weight rows for x rows `2 tig` and `2 tig + 1` (above 8 rows also `+ 8`). With a K split the
+/// `k_split` cubes of a group take turns of `warps` steps.
+#[cube]
+// A comptime condition stays apart from the runtime one it guards (`collapsible_if`).
+#[allow(clippy::too_many_arguments, clippy::collapsible_if)]
+fn float_x_body<F: Float, NX: Size>(
+    x: &[Vector<F, NX>],
+    w: &[Vector<i32, Const<4>>],
+    w_scale: &[f32],
+    bias: &[F],
+    residual: &[F],
+    out: &mut [F],
+    norm_w: &[Vector<F, NX>],
+    partials: &mut [f32],
+    n: usize,
+    k: usize,
+    pitch_vectors: usize,
+    up_offset: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] plan: FloatXPlan,
 ) {
     let m_rows = comptime![plan.m as usize];
     let warps = comptime![plan.warps as usize];
@@ -264,15 +288,20 @@ fn float_x_kernel<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
+    let k_split = comptime![plan.k_split as usize];
+    // The cube's place in its group's cluster, and the warp's among the group's warps.
+    let rank = CUBE_POS % k_split;
+    let wi = rank * warps + warp;
+    let stride = comptime![(plan.warps * plan.k_split) as usize];
     if comptime![plan.persistent.is_some()] {
         request_cubes_per_sm(comptime![plan.persistent.unwrap()]);
     }
     let tile_groups = n.div_ceil(comptime![TILE_N * plan.tiles as usize]);
-    let mut group = CUBE_POS;
+    let mut group = CUBE_POS / k_split;
     let mut row = (group * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
     let k_vectors = k / 16;
     let steps = k_vectors.div_ceil(4);
-    let per_pass = warps * batch;
+    let per_pass = stride * batch;
     let passes = steps.div_ceil(per_pass);
 
     let mut wr =
@@ -282,7 +311,7 @@ fn float_x_kernel<F: Float, NX: Size>(
         &mut wr,
         row,
         n,
-        warp,
+        wi,
         k_vectors,
         pitch_vectors,
         up_offset,
@@ -370,7 +399,7 @@ fn float_x_kernel<F: Float, NX: Size>(
                     &mut wr,
                     row,
                     n,
-                    p * per_pass + warp,
+                    p * per_pass + wi,
                     k_vectors,
                     pitch_vectors,
                     up_offset,
@@ -379,7 +408,7 @@ fn float_x_kernel<F: Float, NX: Size>(
             }
             #[unroll]
             for j in 0..batch {
-                let s = p * per_pass + j * warps + warp;
+                let s = p * per_pass + j * stride + wi;
                 if s < steps {
                     // This lane's 16 k of the step: staged words 2 tig and 2 tig + 1.
                     let xw = s * 8 + tig * 2;
@@ -444,7 +473,7 @@ fn float_x_kernel<F: Float, NX: Size>(
         stash_tile_sums(&mut red, &acc, tile, warp, sums);
         // The next group's first pass, into the registers the MMAs are done with: it loads while
         // this group is reduced and written.
-        let next = group + CUBE_COUNT;
+        let next = group + CUBE_COUNT / k_split;
         if comptime![plan.persistent.is_some()] {
             if next < tile_groups {
                 row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
@@ -453,7 +482,7 @@ fn float_x_kernel<F: Float, NX: Size>(
                     &mut wr,
                     row,
                     n,
-                    warp,
+                    wi,
                     k_vectors,
                     pitch_vectors,
                     up_offset,
@@ -462,83 +491,54 @@ fn float_x_kernel<F: Float, NX: Size>(
             }
         }
         sync_cube();
-        write_tile_sums::<F>(
-            &red,
-            out,
-            bias,
-            residual,
-            &post,
-            w_scale,
-            group,
-            n,
-            up_offset,
-            sums,
-            true,
-            true,
-            plan.epilogue,
-        );
+        if comptime![plan.k_split > 1] {
+            // The cluster's other cubes hand their warps' sums to its first cube through global
+            // memory (L2): written, the cluster barrier (release, then acquire, at cluster
+            // scope), added to the first cube's.
+            let len = comptime![sums.shared_len()];
+            let base = group * comptime![(plan.k_split as usize - 1) * sums.shared_len()];
+            if rank > 0 {
+                for i in range_stepped(tid, len, CUBE_DIM as usize) {
+                    partials[base + (rank - 1) * len + i] = red[i];
+                }
+            }
+            gpu_asm!("barrier.cluster.arrive.release.aligned;");
+            gpu_asm!("barrier.cluster.wait.acquire.aligned;");
+            if rank == 0 {
+                for i in range_stepped(tid, len, CUBE_DIM as usize) {
+                    let mut sum = red[i];
+                    #[unroll]
+                    for r in 0..comptime![plan.k_split as usize - 1] {
+                        sum += partials[base + r * len + i];
+                    }
+                    red[i] = sum;
+                }
+            }
+            sync_cube();
+        }
+        if rank == 0 {
+            write_tile_sums::<F>(
+                &red,
+                out,
+                bias,
+                residual,
+                &post,
+                w_scale,
+                group,
+                n,
+                up_offset,
+                sums,
+                true,
+                true,
+                plan.epilogue,
+            );
+        }
         if comptime![plan.persistent.is_some()] {
             // Every unit is done reading this group's partial sums before the next group's land.
             sync_cube();
         }
         group = next;
     }
-}
-
-/// Warps per tile, tiles per cube and steps per pass for `m` rows, `steps` steps and `tiles`
-/// tiles of 16 columns on `sms` SMs (the int4 GEMV's rules for x staged whole).
-fn launch_shape(m: usize, steps: usize, tiles: usize, sms: usize, gated: bool) -> [usize; 3] {
-    let (warps, batch) = tile_warps(m, steps, tiles, sms, gated, MAX_LOADS);
-    [warps, (MIN_CUBE_WARPS / warps).max(1), batch]
-}
-
-/// What a launch is for: `m` rows of x over `k` features into `n` output columns, the weight's
-/// format, the epilogue and the input norm.
-#[derive(Clone, Copy, Debug)]
-struct Shape {
-    m: usize,
-    k: usize,
-    n: usize,
-    fp8: bool,
-    epilogue: EpilogueBlueprint,
-    norm: bool,
-}
-
-/// The kernel's comptime plan, units per cube and cube count for `shape` on `device`, with the
-/// cube reduction `reduce` gives for a cube of that many units.
-fn launch_plan(
-    shape: Shape,
-    device: SmDevice,
-    reduce: impl FnOnce(u32) -> ReducePlan,
-) -> (FloatXPlan, u32, u32) {
-    let steps = shape.k.div_ceil(STEP_K);
-    let tiles = shape.n.div_ceil(TILE_N);
-    let gated = shape.epilogue.is_gated();
-    let [warps, per_cube, batch] = launch_shape(shape.m, steps, tiles, device.sms, gated);
-    let units = (32 * warps * per_cube) as u32;
-    let tile_groups = tiles.div_ceil(per_cube);
-    // Gated tile groups past one wave (the 1.5B model's gate-up: 560 groups where 2 cubes of
-    // 256 units at the uncapped 98 registers fit an SM): cubes for one wave at the int4 GEMV's
-    // count per SM, each walking several groups.
-    let resident = resident_cubes(units as usize, shape.m);
-    let wave = device.sms * resident;
-    let persistent = gated && tile_groups > wave && resident <= 6;
-    let plan = FloatXPlan {
-        m: shape.m as u32,
-        warps: warps as u32,
-        tiles: per_cube as u32,
-        batch: batch as u32,
-        row_words: (steps * STEP_K / 8) as u32,
-        fp8: shape.fp8,
-        epilogue: shape.epilogue,
-        norm: shape.norm,
-        reduce: reduce(units),
-        early_wait: device.pdl,
-        trigger: device.trigger,
-        persistent: persistent.then_some(resident as u32),
-    };
-    let cubes = if persistent { wave } else { tile_groups };
-    (plan, units, cubes as u32)
 }
 
 /// The GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous bf16/f16, `w` an
@@ -554,9 +554,8 @@ pub(crate) fn gemv_float_x<R: Runtime>(
     fp8: bool,
     epilogue: NkEpilogue<'_, R>,
     out: &DeviceTensor<R>,
-    m: usize,
-    k: usize,
-    n: usize,
+    [m, k, n]: [usize; 3],
+    split: Option<&SplitScratch<R>>,
 ) {
     debug_assert!(can_run(client, x.dtype(), fp8, m, k));
     let gated = epilogue.gate.is_some();
@@ -569,114 +568,56 @@ pub(crate) fn gemv_float_x<R: Runtime>(
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.is_some(),
     };
-    let (plan, units, cubes) = launch_plan(shape, device, |units| ReducePlan::new(client, units));
+    let scratch = split.map_or(0, SplitScratch::partial_len);
+    let (plan, units, cubes) = launch_plan(shape, device, scratch, |units| {
+        ReducePlan::new(client, units)
+    });
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let up_offset = if gated { n } else { 0 };
     // SAFETY: the operands were validated by the caller against M, N and K (the padded weight
-    // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated), and
-    // `can_run` bounds the shared memory.
+    // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated),
+    // `can_run` bounds the shared memory, and a split launch was planned within the scratch's
+    // partials (an unsplit one never reads its `partials`, here the weight scales).
     unsafe {
         let words =
             BufferArg::from_raw_parts(w.handle().clone(), w.handle().size_in_used() as usize / 4);
-        float_x_kernel::launch_unchecked::<R>(
-            client,
-            ops::launch::cube_count_1d(client, cubes),
-            CubeDim::new_1d(units),
-            8usize,
-            x.as_buffer_arg(),
-            words,
-            w_scale.as_buffer_arg(),
-            bias.as_buffer_arg(),
-            residual.as_buffer_arg(),
-            out.as_buffer_arg(),
-            norm_w.as_buffer_arg(),
-            n,
-            k,
-            pitch / 16,
-            up_offset,
-            1.0 / k as f32,
-            eps,
-            plan,
-            x.dtype().elem_type(),
-        );
+        let partials = match split {
+            Some(scratch) if plan.k_split > 1 => scratch.partials_arg(),
+            _ => w_scale.as_buffer_arg(),
+        };
+        macro_rules! launch_on {
+            ($kernel:ident) => {
+                $kernel::launch_unchecked::<R>(
+                    client,
+                    ops::launch::cube_count_1d(client, cubes),
+                    CubeDim::new_1d(units),
+                    8usize,
+                    x.as_buffer_arg(),
+                    words,
+                    w_scale.as_buffer_arg(),
+                    bias.as_buffer_arg(),
+                    residual.as_buffer_arg(),
+                    out.as_buffer_arg(),
+                    norm_w.as_buffer_arg(),
+                    partials,
+                    n,
+                    k,
+                    pitch / 16,
+                    up_offset,
+                    1.0 / k as f32,
+                    eps,
+                    plan,
+                    x.dtype().elem_type(),
+                )
+            };
+        }
+        if plan.k_split > 1 {
+            launch_on!(float_x_cluster_kernel);
+        } else {
+            launch_on!(float_x_kernel);
+        }
     }
 }
 
 #[cfg(test)]
 mod cuda_source;
-
-#[cfg(test)]
-mod tests {
-    use super::{launch_plan, launch_shape, Shape, MAX_LOADS, RED_MAX_BYTES, STEP_K, TILE_N};
-    use crate::w4a16_mma::SmDevice;
-    use ops::gemm::EpilogueBlueprint;
-    use ops::matmul::Activation;
-    use testkit::cuda_source::sm90_reduce;
-
-    /// Only a gated launch of more tile groups than one wave walks groups: the 1.5B model's
-    /// gate-up on 132 SMs (560 groups; 3 cubes of 256 units per SM at one row, 2 at 16), not
-    /// its qkv, o or down, nor a gate-up of few groups.
-    #[test]
-    fn gated_launches_past_one_wave_walk_groups() {
-        let plan = |m, k, n, gated| {
-            let epilogue = if gated {
-                EpilogueBlueprint::gated(Activation::Silu)
-            } else {
-                EpilogueBlueprint::linear(false, false)
-            };
-            let shape = Shape {
-                m,
-                k,
-                n,
-                fp8: false,
-                epilogue,
-                norm: true,
-            };
-            let (plan, units, cubes) = launch_plan(shape, SmDevice::SM90, sm90_reduce);
-            (plan.persistent, units, cubes)
-        };
-        assert_eq!(plan(1, 1536, 8960, true), (Some(3), 256, 396));
-        // Above 8 rows twice the accumulators: 2 cubes per SM.
-        assert_eq!(plan(16, 1536, 8960, true), (Some(2), 256, 264));
-        assert_eq!(plan(1, 1536, 2048, true).0, None);
-        for (k, n) in [(1536, 2048), (1536, 1536), (8960, 1536)] {
-            assert_eq!(plan(1, k, n, false).0, None, "{k} x {n}");
-        }
-    }
-
-    /// Every launch shape gives each warp a step, keeps a lane's loads within [`MAX_LOADS`] and
-    /// the warps' partial sums within [`RED_MAX_BYTES`].
-    #[test]
-    fn launch_shapes_stay_within_bounds() {
-        for m in 1..=16usize {
-            for k in [64usize, 1536, 4480, 8960] {
-                for tiles in [1usize, 96, 128, 560, 9496] {
-                    for gated in [false, true] {
-                        let steps = k.div_ceil(STEP_K);
-                        let [warps, per_cube, batch] = launch_shape(m, steps, tiles, 132, gated);
-                        let what = format!("m {m} k {k} tiles {tiles} gated {gated}");
-                        let halves = 1 + gated as usize;
-                        let x_halves = if m > 8 { 2 } else { 1 };
-                        assert!(warps.is_power_of_two() && warps <= steps, "{what}");
-                        assert!(batch >= 1 && batch * 2 * halves <= MAX_LOADS, "{what}");
-                        assert!(per_cube.is_power_of_two(), "{what}");
-                        let red = warps * per_cube * TILE_N * 8 * x_halves * halves * 4;
-                        assert!(red <= RED_MAX_BYTES, "{what}");
-                    }
-                }
-            }
-        }
-        // The 1.5B model at one row: qkv, o, gate-up (gated) and down each load their whole
-        // K in one pass.
-        for (k, n, gated) in [
-            (1536, 2048, false),
-            (1536, 1536, false),
-            (1536, 8960, true),
-            (8960, 1536, false),
-        ] {
-            let steps = k / STEP_K;
-            let [warps, _, batch] = launch_shape(1, steps, n / TILE_N, 132, gated);
-            assert!(warps * batch >= steps, "k {k} n {n}: {warps} x {batch}");
-        }
-    }
-}

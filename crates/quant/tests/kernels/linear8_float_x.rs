@@ -12,7 +12,7 @@ use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::DType;
 use quant::format::QuantFormat;
-use quant::gemm8::runs_float_activations;
+use quant::gemm8::{float_activation_split_need, runs_float_activations};
 use quant::host::quantize_weight_8bit;
 use quant::reference as qref;
 use quant::{Fp8Linear, KernelChoice, W8A8Linear};
@@ -175,7 +175,10 @@ fn float_x_cases<R: Runtime>(
                     let (bias, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
                     let (res, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
                     let w = random(&mut rng, rows * k, 0.5);
-                    let ws = LinearWorkspace::new(client, m, k, rows, dtype);
+                    // Room for the float kernel's K split where it splits (down's shape).
+                    let need = ops::matmul::scratch_need(client, rows, k)
+                        .max(float_activation_split_need(client, m, k, rows));
+                    let ws = LinearWorkspace::with_split_need(client, m, k, rows, dtype, need);
                     let what = format!("{fmt:?} {variant:?} {dtype} {m}x{n}x{k}");
                     let float = layer8(
                         client,

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The float-activation 8-bit decode with its gated launch walking tile groups (one wave of 3
-# cubes per SM instead of 2.1 waves of 2), on the GPU machine from the repository root, in one
-# call of about 5 minutes: the kernel's CUDA tests for that launch and the model's float-decode
-# test, then CUPTI per-kernel tables of the graph-replayed decode step (dev/profile) for W8A8 and
-# FP8 on the float activation and on codes, bf16 beside them, on the 1.5B shape with 6 decoder
-# layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer times of the 28-layer model
-# at a quarter of its load time). .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r
-# (r.tgz).
+# cubes per SM instead of 2.1 waves of 2) and its down projection split across clusters of two
+# cubes (192 cubes of 256 units instead of 96 of 512), on the GPU machine from the repository
+# root, in one call of about 5 minutes: the kernel's CUDA tests for those launches and the
+# model's float-decode test, then CUPTI per-kernel tables of the graph-replayed decode step
+# (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside them, on the
+# 1.5B shape with 6 decoder layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer
+# times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
+# .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r (r.tgz).
 set -u
 R=$OUT/r; mkdir -p $R
 trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
@@ -22,7 +23,8 @@ gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)
   dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
   > $R/trace-build.log 2>&1
 export CUBELLM_TEST_RUNTIMES=cuda
-timeout 90 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups gated_launches \
+timeout 120 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups \
+  float_activations_match_reference_at_model_shapes gated_launches long_k_on_few_tiles \
   > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
 (cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 float_activation \
   --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
