@@ -20,11 +20,8 @@
 # under $OUT/r (r.tgz). The recorded end-to-end run follows with scripts/bench_e2e.sh, MODES
 # chosen from these A/Bs (e.g. `w8a8+float`).
 set -u
-R=$OUT/r; mkdir -p $R
-trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
-source dev/device_setup.sh; unpack_devs
+source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-cp .devs/commit.txt $R/; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt
 (ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log) &
 MP=$!
 export CUBELLM_TEST_RUNTIMES=cuda

@@ -2,9 +2,13 @@
 # Sourced by the dev/*_device_run.sh scripts on the GPU machine, from the repository root:
 #   unpack_devs                  unpacks every .devs/*.xz, replacing what a warm machine kept
 #                                from an earlier call, and makes the binaries executable
-#   ensure_big_model CLI LOG [T] builds the demo tokenizer (/tmp/demo) and the 1.5B-shape
+#   ensure_big_model CLI LOG [T] [LAYERS]
+#                                builds the demo tokenizer (/tmp/demo) and the 1.5B-shape
 #                                checkpoint (/tmp/big, scripts/make_hf_fixtures.py --big, at most
-#                                T seconds, default 240) unless /tmp/big is already there
+#                                T seconds, default 240) unless /tmp/big is already there; with
+#                                LAYERS, that many decoder layers in /tmp/big$LAYERS
+#   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
+#                                unpacked, the build's commit and the device's name written there
 unpack_devs() {
   local f
   for f in .devs/*.xz; do
@@ -15,9 +19,19 @@ unpack_devs() {
 }
 
 ensure_big_model() {
-  local cli=$1 log=$2 limit=${3:-240}
-  [ -d /tmp/big ] && return 0
+  local cli=$1 log=$2 limit=${3:-240} layers=${4:-}
+  local out=/tmp/big$layers
+  [ -d "$out" ] && return 0
   timeout 120 "$cli" make-demo-model --out /tmp/demo > "$log" 2>&1
-  timeout "$limit" python3 scripts/make_hf_fixtures.py --big --tokenizer /tmp/demo \
-    --out /tmp/big >> "$log" 2>&1
+  timeout "$limit" python3 scripts/make_hf_fixtures.py --big ${layers:+--big-layers $layers} \
+    --tokenizer /tmp/demo --out "$out" >> "$log" 2>&1
+}
+
+begin_results() {
+  R=$OUT/r
+  mkdir -p "$R"
+  trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
+  unpack_devs
+  cp .devs/commit.txt "$R"/
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R"/device.txt
 }

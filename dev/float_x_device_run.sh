@@ -9,14 +9,9 @@
 # times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
 # .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r (r.tgz).
 set -u
-R=$OUT/r; mkdir -p $R
-trap 'tar czf $OUT/r.tgz -C $OUT r' EXIT
-source dev/device_setup.sh; unpack_devs
+source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-cp .devs/commit.txt $R/; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/device.txt
-(timeout 60 $C make-demo-model --out /tmp/demo > $R/setup.log 2>&1
- timeout 150 python3 scripts/make_hf_fixtures.py --big --big-layers 6 --tokenizer /tmp/demo \
-   --out /tmp/big6 >> $R/setup.log 2>&1; echo "model rc=$?" >> $R/setup.log) &
+(ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
 MP=$!
 cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
 gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include \

@@ -169,87 +169,65 @@ fn load_pass(
     }
 }
 
-/// The launch of [`float_x_body`] with one cube per tile group (`plan.k_split == 1`);
-/// `partials` is not read.
-#[cube(launch_unchecked)]
-#[allow(clippy::too_many_arguments)]
-fn float_x_kernel<F: Float, NX: Size>(
-    x: &[Vector<F, NX>],
-    w: &[Vector<i32, Const<4>>],
-    w_scale: &[f32],
-    bias: &[F],
-    residual: &[F],
-    out: &mut [F],
-    norm_w: &[Vector<F, NX>],
-    partials: &mut [f32],
-    n: usize,
-    k: usize,
-    pitch_vectors: usize,
-    up_offset: usize,
-    inv_k: f32,
-    eps: f32,
-    #[comptime] plan: FloatXPlan,
-    #[define(F)] _dtype: ElemType,
-) {
-    float_x_body::<F, NX>(
-        x,
-        w,
-        w_scale,
-        bias,
-        residual,
-        out,
-        norm_w,
-        partials,
-        n,
-        k,
-        pitch_vectors,
-        up_offset,
-        inv_k,
-        eps,
-        plan,
-    );
+/// Declares a kernel that runs [`float_x_body`], with `#[cube(...)]` arguments `$cube`.
+macro_rules! float_x_entry {
+    ($(#[$doc:meta])* $name:ident, $($cube:tt)*) => {
+        $(#[$doc])*
+        #[cube($($cube)*)]
+        #[allow(clippy::too_many_arguments)]
+        fn $name<F: Float, NX: Size>(
+            x: &[Vector<F, NX>],
+            w: &[Vector<i32, Const<4>>],
+            w_scale: &[f32],
+            bias: &[F],
+            residual: &[F],
+            out: &mut [F],
+            norm_w: &[Vector<F, NX>],
+            partials: &mut [f32],
+            n: usize,
+            k: usize,
+            pitch_vectors: usize,
+            up_offset: usize,
+            inv_k: f32,
+            eps: f32,
+            #[comptime] plan: FloatXPlan,
+            #[define(F)] _dtype: ElemType,
+        ) {
+            float_x_body::<F, NX>(
+                x,
+                w,
+                w_scale,
+                bias,
+                residual,
+                out,
+                norm_w,
+                partials,
+                n,
+                k,
+                pitch_vectors,
+                up_offset,
+                inv_k,
+                eps,
+                plan,
+            );
+        }
+    };
 }
 
-/// The launch of [`float_x_body`] on clusters of [`K_SPLIT`] cubes per tile group, `partials`
-/// holding `K_SPLIT - 1` sets of partial sums per group.
-#[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(K_SPLIT as u32, 1, 1))]
-#[allow(clippy::too_many_arguments)]
-fn float_x_cluster_kernel<F: Float, NX: Size>(
-    x: &[Vector<F, NX>],
-    w: &[Vector<i32, Const<4>>],
-    w_scale: &[f32],
-    bias: &[F],
-    residual: &[F],
-    out: &mut [F],
-    norm_w: &[Vector<F, NX>],
-    partials: &mut [f32],
-    n: usize,
-    k: usize,
-    pitch_vectors: usize,
-    up_offset: usize,
-    inv_k: f32,
-    eps: f32,
-    #[comptime] plan: FloatXPlan,
-    #[define(F)] _dtype: ElemType,
-) {
-    float_x_body::<F, NX>(
-        x,
-        w,
-        w_scale,
-        bias,
-        residual,
-        out,
-        norm_w,
-        partials,
-        n,
-        k,
-        pitch_vectors,
-        up_offset,
-        inv_k,
-        eps,
-        plan,
-    );
-}
+float_x_entry!(
+    /// [`float_x_body`] with one cube per tile group (`plan.k_split == 1`); `partials` is not
+    /// read.
+    float_x_kernel,
+    launch_unchecked
+);
+
+float_x_entry!(
+    /// [`float_x_body`] on clusters of [`K_SPLIT`] cubes per tile group, `partials` holding
+    /// `K_SPLIT - 1` sets of partial sums per group.
+    float_x_cluster_kernel,
+    launch_unchecked,
+    cluster_dim = CubeDim::new_3d(K_SPLIT as u32, 1, 1)
+);
 
 /// Cube: `tiles` tiles of 16 output columns, `warps` warps each (over interleaved steps). Unit
 /// (warp, lane = 4 gid + tig): loads weight rows `gid` and `gid + 8` of its tile and x row `gid`

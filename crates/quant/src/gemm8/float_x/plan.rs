@@ -123,13 +123,10 @@ pub(super) fn launch_plan(
     let tiles = shape.n.div_ceil(TILE_N);
     let gated = shape.epilogue.is_gated();
     let [warps, per_cube, batch] = launch_shape(shape.m, steps, tiles, device.sms, gated);
-    // Split: the tile's warps shared by the cluster's cubes, with the same steps per pass.
-    let split = !gated && device.clusters && tiles < device.sms && steps >= SPLIT_MIN_STEPS;
-    if split && warps >= K_SPLIT {
-        let warps = warps / K_SPLIT;
-        let per_cube = (MIN_CUBE_WARPS / warps).max(1);
+    // The plan of `warps` warps per tile and `per_cube` tiles per cube (the same steps per
+    // pass), its units and tile groups.
+    let plan_for = |warps: usize, per_cube: usize, persistent: Option<u32>, k_split: usize| {
         let units = (32 * warps * per_cube) as u32;
-        let tile_groups = tiles.div_ceil(per_cube);
         let plan = FloatXPlan {
             m: shape.m as u32,
             warps: warps as u32,
@@ -142,38 +139,28 @@ pub(super) fn launch_plan(
             reduce: reduce(units),
             early_wait: device.pdl,
             trigger: device.trigger,
-            persistent: None,
-            k_split: K_SPLIT as u32,
+            persistent,
+            k_split: k_split as u32,
         };
-        if tile_groups * split_len(&plan) <= scratch {
-            return (plan, units, (tile_groups * K_SPLIT) as u32);
+        (plan, units, tiles.div_ceil(per_cube))
+    };
+    // Split: the tile's warps shared by the cluster's cubes.
+    let split = !gated && device.clusters && tiles < device.sms && steps >= SPLIT_MIN_STEPS;
+    if split && warps >= K_SPLIT {
+        let half = warps / K_SPLIT;
+        let (plan, units, groups) = plan_for(half, (MIN_CUBE_WARPS / half).max(1), None, K_SPLIT);
+        if groups * split_len(&plan) <= scratch {
+            return (plan, units, (groups * K_SPLIT) as u32);
         }
     }
-    let units = (32 * warps * per_cube) as u32;
-    let tile_groups = tiles.div_ceil(per_cube);
     // Gated tile groups past one wave (the 1.5B model's gate-up: 560 groups where 2 cubes of
     // 256 units at the uncapped 98 registers fit an SM): cubes for one wave at the int4 GEMV's
     // count per SM, each walking several groups.
-    let resident = resident_cubes(units as usize, shape.m);
+    let resident = resident_cubes(32 * warps * per_cube, shape.m);
     let wave = device.sms * resident;
-    let persistent = gated && tile_groups > wave && resident <= 6;
-    let plan = FloatXPlan {
-        m: shape.m as u32,
-        warps: warps as u32,
-        tiles: per_cube as u32,
-        batch: batch as u32,
-        row_words: (steps * STEP_K / 8) as u32,
-        fp8: shape.fp8,
-        epilogue: shape.epilogue,
-        norm: shape.norm,
-        reduce: reduce(units),
-        early_wait: device.pdl,
-        trigger: device.trigger,
-        persistent: persistent.then_some(resident as u32),
-        k_split: 1,
-    };
-    let cubes = if persistent { wave } else { tile_groups };
-    (plan, units, cubes as u32)
+    let persistent = gated && tiles.div_ceil(per_cube) > wave && resident <= 6;
+    let (plan, units, groups) = plan_for(warps, per_cube, persistent.then_some(resident as u32), 1);
+    (plan, units, if persistent { wave } else { groups } as u32)
 }
 
 /// f32 partial sums an ungated `[n, k]` launch for `m` rows leaves in the split-K scratch where
