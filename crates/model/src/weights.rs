@@ -157,11 +157,30 @@ impl TensorRef<'_> {
 
     /// The values as f32 (tests and host-side checks).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
-        let bytes = self.bytes_as(DType::F32)?;
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        let mut out = Vec::with_capacity(self.len / self.dtype.size().max(1));
+        self.append_f32(&mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the values to `out` as f32, converted straight from the file's f32, f16 or bf16
+    /// bytes (what the host-side compression reads: one pass, no intermediate byte copy).
+    pub fn append_f32(&self, out: &mut Vec<f32>) -> Result<()> {
+        let data = self.read()?;
+        match self.dtype {
+            DType::F32 => out.extend(
+                data.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            DType::F16 => out.extend(read_u16s(&data).map(|b| f16::from_bits(b).to_f32())),
+            DType::BF16 => out.extend(read_u16s(&data).map(|b| bf16::from_bits(b).to_f32())),
+            other => {
+                return Err(ModelError::TensorDType {
+                    name: self.name.to_string(),
+                    found: other.to_string(),
+                })
+            }
+        }
+        Ok(())
     }
 
     /// Uploads the tensor converted to `to` (conversion on the host, with `half`).

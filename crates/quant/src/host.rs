@@ -123,6 +123,18 @@ fn check_weight(op: &'static str, w: &[f32], n: usize, k: usize) -> Result<()> {
     Ok(())
 }
 
+/// Threads for quantizing `elements` weights on the host: one below 2^20 (spawning would cost
+/// more than it saves), else up to the machine's parallelism (a model's load quantizes about a
+/// billion weights; every row or group is computed alike on any thread, so the result does not
+/// depend on the count).
+fn threads_for(elements: usize) -> usize {
+    if elements < 1 << 20 {
+        1
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
+    }
+}
+
 fn amax(values: impl Iterator<Item = f32>) -> f32 {
     values.fold(0.0f32, |m, v| m.max(v.abs()))
 }
@@ -136,15 +148,27 @@ pub fn quantize_weight_8bit(
 ) -> Result<QuantizedWeight8> {
     check_weight("quantize_weight_8bit", w, n, k)?;
     let mut q = ByteMatrix::zeros(n, k);
-    let mut scales = Vec::with_capacity(n);
-    for r in 0..n {
-        let row = &w[r * k..(r + 1) * k];
-        let s = scale_for(amax(row.iter().copied()), format.qmax());
-        for (c, &v) in row.iter().enumerate() {
-            q.bytes[r * q.pitch + c] = format.encode(v / s);
+    let mut scales = vec![0f32; n];
+    let pitch = q.pitch;
+    // Runs of rows on threads, each writing its own rows of codes and scales.
+    let rows = n.div_ceil(threads_for(n * k));
+    std::thread::scope(|scope| {
+        let runs = q
+            .bytes
+            .chunks_mut(rows * pitch)
+            .zip(scales.chunks_mut(rows));
+        for ((codes, run_scales), run) in runs.zip(w.chunks(rows * k)) {
+            scope.spawn(move || {
+                for (r, (scale, row)) in run_scales.iter_mut().zip(run.chunks(k)).enumerate() {
+                    let s = scale_for(amax(row.iter().copied()), format.qmax());
+                    for (c, &v) in row.iter().enumerate() {
+                        codes[r * pitch + c] = format.encode(v / s);
+                    }
+                    *scale = s;
+                }
+            });
         }
-        scales.push(s);
-    }
+    });
     Ok(QuantizedWeight8 { format, q, scales })
 }
 
@@ -239,17 +263,27 @@ pub fn quantize_weight_int4(
     let groups = k / g;
     let mut scales = vec![0f32; groups * n];
     let mut q = vec![0i8; k * n];
-    for nn in 0..n {
-        let row = &w[nn * k..(nn + 1) * k];
-        for gi in 0..groups {
-            let part = &row[gi * g..(gi + 1) * g];
-            let s = scale_for(amax(part.iter().copied()), INT4_QMAX);
-            scales[gi * n + nn] = s;
-            for (j, &v) in part.iter().enumerate() {
-                q[(gi * g + j) * n + nn] = int4_encode(v / s);
-            }
+    // Runs of groups along K on threads: `q` is `[K, N]` and `scales` `[K / g, N]`, so each
+    // run writes its own rows of both.
+    let per = groups.div_ceil(threads_for(n * k));
+    std::thread::scope(|scope| {
+        let runs = q.chunks_mut(per * g * n).zip(scales.chunks_mut(per * n));
+        for (t, (codes, run_scales)) in runs.enumerate() {
+            scope.spawn(move || {
+                for (lg, group_scales) in run_scales.chunks_mut(n).enumerate() {
+                    let gi = t * per + lg;
+                    for (nn, scale) in group_scales.iter_mut().enumerate() {
+                        let part = &w[nn * k + gi * g..nn * k + (gi + 1) * g];
+                        let s = scale_for(amax(part.iter().copied()), INT4_QMAX);
+                        *scale = s;
+                        for (j, &v) in part.iter().enumerate() {
+                            codes[(lg * g + j) * n + nn] = int4_encode(v / s);
+                        }
+                    }
+                }
+            });
         }
-    }
+    });
     Ok(Int4Weight {
         k,
         n,
@@ -314,4 +348,60 @@ pub fn unpack_int4(packed: &[i32], k: usize, n: usize) -> Result<Vec<i8>> {
         }
     }
     Ok(q)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Weights of about 1.2 M elements (past the threshold where the work spreads over
+    /// threads), with rows and groups of different magnitudes.
+    fn weights(n: usize, k: usize) -> Vec<f32> {
+        (0..n * k)
+            .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+            .map(|v| v * (1 + (v.to_bits() % 7)) as f32)
+            .collect()
+    }
+
+    /// The threaded 8-bit quantization gives each row what a serial pass gives it.
+    #[test]
+    fn threaded_8bit_matches_a_serial_pass() {
+        let (n, k) = (1100, 1050);
+        let w = weights(n, k);
+        assert!(n * k >= 1 << 20);
+        for format in [QuantFormat::Int8, QuantFormat::Fp8E4M3] {
+            let got = quantize_weight_8bit(&w, n, k, format).unwrap();
+            for r in 0..n {
+                let row = &w[r * k..(r + 1) * k];
+                let s = scale_for(amax(row.iter().copied()), format.qmax());
+                assert_eq!(got.scales[r].to_bits(), s.to_bits(), "{format:?} row {r}");
+                for (c, &v) in row.iter().enumerate() {
+                    assert_eq!(
+                        got.q.get(r, c),
+                        format.encode(v / s),
+                        "{format:?} ({r}, {c})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The threaded int4 quantization gives each group what a serial pass gives it.
+    #[test]
+    fn threaded_int4_matches_a_serial_pass() {
+        let (n, k, g) = (800, 1536, 128);
+        let w = weights(n, k);
+        let got = quantize_weight_int4(&w, n, k, Some(g)).unwrap();
+        let codes = unpack_int4(&got.packed, k, n).unwrap();
+        for nn in 0..n {
+            for gi in 0..k / g {
+                let part = &w[nn * k + gi * g..nn * k + (gi + 1) * g];
+                let s = scale_for(amax(part.iter().copied()), INT4_QMAX);
+                assert_eq!(got.scales[gi * n + nn].to_bits(), s.to_bits());
+                for (j, &v) in part.iter().enumerate() {
+                    assert_eq!(codes[(gi * g + j) * n + nn], int4_encode(v / s));
+                }
+            }
+        }
+    }
 }

@@ -179,15 +179,19 @@ impl<R: Runtime> Reader<'_, R> {
     /// f32 on the host.
     fn read(&mut self, i: usize, host: bool) -> Result<Upload<R>> {
         let upload = &self.plan.uploads[i];
-        let to = if host { DType::F32 } else { self.dtype };
+        let to = self.dtype;
         let numel: usize = upload.shape().iter().product();
-        let mut bytes = Vec::with_capacity(numel * to.size());
+        let mut bytes = Vec::with_capacity(if host { 0 } else { numel * to.size() });
+        let mut values = Vec::with_capacity(if host { numel } else { 0 });
         let mut parts = Vec::new();
         for spec in &upload.parts {
             let t = self.store.get(&spec.name)?;
-            // Without a conversion the file's bytes go straight into the upload buffer (one
-            // copy, as when the file was mapped).
-            if t.dtype == to {
+            if host {
+                // Straight to f32 (the compression's input), one pass over the file's bytes.
+                t.append_f32(&mut values)?;
+            } else if t.dtype == to {
+                // Without a conversion the file's bytes go straight into the upload buffer (one
+                // copy, as when the file was mapped).
                 t.read_append(&mut bytes)?;
             } else {
                 bytes.extend_from_slice(&t.bytes_as(to)?);
@@ -205,7 +209,7 @@ impl<R: Runtime> Reader<'_, R> {
             bytes_total: self.plan.bytes,
         });
         if host {
-            let data = bytemuck::pod_collect_to_vec(&bytes);
+            let data = values;
             return Ok(Upload::Host(HostWeight { parts, shape, data }));
         }
         let tensor = DeviceTensor::from_bytes(self.client, &bytes, &shape, self.dtype)?;
