@@ -6,8 +6,9 @@ machine without a GPU, and prints each kernel's registers, spills and shared mem
 
 DIR holds `.cu` files, e.g. those the quant crate's `cuda_sources_build_for_sm90` test writes
 with CUBELLM_CUDA_SOURCE_DIR=DIR. NVRTC, ptxas and the CUDA headers come from PyPI's
-`nvidia-cuda-nvrtc-cu12`, `nvidia-cuda-nvcc-cu12` and `nvidia-cuda-runtime-cu12` (see
-`dev/cuda_compile/README.md`). With --sass (PyPI's `nvidia-cuda-nvdisasm`) each kernel's SASS
+`nvidia-cuda-nvrtc-cu12`, `nvidia-cuda-nvcc-cu12`, `nvidia-cuda-runtime-cu12` and
+`nvidia-cuda-cccl-cu12` (the CCCL headers that cooperative groups include, for the attention
+kernels' `cp.async` barriers; see `dev/cuda_compile/README.md`). With --sass (PyPI's `nvidia-cuda-nvdisasm`) each kernel's SASS
 is written beside its source and a count of its instruction classes printed. Exits 1 if any
 source fails to compile or assemble.
 """
@@ -49,8 +50,8 @@ def toolkit():
     root = nvidia_root()
     nvrtc = glob.glob(os.path.join(root, "cuda_nvrtc", "lib", "libnvrtc.so*"))
     ptxas = os.path.join(root, "cuda_nvcc", "bin", "ptxas")
-    include = os.path.join(root, "cuda_runtime", "include")
-    if not nvrtc or not os.path.exists(ptxas) or not os.path.isdir(include):
+    include = [os.path.join(root, p, "include") for p in ("cuda_runtime", "cuda_cccl")]
+    if not nvrtc or not os.path.exists(ptxas) or not all(map(os.path.isdir, include)):
         sys.exit(f"the CUDA compiler packages are incomplete under {root}")
     return ctypes.CDLL(sorted(nvrtc)[0]), ptxas, include
 
@@ -59,7 +60,7 @@ def nvrtc_ptx(lib, source, name, arch, include):
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source, name.encode(), 0, None, None):
         return None, "nvrtcCreateProgram failed"
-    opts = [f"--gpu-architecture={arch}", f"--include-path={include}", "-lineinfo"]
+    opts = [f"--gpu-architecture={arch}", "-lineinfo"] + [f"--include-path={i}" for i in include]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

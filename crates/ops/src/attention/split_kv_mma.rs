@@ -16,6 +16,9 @@ use super::SplitKvTiling;
 use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
 use crate::{DeviceTensor, Result};
 
+#[cfg(test)]
+mod cuda_source;
+
 /// The comptime shape of [`split_kv_mma_kernel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct SplitKvMmaBlueprint {

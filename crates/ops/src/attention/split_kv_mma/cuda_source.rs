@@ -1,0 +1,113 @@
+//! The tensor-core decode attention's CUDA C++ for an sm_90 device, built on any machine
+//! (`testkit::cuda_source`): the 1.5B model's decode step (head dim 128, 12 query heads over 2
+//! KV heads) on the clustered launch that merges its own splits and on the plain split launch
+//! of long caches, both with RoPE and the cache append inside, must compile, with no `mma`
+//! operand passed by address.
+
+use cubecl::prelude::*;
+use testkit::cuda_source;
+
+use super::{
+    split_kv_mma_cluster_kernel, split_kv_mma_kernel, RopeTablesLaunch, SplitKvMmaBlueprint,
+};
+use crate::attention::geometry::{GeometryLaunch, SplitBuffersLaunch};
+use crate::attention::workspace::CLUSTER_SPLITS;
+use crate::attention::SplitKvTiling;
+use crate::DType;
+
+/// Checks the CUDA C++ of a bf16 decode launch of `blueprint` over `splits` key splits of a
+/// `kv_rows`-row cache (the clustered kernel with `clustered`), expanded with `client`'s
+/// runtime (written as `name.cu` where asked).
+fn source<R: Runtime>(
+    client: &ComputeClient<R>,
+    name: &str,
+    blueprint: SplitKvMmaBlueprint,
+    [kv_rows, splits]: [usize; 2],
+    clustered: bool,
+) {
+    let elem = DType::BF16.elem_type();
+    let (settings, mut launcher) = cuda_source::launcher(client, (32 * blueprint.warps) as u32);
+    let buffer = || cuda_source::buffer(client);
+    let (hq, hkv, d) = (12u32, 2u32, blueprint.d);
+    let geo = GeometryLaunch::new(
+        0,
+        1,
+        hq,
+        hkv,
+        hq / hkv,
+        kv_rows as u32,
+        kv_rows.div_ceil(splits) as u32,
+        splits as u32,
+        1,
+        1.0 / (d as f32).sqrt(),
+        0,
+        1,
+    );
+    let rope = RopeTablesLaunch::new(buffer(), buffer(), kv_rows as u32);
+    macro_rules! define {
+        ($kernel:ident, $ty:ident) => {{
+            launcher.with_scope(|scope| {
+                scope.register_type::<DynamicScalar<$kernel::_F>>(elem);
+            });
+            use $kernel::F;
+            // SAFETY: the arguments only define the kernel; nothing is launched.
+            let io = unsafe {
+                SplitBuffersLaunch::new(
+                    buffer(),
+                    buffer(),
+                    buffer(),
+                    buffer(),
+                    buffer(),
+                    buffer(),
+                    buffer(),
+                )
+            };
+            let io = <super::SplitBuffers<F, f32> as LaunchArg>::register(io, &mut launcher);
+            let geo = <super::Geometry as LaunchArg>::register(geo, &mut launcher);
+            let rope = <super::RopeTables as LaunchArg>::register(rope, &mut launcher);
+            $kernel::$ty::<R>::new(settings, client.clone(), io, geo, rope, blueprint, elem)
+                .define()
+        }};
+    }
+    let definition = if clustered {
+        define!(split_kv_mma_cluster_kernel, SplitKvMmaClusterKernel)
+    } else {
+        define!(split_kv_mma_kernel, SplitKvMmaKernel)
+    };
+    cuda_source::check(name, definition);
+}
+
+fn case<R: Runtime>(client: &ComputeClient<R>) {
+    // Eight planes on 128-key tiles: the decode tiling of the clustered launch and of long
+    // caches.
+    let wide = SplitKvTiling {
+        warps: 8,
+        bk: 128,
+        cubes_per_sm: 1,
+    };
+    let blueprint = SplitKvMmaBlueprint {
+        partial: true,
+        trigger: true,
+        early: true,
+        rope: true,
+        ..SplitKvMmaBlueprint::new(128, wide, true, true)
+    };
+    // 1 024 cache rows over the cluster's splits; 32 768 rows over 64 splits.
+    source(
+        client,
+        "attention_decode_cluster",
+        blueprint,
+        [1024, CLUSTER_SPLITS],
+        true,
+    );
+    let long = SplitKvMmaBlueprint {
+        trigger: false,
+        ..blueprint
+    };
+    source(client, "attention_decode_long", long, [32768, 64], false);
+}
+
+#[test]
+fn cuda_sources_build_for_sm90() {
+    testkit::on_first_runtime!(case);
+}
