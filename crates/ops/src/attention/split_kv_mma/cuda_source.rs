@@ -50,18 +50,15 @@ fn source<R: Runtime>(
                 scope.register_type::<DynamicScalar<$kernel::_F>>(elem);
             });
             use $kernel::F;
-            // SAFETY: the arguments only define the kernel; nothing is launched.
-            let io = unsafe {
-                SplitBuffersLaunch::new(
-                    buffer(),
-                    buffer(),
-                    buffer(),
-                    buffer(),
-                    buffer(),
-                    buffer(),
-                    buffer(),
-                )
-            };
+            let io = SplitBuffersLaunch::new(
+                buffer(),
+                buffer(),
+                buffer(),
+                buffer(),
+                buffer(),
+                buffer(),
+                buffer(),
+            );
             let io = <super::SplitBuffers<F, f32> as LaunchArg>::register(io, &mut launcher);
             let geo = <super::Geometry as LaunchArg>::register(geo, &mut launcher);
             let rope = <super::RopeTables as LaunchArg>::register(rope, &mut launcher);
