@@ -7,10 +7,21 @@
 # (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside them, on the
 # 1.5B shape with 6 decoder layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer
 # times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
+# PART=e2e instead builds the 28-layer model and runs the recorded end-to-end comparison
+# (scripts/bench_e2e.sh beside the PyTorch peer, E2E_MODES, two runs each) into $OUT/r/e2e.jsonl.
 # .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r (r.tgz).
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
+if [ "${PART:-profile}" = e2e ]; then
+  ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log
+  # What is left of the call's 10 minutes after the model.
+  MODES=${E2E_MODES:-none w4a16 w4a16+head w8a8 w8a8+float fp8 fp8+float} RUNS=2 \
+    timeout $((570 - SECONDS)) \
+    bash scripts/bench_e2e.sh $C /tmp/big $R/e2e.jsonl 512 > $R/e2e.out 2> $R/e2e.err
+  grep -h "decode\|peer" $R/e2e.out $R/e2e.err | tail -12
+  exit 0
+fi
 (ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
 MP=$!
 cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
