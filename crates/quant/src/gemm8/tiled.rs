@@ -279,6 +279,9 @@ impl<R: Runtime> Gemm8<'_, R> {
 }
 
 #[cfg(test)]
+mod cuda_source;
+
+#[cfg(test)]
 mod tests {
     use super::splits_for;
 
