@@ -97,9 +97,9 @@ def per_layer(table):
     kernel before each RoPE kernel, or (RoPE inside the attention) before each attention kernel:
     the qkv projection, and runs to the next one; layers whose kernel sequence differs from the
     first full one are left out. Returns [(kernel, µs added, busy µs)] and the number of layers."""
-    marks = [row["kernel"] for row in table if re.search("rope|split_kv|attention", row["kernel"])]
-    starts = [i - 1 for i, row in enumerate(table)
-              if marks and row["kernel"] == marks[0] and i > 0]
+    mark = next((row["kernel"] for row in table
+                 if re.search("rope|split_kv|attention", row["kernel"])), None)
+    starts = [i - 1 for i, row in enumerate(table) if row["kernel"] == mark and i > 0]
     if len(starts) < 2:
         return [], 0
     period = starts[1] - starts[0]
