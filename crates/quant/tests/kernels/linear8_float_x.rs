@@ -3,8 +3,9 @@
 //! activation quantization, against the f64 reference, for the plain product with bias and
 //! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
 //! of the 16-column tiles, K not a multiple of the 64-k steps, M = 1, 3, 9 (two MMAs of x rows)
-//! and 16), on the 1.5B model's projections as the model runs them (bf16), and on gated launches
-//! whose cubes walk several tile groups. Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
+//! and 16), on the 1.5B model's projections as the model runs them (bf16), on gated launches
+//! whose cubes walk several tile groups and on long-K launches split across clusters of cubes.
+//! Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
 //! workspace): the same bits as `KernelChoice::Auto`.
 
 use cubecl::prelude::*;
@@ -143,17 +144,39 @@ fn model_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
 }
 
 /// Gated launches of more 16-column tile groups than one wave of cubes holds on an H100 or
-/// H200 (3 cubes on each of 132 SMs), where each cube walks several groups: the 1.5B model's
-/// gate-up at one row (560 groups) and an awkward one (438 groups, the last one partial), on
-/// CUDA.
+/// H200, where each cube walks several groups, on CUDA: the 1.5B model's gate-up at one row (560
+/// groups on 3 cubes per SM), an awkward one at 5 rows (532 groups, the last one partial, K not
+/// a whole number of steps) and one at 16 rows (313 groups on 2 cubes per SM, two MMAs of x
+/// rows). The launch plan's unit tests pin that these shapes walk groups.
 fn gated_groups_case<R: Runtime>(client: &ComputeClient<R>) {
     // Elsewhere these run the codes path, which the awkward shapes already compare with.
     if ops::caps::runtime_name(client) != "cuda" {
         return;
     }
-    let shapes = [(1, 8960, 1536), (5, 7000, 320)];
+    let shapes = [(1, 8960, 1536), (5, 8500, 1552), (16, 5000, 1552)];
     let variants = [Variant::Gated, Variant::NormedGated];
     float_x_cases(client, &shapes, &variants, &float_dtypes(client), 92);
+}
+
+/// Ungated launches of a long K on fewer tiles than SMs, which split K across a cluster of two
+/// cubes meeting through the workspace's split-K scratch, on CUDA (bf16: the f16 kernel differs
+/// only in its loads of x): N not a multiple of the tile and K not a whole number of steps,
+/// at 1 and 7 rows, plain and behind the input norm. On a device with clusters the workspace
+/// must be asked for the partial sums (the split is planned); the launch plan's unit tests pin
+/// that these shapes split on an H100 or H200.
+fn split_k_case<R: Runtime>(client: &ComputeClient<R>) {
+    if ops::caps::runtime_name(client) != "cuda" {
+        return;
+    }
+    let shapes = [(1, 50, 4112), (7, 1500, 4176)];
+    if ops::caps::has_clusters(client) {
+        for (m, n, k) in shapes {
+            let need = float_activation_split_need(client, m, k, n);
+            assert!(need.partials > 0, "{m}x{n}x{k}: no K split planned");
+        }
+    }
+    let variants = [Variant::Plain, Variant::Normed];
+    float_x_cases(client, &shapes, &variants, &[DType::BF16], 94);
 }
 
 fn float_x_cases<R: Runtime>(
@@ -282,6 +305,11 @@ fn float_activations_match_reference_at_model_shapes() {
 #[test]
 fn float_activations_walk_tile_groups() {
     on_each_runtime!(gated_groups_case);
+}
+
+#[test]
+fn float_activations_split_k_across_clusters() {
+    on_each_runtime!(split_k_case);
 }
 
 #[test]

@@ -264,6 +264,45 @@ mod tests {
         }
     }
 
+    /// The shapes the CUDA kernel tests (`linear8_float_x`) run for the persistent and the split
+    /// launches take those launches on an H100 or H200, with partial tiles and steps: gated
+    /// (5, 8500, 1552) and (16, 5000, 1552) walk groups (532 on 3 cubes per SM; 313 on 2),
+    /// ungated (1, 50, 4112) and (7, 1500, 4176) split K across a cluster.
+    #[test]
+    fn kernel_test_shapes_take_the_launches_they_test() {
+        let plan = |m: usize, n: usize, k: usize, gated: bool| {
+            let epilogue = if gated {
+                EpilogueBlueprint::gated(Activation::Silu)
+            } else {
+                EpilogueBlueprint::linear(true, true)
+            };
+            let shape = Shape {
+                m,
+                k,
+                n,
+                fp8: false,
+                epilogue,
+                norm: false,
+            };
+            launch_plan(shape, SmDevice::SM90, usize::MAX, sm90_reduce)
+        };
+        for (m, n, k, resident, cubes) in [(5, 8500, 1552, 3, 396), (16, 5000, 1552, 2, 264)] {
+            let (p, _, launched) = plan(m, n, k, true);
+            assert_eq!(
+                (p.persistent, launched),
+                (Some(resident), cubes),
+                "{m}x{n}x{k}"
+            );
+            assert!(n.div_ceil(TILE_N * p.tiles as usize) > cubes as usize);
+            assert_ne!(k % STEP_K, 0);
+        }
+        for (m, n, k) in [(1, 50, 4112), (7, 1500, 4176)] {
+            let (p, _, _) = plan(m, n, k, false);
+            assert_eq!(p.k_split, 2, "{m}x{n}x{k}");
+            assert!(n % TILE_N != 0 && k % STEP_K != 0);
+        }
+    }
+
     /// Every launch shape gives each warp a step, keeps a lane's loads within [`MAX_LOADS`] and
     /// the warps' partial sums within [`RED_MAX_BYTES`].
     #[test]
