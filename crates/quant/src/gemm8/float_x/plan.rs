@@ -191,12 +191,36 @@ pub(super) fn split_len(plan: &FloatXPlan) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::{launch_plan, launch_shape, Shape, MAX_LOADS, STEP_K, TILE_N};
+    use super::{launch_plan, launch_shape, FloatXPlan, Shape, MAX_LOADS, STEP_K, TILE_N};
     use crate::w4a16_mma::SmDevice;
     use crate::w4a16_mma::RED_MAX_BYTES;
     use ops::gemm::EpilogueBlueprint;
     use ops::matmul::Activation;
     use testkit::cuda_source::sm90_reduce;
+
+    /// The plan, units and cubes of an int8 `[m, k] x [n, k]` launch on an H100 or H200 with
+    /// `scratch` f32s of split-K scratch: gated with SiLU, or with bias and residual.
+    fn plan_on_sm90(
+        [m, k, n]: [usize; 3],
+        gated: bool,
+        norm: bool,
+        scratch: usize,
+    ) -> (FloatXPlan, u32, u32) {
+        let epilogue = if gated {
+            EpilogueBlueprint::gated(Activation::Silu)
+        } else {
+            EpilogueBlueprint::linear(true, true)
+        };
+        let shape = Shape {
+            m,
+            k,
+            n,
+            fp8: false,
+            epilogue,
+            norm,
+        };
+        launch_plan(shape, SmDevice::SM90, scratch, sm90_reduce)
+    }
 
     /// Only a gated launch of more tile groups than one wave walks groups: the 1.5B model's
     /// gate-up on 132 SMs (560 groups; 3 cubes of 256 units per SM at one row, 2 at 16), not
@@ -204,20 +228,7 @@ mod tests {
     #[test]
     fn gated_launches_past_one_wave_walk_groups() {
         let plan = |m, k, n, gated| {
-            let epilogue = if gated {
-                EpilogueBlueprint::gated(Activation::Silu)
-            } else {
-                EpilogueBlueprint::linear(false, false)
-            };
-            let shape = Shape {
-                m,
-                k,
-                n,
-                fp8: false,
-                epilogue,
-                norm: true,
-            };
-            let (plan, units, cubes) = launch_plan(shape, SmDevice::SM90, 0, sm90_reduce);
+            let (plan, units, cubes) = plan_on_sm90([m, k, n], gated, true, 0);
             (plan.persistent, units, cubes)
         };
         assert_eq!(plan(1, 1536, 8960, true), (Some(3), 256, 396));
@@ -235,20 +246,7 @@ mod tests {
     #[test]
     fn long_k_on_few_tiles_splits_across_a_cluster() {
         let plan = |m, k, n, gated, scratch| {
-            let epilogue = if gated {
-                EpilogueBlueprint::gated(Activation::Silu)
-            } else {
-                EpilogueBlueprint::linear(false, true)
-            };
-            let shape = Shape {
-                m,
-                k,
-                n,
-                fp8: false,
-                epilogue,
-                norm: false,
-            };
-            let (plan, units, cubes) = launch_plan(shape, SmDevice::SM90, scratch, sm90_reduce);
+            let (plan, units, cubes) = plan_on_sm90([m, k, n], gated, false, scratch);
             (plan.k_split, units, cubes, super::split_len(&plan))
         };
         let (split, units, cubes, len) = plan(1, 8960, 1536, false, usize::MAX);
@@ -267,38 +265,24 @@ mod tests {
     /// The shapes the CUDA kernel tests (`linear8_float_x`) run for the persistent and the split
     /// launches take those launches on an H100 or H200, with partial tiles and steps: gated
     /// (5, 8500, 1552) and (16, 5000, 1552) walk groups (532 on 3 cubes per SM; 313 on 2),
-    /// ungated (1, 50, 4112) and (7, 1500, 4176) split K across a cluster.
+    /// ungated (1, 50, 4112) and (7, 1500, 4176) split K across a cluster, with and without
+    /// the input norm.
     #[test]
     fn kernel_test_shapes_take_the_launches_they_test() {
-        let plan = |m: usize, n: usize, k: usize, gated: bool| {
-            let epilogue = if gated {
-                EpilogueBlueprint::gated(Activation::Silu)
-            } else {
-                EpilogueBlueprint::linear(true, true)
-            };
-            let shape = Shape {
-                m,
-                k,
-                n,
-                fp8: false,
-                epilogue,
-                norm: false,
-            };
-            launch_plan(shape, SmDevice::SM90, usize::MAX, sm90_reduce)
-        };
         for (m, n, k, resident, cubes) in [(5, 8500, 1552, 3, 396), (16, 5000, 1552, 2, 264)] {
-            let (p, _, launched) = plan(m, n, k, true);
-            assert_eq!(
-                (p.persistent, launched),
-                (Some(resident), cubes),
-                "{m}x{n}x{k}"
-            );
-            assert!(n.div_ceil(TILE_N * p.tiles as usize) > cubes as usize);
+            for norm in [false, true] {
+                let (p, _, launched) = plan_on_sm90([m, k, n], true, norm, 0);
+                let what = format!("{m}x{n}x{k} norm {norm}");
+                assert_eq!((p.persistent, launched), (Some(resident), cubes), "{what}");
+                assert!(n.div_ceil(TILE_N * p.tiles as usize) > cubes as usize);
+            }
             assert_ne!(k % STEP_K, 0);
         }
         for (m, n, k) in [(1, 50, 4112), (7, 1500, 4176)] {
-            let (p, _, _) = plan(m, n, k, false);
-            assert_eq!(p.k_split, 2, "{m}x{n}x{k}");
+            for norm in [false, true] {
+                let (p, _, _) = plan_on_sm90([m, k, n], false, norm, usize::MAX);
+                assert_eq!(p.k_split, 2, "{m}x{n}x{k} norm {norm}");
+            }
             assert!(n % TILE_N != 0 && k % STEP_K != 0);
         }
     }
