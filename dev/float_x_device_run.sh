@@ -29,7 +29,7 @@ gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)
   dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
   > $R/trace-build.log 2>&1
 export CUBELLM_TEST_RUNTIMES=cuda
-timeout 120 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups \
+timeout 150 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups \
   float_activations_match_reference_at_model_shapes float_activations_split_k \
   > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
 (cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 float_activation \
