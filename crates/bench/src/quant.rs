@@ -58,8 +58,7 @@ fn workspace<R: Runtime>(
     n: usize,
     dtype: DType,
 ) -> LinearWorkspace<R> {
-    let need = ops::matmul::scratch_need(client, n, k)
-        .max(quant::gemm8::float_activation_split_need(client, m, k, n));
+    let need = quant::gemm8::layer_split_need(client, m, k, n);
     LinearWorkspace::with_split_need(client, m, k, n, dtype, need)
 }
 

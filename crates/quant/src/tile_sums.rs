@@ -20,6 +20,18 @@ pub(crate) struct TileSums {
 }
 
 impl TileSums {
+    /// The layout of `warps` warps per tile and `tiles` tiles per cube for `m` rows of x, with
+    /// the up sums when `gated`.
+    pub fn new(m: u32, warps: u32, tiles: u32, gated: bool) -> Self {
+        Self {
+            warps,
+            tiles,
+            halves: if gated { 2 } else { 1 },
+            x_halves: if m > 8 { 2 } else { 1 },
+            m,
+        }
+    }
+
     /// f32s of one (tile, warp, half)'s outputs: 16 columns x 8 rows per x half.
     pub fn slot_len(&self) -> usize {
         TILE_N * 8 * self.x_halves as usize

@@ -129,11 +129,7 @@ struct MmaPlan {
 
 impl MmaPlan {
     fn halves(&self) -> usize {
-        if self.epilogue.is_gated() {
-            2
-        } else {
-            1
-        }
+        self.tile_sums().halves as usize
     }
 
     /// bf16: the weights enter the MMA as `136 + n` (one LOP3 per pair, no subtraction), and
@@ -147,21 +143,12 @@ impl MmaPlan {
 
     /// MMAs per weight fragment: x rows 0..8, and 8..16 above 8 rows.
     fn x_halves(&self) -> usize {
-        if self.m > 8 {
-            2
-        } else {
-            1
-        }
+        self.tile_sums().x_halves as usize
     }
+
     /// How the warps' partial sums are laid out in shared memory.
     fn tile_sums(&self) -> TileSums {
-        TileSums {
-            warps: self.warps,
-            tiles: self.tiles,
-            halves: self.halves() as u32,
-            x_halves: self.x_halves() as u32,
-            m: self.m,
-        }
+        TileSums::new(self.m, self.warps, self.tiles, self.epilogue.is_gated())
     }
 }
 

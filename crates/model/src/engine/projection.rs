@@ -89,11 +89,7 @@ impl<R: Runtime> ProjectionScratch<R> {
         // The step's argmax over the logits splits each row across cubes with the same scratch.
         let need = products
             .iter()
-            .map(|&[n, k]| {
-                ops::matmul::scratch_need(client, n, k).max(
-                    quant::gemm8::float_activation_split_need(client, rows, k, n),
-                )
-            })
+            .map(|&[n, k]| quant::gemm8::layer_split_need(client, rows, k, n))
             .fold(SplitNeed::default(), SplitNeed::max)
             .max(ops::argmax::split_need(
                 client,

@@ -146,6 +146,19 @@ pub fn float_activation_split_need<R: Runtime>(
         .fold(ops::gemm::SplitNeed::default(), ops::gemm::SplitNeed::max)
 }
 
+/// What a workspace's split-K scratch ([`ops::linear::LinearWorkspace::with_split_need`]) needs
+/// for products of up to `rows` rows of an `[n, k]` weight, dense or 8-bit: the dense GEMV's K
+/// split ([`ops::matmul::scratch_need`]) and the float-activation kernel's
+/// ([`float_activation_split_need`]).
+pub fn layer_split_need<R: Runtime>(
+    client: &ComputeClient<R>,
+    rows: usize,
+    k: usize,
+    n: usize,
+) -> ops::gemm::SplitNeed {
+    ops::matmul::scratch_need(client, n, k).max(float_activation_split_need(client, rows, k, n))
+}
+
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
 pub fn has_mma8<R: Runtime>(client: &ComputeClient<R>, fp8: bool) -> bool {
     let (t, cd) = if fp8 {

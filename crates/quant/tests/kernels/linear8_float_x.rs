@@ -13,7 +13,7 @@ use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::DType;
 use quant::format::QuantFormat;
-use quant::gemm8::{float_activation_split_need, runs_float_activations};
+use quant::gemm8::{float_activation_split_need, layer_split_need, runs_float_activations};
 use quant::host::quantize_weight_8bit;
 use quant::reference as qref;
 use quant::{Fp8Linear, KernelChoice, W8A8Linear};
@@ -202,8 +202,7 @@ fn float_x_cases<R: Runtime>(
                     let (res, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
                     let w = random(&mut rng, rows * k, 0.5);
                     // Room for the float kernel's K split where it splits (down's shape).
-                    let need = ops::matmul::scratch_need(client, rows, k)
-                        .max(float_activation_split_need(client, m, k, rows));
+                    let need = layer_split_need(client, m, k, rows);
                     let ws = LinearWorkspace::with_split_need(client, m, k, rows, dtype, need);
                     let what = format!("{fmt:?} {variant:?} {dtype} {m}x{n}x{k}");
                     let float = layer8(
