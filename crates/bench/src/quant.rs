@@ -49,19 +49,6 @@ impl<T> Rotation<T> {
     }
 }
 
-/// A workspace for `m` rows of `[n, k]` 8-bit products, with the split-K scratch the
-/// float-activation kernel's K split takes (as the model's decode workspace has).
-fn workspace<R: Runtime>(
-    client: &ComputeClient<R>,
-    m: usize,
-    k: usize,
-    n: usize,
-    dtype: DType,
-) -> LinearWorkspace<R> {
-    let need = quant::gemm8::layer_split_need(client, m, k, n);
-    LinearWorkspace::with_split_need(client, m, k, n, dtype, need)
-}
-
 fn pseudo_random(n: usize, seed: usize) -> Vec<f32> {
     (0..n)
         .map(|i| (((i + seed) * 7919) % 1000) as f32 / 1000.0 - 0.5)
@@ -90,7 +77,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         });
         let x = DeviceTensor::from_f32(client, &pseudo_random(m * k, 2), &[m, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[m, n], dtype);
-        let ws = workspace(client, m, k, n, dtype);
+        let ws = LinearWorkspace::new(client, m, k, n, dtype);
         out.push(Case {
             name,
             dtype,
@@ -207,7 +194,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         });
         let x = DeviceTensor::from_f32(client, &pseudo_random(k, 6), &[1, k], dtype).unwrap();
         let y = DeviceTensor::empty(client, &[1, n], dtype);
-        let ws = workspace(client, 1, k, n, dtype);
+        let ws = LinearWorkspace::new(client, 1, k, n, dtype);
         out.push(Case {
             name: format!("fp8 {name} 1x{k}x{n}{suffix}"),
             dtype,

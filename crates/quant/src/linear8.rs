@@ -17,7 +17,6 @@
 //! (`gemm8/float_x.rs`), the input norm and the epilogue fused as in the bf16 GEMV.
 
 use cubecl::prelude::*;
-use ops::gemm::SplitScratch;
 use ops::launch::check_same_dtype;
 use ops::linear::{unfused_epilogue, Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
@@ -227,7 +226,6 @@ impl<R: Runtime> Weight8<R> {
             norm,
             may_allocate: workspace.is_none(),
             float_x,
-            split: workspace.map(LinearWorkspace::split_k),
         };
         if epilogue.activation.is_none() {
             return linear8_into(client, call(bias, residual, out, None));
@@ -254,7 +252,6 @@ impl<R: Runtime> Weight8<R> {
                 norm,
                 may_allocate: workspace.is_none(),
                 float_x,
-                split: workspace.map(LinearWorkspace::split_k),
             };
             linear8_into(client, call)
         })
@@ -318,8 +315,6 @@ struct Call<'a, R: Runtime> {
     may_allocate: bool,
     /// Run on the float-activation decode kernel (the caller checked that it can).
     float_x: bool,
-    /// The workspace's split-K scratch, for the float-activation kernel's K split.
-    split: Option<&'a SplitScratch<R>>,
 }
 
 /// The shared body of [`w8a8_linear_into`] and the FP8 layer: quantize `x` per row in the
@@ -339,7 +334,6 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
         norm,
         may_allocate,
         float_x,
-        split,
     } = call;
     let format = match qweight.dtype() {
         DType::I8 => QuantFormat::Int8,
@@ -456,7 +450,6 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
             epilogue,
             &out2,
             [rows, k, width],
-            split,
         );
         return Ok(());
     }
@@ -521,7 +514,6 @@ pub fn w8a8_linear_into<R: Runtime>(
         norm: None,
         may_allocate: false,
         float_x: false,
-        split: None,
     };
     linear8_into(client, call)
 }

@@ -161,7 +161,7 @@ const SM_UNITS: usize = 2048;
 /// before its registers were capped to fit three 256-unit cubes), 104 above (twice the
 /// accumulators). The persistent launch asks the compiler for this count
 /// ([`request_cubes_per_sm`]).
-pub(crate) fn resident_cubes(units: usize, m: usize) -> usize {
+fn resident_cubes(units: usize, m: usize) -> usize {
     let registers = if m > 8 { 104 } else { 80 };
     (SM_REGISTERS / (units * registers))
         .min(SM_UNITS / units)
@@ -172,7 +172,7 @@ pub(crate) fn resident_cubes(units: usize, m: usize) -> usize {
 /// PTX comment and gives the entry point `__launch_bounds__(units, n)`, so ptxas caps the
 /// registers per unit to fit.
 #[cube]
-pub(crate) fn request_cubes_per_sm(#[comptime] n: u32) {
+fn request_cubes_per_sm(#[comptime] n: u32) {
     if comptime![n == 2] {
         gpu_asm!("// cubellm.min_cubes_per_sm 2");
     } else if comptime![n == 3] {

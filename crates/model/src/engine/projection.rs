@@ -77,9 +77,7 @@ impl<R: Runtime> ProjectionScratch<R> {
         let widest_in = h.max(i).max(config.q_dim());
         let widest_out = (2 * i).max(h).max(config.q_dim() + 2 * config.kv_dim());
         // The split-K scratch for the layer's own products ([N, K] of qkv, o, gate-up, down),
-        // not for the loose bound of the widest output over the widest input. The 8-bit
-        // layers' float-activation kernel splits a long K on few tiles across clusters with it
-        // too.
+        // not for the loose bound of the widest output over the widest input.
         let products = [
             [config.q_dim() + 2 * config.kv_dim(), h],
             [h, config.q_dim()],
@@ -89,7 +87,7 @@ impl<R: Runtime> ProjectionScratch<R> {
         // The step's argmax over the logits splits each row across cubes with the same scratch.
         let need = products
             .iter()
-            .map(|&[n, k]| quant::gemm8::layer_split_need(client, rows, k, n))
+            .map(|&[n, k]| ops::matmul::scratch_need(client, n, k))
             .fold(SplitNeed::default(), SplitNeed::max)
             .max(ops::argmax::split_need(
                 client,

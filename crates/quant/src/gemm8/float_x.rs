@@ -26,23 +26,16 @@
 //! k `(2 tig, 2 tig + 1)` and `(4w + 2, 4w + 3)` is `(2 tig + 8, 2 tig + 9)`, and x is staged in
 //! natural order as f16 pairs, so the same physical k of x are the B fragment's. The warps of a
 //! tile split the steps and meet in shared memory; bias, residual and the gated activation
-//! follow as in the dense kernels. A gated launch of more tile groups than one wave holds (the
-//! 1.5B model's gate-up: 560 groups of 256 units, 2.1 waves at the 98 registers a unit takes
-//! uncapped) runs one wave of 3 cubes per SM instead, registers capped to fit, each cube walking
-//! groups with the next group's weights loading while one is reduced and written, and x staged
-//! once: on an H100 the one-wave-per-group launch added 15.6 µs per layer to the step where the
-//! codes path's gate-up adds 8.7. An ungated launch of a long K on fewer tiles than SMs (the
-//! down projection: 96 tiles of 8 960 k) runs each tile on a cluster of two 256-unit cubes over
-//! alternate runs of steps, the second handing its warps' sums to the first through the
-//! workspace's split-K scratch behind the cluster barrier: one 512-unit cube per tile took an
-//! SM's whole register file, so it could not start (and load its weights before its wait)
-//! beside gate-up's last cubes, and left 36 of 132 SMs idle (8.3 µs per layer on an H100).
+//! follow as in the dense kernels. One cube per tile group: on an H100 the 1.5B model decoded
+//! slower with gate-up's 560 groups walked by one wave of 3 register-capped cubes per SM (W8A8
+//! 850 → 829 tok/s) and slower still with down's K split across clusters of two cubes (850 →
+//! 792), though down's own time fell 8.3 → 6.6 µs: the next layer's qkv and attention took
+//! longer by as much and more.
 //!
 //! The numbers differ from the codes path's by its activation rounding: here x is rounded once
 //! to f16 (after the norm's weight, before its `1 / rms`), there to 8 bits per row.
 
 use cubecl::prelude::*;
-use ops::gemm::SplitScratch;
 use ops::norm::sum_squares;
 use ops::reduce::{cube_max, cube_sum, ReducePlan};
 use ops::{caps, DType, DeviceTensor};
@@ -52,13 +45,12 @@ use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, pack_pair};
 // The int4 GEMV's tile of 16 output columns and shared-memory budget (x staged whole up to
 // STAGE_MAX_BYTES; 1.5B model: one row of down 17.5 KB, 16 rows of its hidden size 48 KB; larger
 // M x K runs on the codes path).
-use crate::w4a16_mma::{request_cubes_per_sm, SmDevice, RED_MAX_BYTES, STAGE_MAX_BYTES, TILE_N};
+use crate::w4a16_mma::{SmDevice, RED_MAX_BYTES, STAGE_MAX_BYTES, TILE_N};
 use crate::w4a16_nk::NkEpilogue;
 
 mod plan;
 
-pub(crate) use plan::split_partials;
-use plan::{launch_plan, FloatXPlan, Shape, K_SPLIT, STEP_K};
+use plan::{launch_plan, FloatXPlan, Shape, STEP_K};
 
 /// Whether [`gemv_float_x`] takes `x[m, k]` of `dtype` (bf16 or f16) against 8-bit weights of
 /// the format `fp8` names: CUDA with the f16 `mma.sync` (and, for e4m3, sm_89's conversions:
@@ -135,7 +127,7 @@ fn stage_scales(top: f32) -> Vector<f32, Const<2>> {
     s
 }
 
-/// The weight vectors of one pass of a lane: step `s0 + j · warps · k_split` of its two rows (`gid` and
+/// The weight vectors of one pass of a lane: step `s0 + j · warps` of its two rows (`gid` and
 /// `gid + 8` of the tile, and the matching up rows when gated), zeros past K or past the matrix.
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -153,7 +145,7 @@ fn load_pass(
     let tig = (UNIT_POS as usize % 32) % 4;
     #[unroll]
     for j in 0..comptime![plan.batch as usize] {
-        let v = (s0 + j * comptime![(plan.warps * plan.k_split) as usize]) * 4 + tig;
+        let v = (s0 + j * comptime![plan.warps as usize]) * 4 + tig;
         #[unroll]
         for half in 0..comptime![plan.halves()] {
             #[unroll]
@@ -169,75 +161,14 @@ fn load_pass(
     }
 }
 
-/// Declares a kernel that runs [`float_x_body`], with `#[cube(...)]` arguments `$cube`.
-macro_rules! float_x_entry {
-    ($(#[$doc:meta])* $name:ident, $($cube:tt)*) => {
-        $(#[$doc])*
-        #[cube($($cube)*)]
-        #[allow(clippy::too_many_arguments)]
-        fn $name<F: Float, NX: Size>(
-            x: &[Vector<F, NX>],
-            w: &[Vector<i32, Const<4>>],
-            w_scale: &[f32],
-            bias: &[F],
-            residual: &[F],
-            out: &mut [F],
-            norm_w: &[Vector<F, NX>],
-            partials: &mut [f32],
-            n: usize,
-            k: usize,
-            pitch_vectors: usize,
-            up_offset: usize,
-            inv_k: f32,
-            eps: f32,
-            #[comptime] plan: FloatXPlan,
-            #[define(F)] _dtype: ElemType,
-        ) {
-            float_x_body::<F, NX>(
-                x,
-                w,
-                w_scale,
-                bias,
-                residual,
-                out,
-                norm_w,
-                partials,
-                n,
-                k,
-                pitch_vectors,
-                up_offset,
-                inv_k,
-                eps,
-                plan,
-            );
-        }
-    };
-}
-
-float_x_entry!(
-    /// [`float_x_body`] with one cube per tile group (`plan.k_split == 1`); `partials` is not
-    /// read.
-    float_x_kernel,
-    launch_unchecked
-);
-
-float_x_entry!(
-    /// [`float_x_body`] on clusters of [`K_SPLIT`] cubes per tile group, `partials` holding
-    /// `K_SPLIT - 1` sets of partial sums per group.
-    float_x_cluster_kernel,
-    launch_unchecked,
-    cluster_dim = CubeDim::new_3d(K_SPLIT as u32, 1, 1)
-);
-
 /// Cube: `tiles` tiles of 16 output columns, `warps` warps each (over interleaved steps). Unit
 /// (warp, lane = 4 gid + tig): loads weight rows `gid` and `gid + 8` of its tile and x row `gid`
 /// (above 8 rows also `gid + 8`) from the staged copy, and accumulates the outputs of those two
-/// weight rows for x rows `2 tig` and `2 tig + 1` (above 8 rows also `+ 8`). With a K split the
-/// `k_split` cubes of a group take turns of `warps` steps.
-#[cube]
+/// weight rows for x rows `2 tig` and `2 tig + 1` (above 8 rows also `+ 8`).
+#[cube(launch_unchecked)]
 // A comptime condition stays apart from the runtime one it guards (`collapsible_if`).
 #[allow(clippy::too_many_arguments, clippy::collapsible_if)]
-fn float_x_body<F: Float, NX: Size>(
+fn float_x_kernel<F: Float, NX: Size>(
     x: &[Vector<F, NX>],
     w: &[Vector<i32, Const<4>>],
     w_scale: &[f32],
@@ -245,7 +176,6 @@ fn float_x_body<F: Float, NX: Size>(
     residual: &[F],
     out: &mut [F],
     norm_w: &[Vector<F, NX>],
-    partials: &mut [f32],
     n: usize,
     k: usize,
     pitch_vectors: usize,
@@ -253,6 +183,7 @@ fn float_x_body<F: Float, NX: Size>(
     inv_k: f32,
     eps: f32,
     #[comptime] plan: FloatXPlan,
+    #[define(F)] _dtype: ElemType,
 ) {
     let m_rows = comptime![plan.m as usize];
     let warps = comptime![plan.warps as usize];
@@ -266,20 +197,11 @@ fn float_x_body<F: Float, NX: Size>(
     let lane = tid % 32;
     let gid = lane / 4;
     let tig = lane % 4;
-    let k_split = comptime![plan.k_split as usize];
-    // The cube's place in its group's cluster, and the warp's among the group's warps.
-    let rank = CUBE_POS % k_split;
-    let wi = rank * warps + warp;
-    let stride = comptime![(plan.warps * plan.k_split) as usize];
-    if comptime![plan.persistent.is_some()] {
-        request_cubes_per_sm(comptime![plan.persistent.unwrap()]);
-    }
-    let tile_groups = n.div_ceil(comptime![TILE_N * plan.tiles as usize]);
-    let mut group = CUBE_POS / k_split;
-    let mut row = (group * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
+    let group = CUBE_POS;
+    let row = (group * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
     let k_vectors = k / 16;
     let steps = k_vectors.div_ceil(4);
-    let per_pass = stride * batch;
+    let per_pass = warps * batch;
     let passes = steps.div_ceil(per_pass);
 
     let mut wr =
@@ -289,7 +211,7 @@ fn float_x_body<F: Float, NX: Size>(
         &mut wr,
         row,
         n,
-        wi,
+        warp,
         k_vectors,
         pitch_vectors,
         up_offset,
@@ -363,160 +285,105 @@ fn float_x_body<F: Float, NX: Size>(
     let hi_base = select(gid + 8 < m_rows, gid + 8, 0) * row_words;
     let sums = comptime![plan.tile_sums()];
     let mut red = Shared::<[f32]>::new_slice(comptime![sums.shared_len()]);
-    while group < tile_groups {
-        let mut d =
-            Array::<Vector<f32, Const<4>>>::new(comptime![2 * plan.halves() * plan.x_halves()]);
-        #[unroll]
-        for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
-            d[i] = Vector::<f32, Const<4>>::new(0f32);
+    let mut d = Array::<Vector<f32, Const<4>>>::new(comptime![2 * plan.halves() * plan.x_halves()]);
+    #[unroll]
+    for i in 0..comptime![2 * plan.halves() * plan.x_halves()] {
+        d[i] = Vector::<f32, Const<4>>::new(0f32);
+    }
+    for p in 0..passes {
+        if p > 0 {
+            load_pass(
+                w,
+                &mut wr,
+                row,
+                n,
+                p * per_pass + warp,
+                k_vectors,
+                pitch_vectors,
+                up_offset,
+                plan,
+            );
         }
-        for p in 0..passes {
-            if p > 0 {
-                load_pass(
-                    w,
-                    &mut wr,
-                    row,
-                    n,
-                    p * per_pass + wi,
-                    k_vectors,
-                    pitch_vectors,
-                    up_offset,
-                    plan,
-                );
-            }
-            #[unroll]
-            for j in 0..batch {
-                let s = p * per_pass + j * stride + wi;
-                if s < steps {
-                    // This lane's 16 k of the step: staged words 2 tig and 2 tig + 1.
-                    let xw = s * 8 + tig * 2;
-                    let mut xv =
-                        Array::<Vector<u32, Const<4>>>::new(comptime![2 * plan.x_halves()]);
-                    xv[0] = xs[lo_base + xw];
-                    xv[1] = xs[lo_base + xw + 1];
-                    if comptime![plan.x_halves() == 2] {
-                        xv[2] = xs[hi_base + xw];
-                        xv[3] = xs[hi_base + xw + 1];
-                    }
+        #[unroll]
+        for j in 0..batch {
+            let s = p * per_pass + j * warps + warp;
+            if s < steps {
+                // This lane's 16 k of the step: staged words 2 tig and 2 tig + 1.
+                let xw = s * 8 + tig * 2;
+                let mut xv = Array::<Vector<u32, Const<4>>>::new(comptime![2 * plan.x_halves()]);
+                xv[0] = xs[lo_base + xw];
+                xv[1] = xs[lo_base + xw + 1];
+                if comptime![plan.x_halves() == 2] {
+                    xv[2] = xs[hi_base + xw];
+                    xv[3] = xs[hi_base + xw + 1];
+                }
+                #[unroll]
+                for word in 0..4usize {
+                    let ww = comptime![word];
                     #[unroll]
-                    for word in 0..4usize {
-                        let ww = comptime![word];
+                    for half in 0..halves {
+                        let i = (j * halves + half) * 2;
+                        let lo = wr[i].extract(word);
+                        let hi = wr[i + 1].extract(word);
+                        // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and a3.
+                        // Held in a vector: an asm output used directly as another asm's input
+                        // stays a mutable variable, which the C++ backend passes by address
+                        // (ptxas: "Arguments mismatch for instruction 'mma'").
+                        let mut a = Vector::<u32, Const<4>>::new(0u32);
+                        a.insert(0usize, code_pair(lo, 0u32, comptime![plan.fp8]));
+                        a.insert(1usize, code_pair(hi, 0u32, comptime![plan.fp8]));
+                        a.insert(2usize, code_pair(lo, 1u32, comptime![plan.fp8]));
+                        a.insert(3usize, code_pair(hi, 1u32, comptime![plan.fp8]));
                         #[unroll]
-                        for half in 0..halves {
-                            let i = (j * halves + half) * 2;
-                            let lo = wr[i].extract(word);
-                            let hi = wr[i + 1].extract(word);
-                            // A fragment: row gid's pairs in a0 and a2, row gid + 8's in a1 and a3.
-                            // Held in a vector: an asm output used directly as another asm's input
-                            // stays a mutable variable, which the C++ backend passes by address
-                            // (ptxas: "Arguments mismatch for instruction 'mma'").
-                            let mut a = Vector::<u32, Const<4>>::new(0u32);
-                            a.insert(0usize, code_pair(lo, 0u32, comptime![plan.fp8]));
-                            a.insert(1usize, code_pair(hi, 0u32, comptime![plan.fp8]));
-                            a.insert(2usize, code_pair(lo, 1u32, comptime![plan.fp8]));
-                            a.insert(3usize, code_pair(hi, 1u32, comptime![plan.fp8]));
-                            #[unroll]
-                            for xh in 0..x_halves {
-                                let di = (half * x_halves + xh) * 2 + comptime![ww % 2];
-                                let staged = xv[2 * xh + comptime![ww / 2]];
-                                d[di] = mma_m16n8k16(
-                                    a.extract(0usize),
-                                    a.extract(1usize),
-                                    a.extract(2usize),
-                                    a.extract(3usize),
-                                    staged.extract(comptime![2 * (ww % 2)]),
-                                    staged.extract(comptime![2 * (ww % 2) + 1]),
-                                    d[di],
-                                    true,
-                                );
-                            }
+                        for xh in 0..x_halves {
+                            let di = (half * x_halves + xh) * 2 + comptime![ww % 2];
+                            let staged = xv[2 * xh + comptime![ww / 2]];
+                            d[di] = mma_m16n8k16(
+                                a.extract(0usize),
+                                a.extract(1usize),
+                                a.extract(2usize),
+                                a.extract(3usize),
+                                staged.extract(comptime![2 * (ww % 2)]),
+                                staged.extract(comptime![2 * (ww % 2) + 1]),
+                                d[di],
+                                true,
+                            );
                         }
                     }
                 }
             }
         }
-        if comptime![plan.trigger && !plan.early_wait] {
-            gpu_asm!("griddepcontrol.launch_dependents;");
-        }
-
-        // The two chains' sums, then the tile's warps summed in warp order.
-        let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
-        #[unroll]
-        for c in 0..comptime![plan.halves() * plan.x_halves()] {
-            #[unroll]
-            for e in 0..4usize {
-                acc[4 * c + e] = d[2 * c].extract(e) + d[2 * c + 1].extract(e);
-            }
-        }
-        stash_tile_sums(&mut red, &acc, tile, warp, sums);
-        // The next group's first pass, into the registers the MMAs are done with: it loads while
-        // this group is reduced and written.
-        let next = group + CUBE_COUNT / k_split;
-        if comptime![plan.persistent.is_some()] {
-            if next < tile_groups {
-                row = (next * comptime![plan.tiles as usize] + tile) * TILE_N + gid;
-                load_pass(
-                    w,
-                    &mut wr,
-                    row,
-                    n,
-                    wi,
-                    k_vectors,
-                    pitch_vectors,
-                    up_offset,
-                    plan,
-                );
-            }
-        }
-        sync_cube();
-        if comptime![plan.k_split > 1] {
-            // The cluster's other cubes hand their warps' sums to its first cube through global
-            // memory (L2): written, the cluster barrier (release, then acquire, at cluster
-            // scope), added to the first cube's.
-            let len = comptime![sums.shared_len()];
-            let base = group * comptime![(plan.k_split as usize - 1) * sums.shared_len()];
-            if rank > 0 {
-                for i in range_stepped(tid, len, CUBE_DIM as usize) {
-                    partials[base + (rank - 1) * len + i] = red[i];
-                }
-            }
-            gpu_asm!("barrier.cluster.arrive.release.aligned;");
-            gpu_asm!("barrier.cluster.wait.acquire.aligned;");
-            if rank == 0 {
-                for i in range_stepped(tid, len, CUBE_DIM as usize) {
-                    let mut sum = red[i];
-                    #[unroll]
-                    for r in 0..comptime![plan.k_split as usize - 1] {
-                        sum += partials[base + r * len + i];
-                    }
-                    red[i] = sum;
-                }
-            }
-            sync_cube();
-        }
-        if rank == 0 {
-            write_tile_sums::<F>(
-                &red,
-                out,
-                bias,
-                residual,
-                &post,
-                w_scale,
-                group,
-                n,
-                up_offset,
-                sums,
-                true,
-                true,
-                plan.epilogue,
-            );
-        }
-        if comptime![plan.persistent.is_some()] {
-            // Every unit is done reading this group's partial sums before the next group's land.
-            sync_cube();
-        }
-        group = next;
     }
+    if comptime![plan.trigger && !plan.early_wait] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
+
+    // The two chains' sums, then the tile's warps summed in warp order.
+    let mut acc = Array::<f32>::new(comptime![4 * plan.halves() * plan.x_halves()]);
+    #[unroll]
+    for c in 0..comptime![plan.halves() * plan.x_halves()] {
+        #[unroll]
+        for e in 0..4usize {
+            acc[4 * c + e] = d[2 * c].extract(e) + d[2 * c + 1].extract(e);
+        }
+    }
+    stash_tile_sums(&mut red, &acc, tile, warp, sums);
+    sync_cube();
+    write_tile_sums::<F>(
+        &red,
+        out,
+        bias,
+        residual,
+        &post,
+        w_scale,
+        group,
+        n,
+        up_offset,
+        sums,
+        true,
+        true,
+        plan.epilogue,
+    );
 }
 
 /// The GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous bf16/f16, `w` an
@@ -533,7 +400,6 @@ pub(crate) fn gemv_float_x<R: Runtime>(
     epilogue: NkEpilogue<'_, R>,
     out: &DeviceTensor<R>,
     [m, k, n]: [usize; 3],
-    split: Option<&SplitScratch<R>>,
 ) {
     debug_assert!(can_run(client, x.dtype(), fp8, m, k));
     let gated = epilogue.gate.is_some();
@@ -546,54 +412,36 @@ pub(crate) fn gemv_float_x<R: Runtime>(
         epilogue: epilogue.blueprint(),
         norm: epilogue.norm.is_some(),
     };
-    let scratch = split.map_or(0, SplitScratch::partial_len);
-    let (plan, units, cubes) = launch_plan(shape, device, scratch, |units| {
-        ReducePlan::new(client, units)
-    });
+    let (plan, units, cubes) = launch_plan(shape, device, |units| ReducePlan::new(client, units));
     let (bias, residual, norm_w, eps) = epilogue.operands(x);
     let up_offset = if gated { n } else { 0 };
     // SAFETY: the operands were validated by the caller against M, N and K (the padded weight
-    // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated),
-    // `can_run` bounds the shared memory, and a split launch was planned within the scratch's
-    // partials (an unsplit one never reads its `partials`, here the weight scales).
+    // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated), and
+    // `can_run` bounds the shared memory.
     unsafe {
         let words =
             BufferArg::from_raw_parts(w.handle().clone(), w.handle().size_in_used() as usize / 4);
-        let partials = match split {
-            Some(scratch) if plan.k_split > 1 => scratch.partials_arg(),
-            _ => w_scale.as_buffer_arg(),
-        };
-        macro_rules! launch_on {
-            ($kernel:ident) => {
-                $kernel::launch_unchecked::<R>(
-                    client,
-                    ops::launch::cube_count_1d(client, cubes),
-                    CubeDim::new_1d(units),
-                    8usize,
-                    x.as_buffer_arg(),
-                    words,
-                    w_scale.as_buffer_arg(),
-                    bias.as_buffer_arg(),
-                    residual.as_buffer_arg(),
-                    out.as_buffer_arg(),
-                    norm_w.as_buffer_arg(),
-                    partials,
-                    n,
-                    k,
-                    pitch / 16,
-                    up_offset,
-                    1.0 / k as f32,
-                    eps,
-                    plan,
-                    x.dtype().elem_type(),
-                )
-            };
-        }
-        if plan.k_split > 1 {
-            launch_on!(float_x_cluster_kernel);
-        } else {
-            launch_on!(float_x_kernel);
-        }
+        float_x_kernel::launch_unchecked::<R>(
+            client,
+            ops::launch::cube_count_1d(client, cubes),
+            CubeDim::new_1d(units),
+            8usize,
+            x.as_buffer_arg(),
+            words,
+            w_scale.as_buffer_arg(),
+            bias.as_buffer_arg(),
+            residual.as_buffer_arg(),
+            out.as_buffer_arg(),
+            norm_w.as_buffer_arg(),
+            n,
+            k,
+            pitch / 16,
+            up_offset,
+            1.0 / k as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
     }
 }
 

@@ -126,39 +126,6 @@ pub fn runs_float_activations<R: Runtime>(
     )
 }
 
-/// What [`KernelChoice::FloatActivations`] needs of a workspace's split-K scratch
-/// ([`ops::linear::LinearWorkspace::split_k`]) for an ungated `[n, k]` product of up to `rows`
-/// rows: a long K on fewer 16-column tiles than SMs (the 1.5B model's down projection) splits
-/// across a cluster of cubes where the scratch holds their partial sums, and runs unsplit
-/// (slower) where it does not. Nothing where the kernel does not run.
-pub fn float_activation_split_need<R: Runtime>(
-    client: &ComputeClient<R>,
-    rows: usize,
-    k: usize,
-    n: usize,
-) -> ops::gemm::SplitNeed {
-    (1..=rows.min(16))
-        .filter(|&m| float_x::can_run(client, DType::BF16, false, m, k))
-        .map(|m| ops::gemm::SplitNeed {
-            partials: float_x::split_partials(client, m, k, n),
-            counters: 0,
-        })
-        .fold(ops::gemm::SplitNeed::default(), ops::gemm::SplitNeed::max)
-}
-
-/// What a workspace's split-K scratch ([`ops::linear::LinearWorkspace::with_split_need`]) needs
-/// for products of up to `rows` rows of an `[n, k]` weight, dense or 8-bit: the dense GEMV's K
-/// split ([`ops::matmul::scratch_need`]) and the float-activation kernel's
-/// ([`float_activation_split_need`]).
-pub fn layer_split_need<R: Runtime>(
-    client: &ComputeClient<R>,
-    rows: usize,
-    k: usize,
-    n: usize,
-) -> ops::gemm::SplitNeed {
-    ops::matmul::scratch_need(client, n, k).max(float_activation_split_need(client, rows, k, n))
-}
-
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.
 pub fn has_mma8<R: Runtime>(client: &ComputeClient<R>, fp8: bool) -> bool {
     let (t, cd) = if fp8 {

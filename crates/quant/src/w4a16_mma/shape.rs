@@ -3,15 +3,14 @@
 
 use super::{MAX_LOADS, MAX_WARPS, MIN_CUBE_WARPS, STAGE_MAX_BYTES, STEP_K, WARPS_PER_SM};
 
-/// What a decode GEMV's launch takes of the device: its SM count, programmatic dependent
-/// launch (`ops::caps::has_pdl`, `has_launch_dependents`) and cube clusters
-/// (`ops::caps::has_clusters`). Shared with the 8-bit float-activation GEMV.
+/// What a decode GEMV's launch takes of the device: its SM count and programmatic dependent
+/// launch (`ops::caps::has_pdl`, `has_launch_dependents`). Shared with the 8-bit
+/// float-activation GEMV.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct SmDevice {
     pub sms: usize,
     pub pdl: bool,
     pub trigger: bool,
-    pub clusters: bool,
 }
 
 impl SmDevice {
@@ -20,7 +19,6 @@ impl SmDevice {
             sms: ops::caps::num_sms(client) as usize,
             pdl: ops::caps::has_pdl(client),
             trigger: ops::caps::has_launch_dependents(client),
-            clusters: ops::caps::has_clusters(client),
         }
     }
 
@@ -31,7 +29,6 @@ impl SmDevice {
         sms: 132,
         pdl: true,
         trigger: true,
-        clusters: true,
     };
 }
 

@@ -3,9 +3,8 @@
 //! activation quantization, against the f64 reference, for the plain product with bias and
 //! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
 //! of the 16-column tiles, K not a multiple of the 64-k steps, M = 1, 3, 9 (two MMAs of x rows)
-//! and 16), on the 1.5B model's projections as the model runs them (bf16), on gated launches
-//! whose cubes walk several tile groups and on long-K launches split across clusters of cubes.
-//! Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
+//! and 16), on the 1.5B model's projections as the model runs them (bf16), on gated launches of
+//! several waves of cubes and on long-K launches of few tiles. Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
 //! workspace): the same bits as `KernelChoice::Auto`.
 
 use cubecl::prelude::*;
@@ -13,7 +12,7 @@ use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
 use ops::matmul::{Activation, InputNorm};
 use ops::DType;
 use quant::format::QuantFormat;
-use quant::gemm8::{float_activation_split_need, layer_split_need, runs_float_activations};
+use quant::gemm8::runs_float_activations;
 use quant::host::quantize_weight_8bit;
 use quant::reference as qref;
 use quant::{Fp8Linear, KernelChoice, W8A8Linear};
@@ -52,7 +51,7 @@ const SHAPES: [(usize, usize, usize); 4] =
 
 /// The 1.5B model's qkv, o and down products at one row as the model runs them, and down at 4
 /// rows, whose x does not fit the kernel's shared memory (the codes path runs). Gate-up is in
-/// [`gated_groups_case`].
+/// [`gated_waves_case`].
 const MODEL_CASES: [((usize, usize, usize), Variant); 4] = [
     ((1, 2048, 1536), Variant::Normed),
     ((1, 1536, 1536), Variant::Plain),
@@ -144,12 +143,11 @@ fn model_shapes_case<R: Runtime>(client: &ComputeClient<R>) {
 }
 
 /// Gated launches of more 16-column tile groups than one wave of cubes holds on an H100 or
-/// H200, where each cube walks several groups, on CUDA: the 1.5B model's gate-up at one row (560
-/// groups on 3 cubes per SM), an awkward one at 5 rows (532 groups, the last one partial, K not
-/// a whole number of steps) and one at 16 rows (313 groups on 2 cubes per SM, two MMAs of x
-/// rows; these two in bf16 only: every kernel of a case is compiled for the device first). The
-/// launch plan's unit tests pin that these shapes walk groups.
-fn gated_groups_case<R: Runtime>(client: &ComputeClient<R>) {
+/// H200, on CUDA: the 1.5B model's gate-up at one row (560 groups), an awkward one at 5 rows
+/// (532 groups, the last one partial, K not a whole number of steps) and one at 16 rows (313
+/// groups, two MMAs of x rows; these two in bf16 only: every kernel of a case is compiled for
+/// the device first).
+fn gated_waves_case<R: Runtime>(client: &ComputeClient<R>) {
     // Elsewhere these run the codes path, which the awkward shapes already compare with.
     if ops::caps::runtime_name(client) != "cuda" {
         return;
@@ -161,23 +159,14 @@ fn gated_groups_case<R: Runtime>(client: &ComputeClient<R>) {
     float_x_cases(client, &awkward, &variants, &[DType::BF16], 95);
 }
 
-/// Ungated launches of a long K on fewer tiles than SMs, which split K across a cluster of two
-/// cubes meeting through the workspace's split-K scratch, on CUDA (bf16: the f16 kernel differs
-/// only in its loads of x): N not a multiple of the tile and K not a whole number of steps,
-/// at 1 and 7 rows, plain and behind the input norm. On a device with clusters the workspace
-/// must be asked for the partial sums (the split is planned); the launch plan's unit tests pin
-/// that these shapes split on an H100 or H200.
-fn split_k_case<R: Runtime>(client: &ComputeClient<R>) {
+/// Ungated launches of a long K on fewer tiles than SMs (as the down projection), on CUDA
+/// (bf16: the f16 kernel differs only in its loads of x): N not a multiple of the tile and K
+/// not a whole number of steps, at 1 and 7 rows, plain and behind the input norm.
+fn long_k_case<R: Runtime>(client: &ComputeClient<R>) {
     if ops::caps::runtime_name(client) != "cuda" {
         return;
     }
     let shapes = [(1, 50, 4112), (7, 1500, 4176)];
-    if ops::caps::has_clusters(client) {
-        for (m, n, k) in shapes {
-            let need = float_activation_split_need(client, m, k, n);
-            assert!(need.partials > 0, "{m}x{n}x{k}: no K split planned");
-        }
-    }
     let variants = [Variant::Plain, Variant::Normed];
     float_x_cases(client, &shapes, &variants, &[DType::BF16], 94);
 }
@@ -201,9 +190,7 @@ fn float_x_cases<R: Runtime>(
                     let (bias, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
                     let (res, rh) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
                     let w = random(&mut rng, rows * k, 0.5);
-                    // Room for the float kernel's K split where it splits (down's shape).
-                    let need = layer_split_need(client, m, k, rows);
-                    let ws = LinearWorkspace::with_split_need(client, m, k, rows, dtype, need);
+                    let ws = LinearWorkspace::new(client, m, k, rows, dtype);
                     let what = format!("{fmt:?} {variant:?} {dtype} {m}x{n}x{k}");
                     let float = layer8(
                         client,
@@ -305,13 +292,13 @@ fn float_activations_match_reference_at_model_shapes() {
 }
 
 #[test]
-fn float_activations_walk_tile_groups() {
-    on_each_runtime!(gated_groups_case);
+fn float_activations_gated_past_one_wave() {
+    on_each_runtime!(gated_waves_case);
 }
 
 #[test]
-fn float_activations_split_k_across_clusters() {
-    on_each_runtime!(split_k_case);
+fn float_activations_long_k_on_few_tiles() {
+    on_each_runtime!(long_k_case);
 }
 
 #[test]

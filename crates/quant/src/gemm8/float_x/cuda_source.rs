@@ -9,70 +9,57 @@ use ops::matmul::Activation;
 use ops::DType;
 use testkit::cuda_source;
 
-use super::{float_x_cluster_kernel, float_x_kernel, launch_plan, Shape};
+use super::{float_x_kernel, launch_plan, Shape};
 use crate::w4a16_mma::SmDevice;
 
-/// Checks the CUDA C++ of the launch for `shape` on an sm_90 device with `dtype` activations
-/// (with a split-K scratch at hand, so a long K on few tiles takes the cluster kernel), expanded
-/// with `client`'s runtime (written as `name.cu` where asked).
+/// Checks the CUDA C++ of the launch for `shape` on an sm_90 device with `dtype` activations,
+/// expanded with `client`'s runtime (written as `name.cu` where asked).
 fn source<R: Runtime>(client: &ComputeClient<R>, name: &str, shape: Shape, dtype: DType) {
-    let (plan, units, _) = launch_plan(shape, SmDevice::SM90, usize::MAX, cuda_source::sm90_reduce);
+    let (plan, units, _) = launch_plan(shape, SmDevice::SM90, cuda_source::sm90_reduce);
     let elem = dtype.elem_type();
     let (settings, mut launcher) = cuda_source::launcher(client, units);
-    macro_rules! define {
-        ($kernel:ident, $ty:ident) => {{
-            launcher.with_scope(|scope| {
-                scope.register_size::<DynamicSize<$kernel::_NX>>(8usize);
-                scope.register_type::<DynamicScalar<$kernel::_F>>(elem);
-            });
-            use $kernel::{F, NX};
-            let buffer = || cuda_source::buffer(client);
-            let x = <[Vector<F, NX>] as LaunchArg>::register(buffer(), &mut launcher);
-            let w = <[Vector<i32, Const<4>>] as LaunchArg>::register(buffer(), &mut launcher);
-            let w_scale = <[f32] as LaunchArg>::register(buffer(), &mut launcher);
-            let bias = <[F] as LaunchArg>::register(buffer(), &mut launcher);
-            let residual = <[F] as LaunchArg>::register(buffer(), &mut launcher);
-            let out = <[F] as LaunchArg>::register(buffer(), &mut launcher);
-            let norm_w = <[Vector<F, NX>] as LaunchArg>::register(buffer(), &mut launcher);
-            let partials = <[f32] as LaunchArg>::register(buffer(), &mut launcher);
-            // Scalars (n, k, the weight's pitch in vectors, the up rows' offset, 1 / k, eps)
-            // register their values; their compilation argument is `()`.
-            for v in [shape.n, shape.k, shape.k.div_ceil(16), shape.n] {
-                <usize as LaunchArg>::register(v, &mut launcher);
-            }
-            for v in [1.0 / shape.k as f32, 1e-6] {
-                <f32 as LaunchArg>::register(v, &mut launcher);
-            }
-            $kernel::$ty::<R>::new(
-                settings,
-                client.clone(),
-                x,
-                w,
-                w_scale,
-                bias,
-                residual,
-                out,
-                norm_w,
-                partials,
-                (),
-                (),
-                (),
-                (),
-                (),
-                (),
-                8,
-                plan,
-                elem,
-            )
-            .define()
-        }};
+    launcher.with_scope(|scope| {
+        scope.register_size::<DynamicSize<float_x_kernel::_NX>>(8usize);
+        scope.register_type::<DynamicScalar<float_x_kernel::_F>>(elem);
+    });
+    use float_x_kernel::{F, NX};
+    let buffer = || cuda_source::buffer(client);
+    let x = <[Vector<F, NX>] as LaunchArg>::register(buffer(), &mut launcher);
+    let w = <[Vector<i32, Const<4>>] as LaunchArg>::register(buffer(), &mut launcher);
+    let w_scale = <[f32] as LaunchArg>::register(buffer(), &mut launcher);
+    let bias = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let residual = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let out = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let norm_w = <[Vector<F, NX>] as LaunchArg>::register(buffer(), &mut launcher);
+    // Scalars (n, k, the weight's pitch in vectors, the up rows' offset, 1 / k, eps) register
+    // their values; their compilation argument is `()`.
+    for v in [shape.n, shape.k, shape.k.div_ceil(16), shape.n] {
+        <usize as LaunchArg>::register(v, &mut launcher);
     }
-    let definition = if plan.k_split > 1 {
-        define!(float_x_cluster_kernel, FloatXClusterKernel)
-    } else {
-        define!(float_x_kernel, FloatXKernel)
-    };
-    cuda_source::check(name, definition);
+    for v in [1.0 / shape.k as f32, 1e-6] {
+        <f32 as LaunchArg>::register(v, &mut launcher);
+    }
+    let kernel = float_x_kernel::FloatXKernel::<R>::new(
+        settings,
+        client.clone(),
+        x,
+        w,
+        w_scale,
+        bias,
+        residual,
+        out,
+        norm_w,
+        (),
+        (),
+        (),
+        (),
+        (),
+        (),
+        8,
+        plan,
+        elem,
+    );
+    cuda_source::check(name, kernel.define());
 }
 
 fn case<R: Runtime>(client: &ComputeClient<R>) {
