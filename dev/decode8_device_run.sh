@@ -55,7 +55,7 @@ for line in open(sys.argv[1]):
   wait $MP; tail -2 $R/setup.log
   for round in 1 2; do
     for q in w8a8 fp8; do
-      bg r${round}_${q}_codes cubellm 512 704 --quant $q
+      bg r${round}_${q}_codes cubellm 512 704 --quant $q --quant-decode codes
       bg r${round}_${q}_float cubellm 512 704 --quant $q --quant-decode float
     done
   done

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# The float-activation 8-bit decode with its gated launch walking tile groups (one wave of 3
-# cubes per SM instead of 2.1 waves of 2) and its down projection split across clusters of two
-# cubes (192 cubes of 256 units instead of 96 of 512), on the GPU machine from the repository
-# root, in one call of about 5 minutes: the kernel's CUDA tests for those launches and the
-# model's float-decode test, then CUPTI per-kernel tables of the graph-replayed decode step
+# The 8-bit decode on the float activation (the CLI's default on CUDA) against codes, on the GPU
+# machine from the repository root, in one call of about 5 minutes: the kernel's CUDA tests (the
+# model's shapes, gated launches of several waves, a long K on few tiles) and the model's
+# float-decode test, then CUPTI per-kernel tables of the graph-replayed decode step
 # (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside them, on the
 # 1.5B shape with 6 decoder layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer
 # times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
@@ -16,7 +15,7 @@ C=.devs/cubellm
 if [ "${PART:-profile}" = e2e ]; then
   ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log
   # What is left of the call's 10 minutes after the model.
-  MODES=${E2E_MODES:-none w4a16 w4a16+head w8a8 w8a8+float fp8 fp8+float} RUNS=2 \
+  MODES=${E2E_MODES:-none w4a16 w4a16+head w8a8 w8a8+codes fp8 fp8+codes} RUNS=2 \
     timeout $((570 - SECONDS)) \
     bash scripts/bench_e2e.sh $C /tmp/big $R/e2e.jsonl 512 > $R/e2e.out 2> $R/e2e.err
   grep -h "decode\|peer" $R/e2e.out $R/e2e.err | tail -12
@@ -29,14 +28,14 @@ gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)
   dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
   > $R/trace-build.log 2>&1
 export CUBELLM_TEST_RUNTIMES=cuda
-timeout 150 .devs/quant-test --test-threads=8 float_activations_walk_tile_groups \
-  float_activations_match_reference_at_model_shapes float_activations_split_k \
+timeout 150 .devs/quant-test --test-threads=8 float_activations_gated_past_one_wave \
+  float_activations_match_reference_at_model_shapes float_activations_long_k \
   > $R/quant-test.log 2>&1; echo "rc=$?" >> $R/quant-test.log
 (cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 float_activation \
   --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
 grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -20
 wait $MP; tail -2 $R/setup.log
-for mode in ${MODES:-w8a8+float w8a8 fp8+float none fp8}; do
+for mode in ${MODES:-w8a8 w8a8+codes fp8 none fp8+codes}; do
   TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
     $R/prof "$mode" >> $R/profile.out 2>&1
   echo "== $mode"; grep -h "^per layer\|^step" "$R/prof/table_$mode.md" 2>/dev/null

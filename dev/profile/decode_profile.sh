@@ -5,8 +5,10 @@
 #
 #   dev/profile/decode_profile.sh CLI MODEL_DIR OUT_DIR [modes...]     (modes: none w8a8 fp8 w4a16)
 #
-# A mode with `+float` (w8a8+float, fp8+float) decodes on the float activation
-# (--quant-decode float), one with `+head` quantizes the LM head too (--quant-lm-head).
+# The 8-bit formats decode as the CLI's default (`--quant-decode auto`: the float activation on
+# CUDA); a mode with `+codes` (w8a8+codes, fp8+codes) decodes on quantized activations
+# (--quant-decode codes), one with `+float` asks for the float activation explicitly, one with
+# `+head` quantizes the LM head too (--quant-lm-head).
 #
 # CLI is a cubellm binary (or the `cli` binary of builds before commit 533fe89: same flags); libkernel_trace.so is looked for
 # beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
@@ -27,6 +29,7 @@ for mode in $modes; do
   [ "$base" != none ] && q=(--quant "$base")
   case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
   case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
+  case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
   CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
     KERNEL_TRACE_COPIES="$out/copies_$mode.csv" \
     "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"

@@ -27,11 +27,11 @@ pub struct WeightArgs {
     /// Quantize the LM head too (with --quant).
     #[arg(long)]
     pub quant_lm_head: bool,
-    /// How --quant w8a8 and fp8 multiply at decode on CUDA: `codes` quantizes the activation
-    /// per row and multiplies 8-bit codes (as prefill does); `float` multiplies the 8-bit
-    /// weights with the activation itself on f16 tensor cores (no quantize pass; x rounded to
-    /// f16, so the text may differ a little from `codes`).
-    #[arg(long, value_parser = ["codes", "float"], default_value = "codes")]
+    /// How --quant w8a8 and fp8 multiply at decode: `float` multiplies the 8-bit weights with
+    /// the activation itself on f16 tensor cores (CUDA, bf16/f16; no quantize pass, x rounded
+    /// to f16), `codes` quantizes the activation per row and multiplies 8-bit codes (as
+    /// prefill does); `auto` is `float` where that kernel runs, else `codes`.
+    #[arg(long, value_parser = ["auto", "codes", "float"], default_value = "auto")]
     pub quant_decode: String,
 }
 
@@ -58,9 +58,10 @@ impl WeightArgs {
         }
         let decode = match self.quant_decode.as_str() {
             "float" => Decode8::Float,
-            _ => Decode8::Codes,
+            "codes" => Decode8::Codes,
+            _ => Decode8::Auto,
         };
-        if decode != Decode8::Codes && !matches!(mode, Some(QuantMode::W8A8 | QuantMode::Fp8)) {
+        if decode != Decode8::Auto && !matches!(mode, Some(QuantMode::W8A8 | QuantMode::Fp8)) {
             anyhow::bail!("--quant-decode applies to --quant w8a8 and fp8 only");
         }
         Ok(match (self.sparsify, mode) {
@@ -97,10 +98,10 @@ pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<Stri
             } else {
                 ", LM head in float"
             },
-            if decode == Decode8::Float {
-                ", --quant-decode float"
-            } else {
-                ""
+            match decode {
+                Decode8::Auto => "",
+                Decode8::Codes => ", --quant-decode codes",
+                Decode8::Float => ", --quant-decode float",
             }
         ),
     };

@@ -103,6 +103,10 @@ fn bad_input_is_one_line_and_a_failure() {
             generate(d, "x", &["--quant-lm-head"]),
             "--quant w8a8, fp8 or w4a16",
         ),
+        (
+            generate(d, "x", &["--quant", "w4a16", "--quant-decode", "codes"]),
+            "--quant w8a8 and fp8 only",
+        ),
     ];
     for (args, needle) in cases {
         let o = cli(&args, &home);

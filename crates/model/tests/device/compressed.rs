@@ -209,7 +209,9 @@ fn compressed_models_track_the_float_model() {
 /// float-activation kernel, elsewhere the codes path) track the float model along its greedy
 /// continuation, teacher-forced: the mean KL of the first decode steps' next-token distributions
 /// against transformers' is within twice each format's bound above, or within 1.5x the codes
-/// path's own KL in the same dtype where bf16's rounding alone strays further on a fixture.
+/// path's own KL in the same dtype where bf16's rounding alone strays further on a fixture. The
+/// default (`Decode8::Auto`) is held to the same bound, without `Float`'s notice where the
+/// kernel does not run.
 fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
     let dtype = if caps::supports_dtype(client, DType::BF16) {
         DType::BF16
@@ -223,7 +225,7 @@ fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
         let want = &r.greedy_logits[r.vocab..(steps + 1) * r.vocab];
         for (mode, max_kl) in [(QuantMode::W8A8, W8A8_MAX_KL), (QuantMode::Fp8, FP8_MAX_KL)] {
             let mut kls = Vec::new();
-            for decode in [Decode8::Codes, Decode8::Float] {
+            for decode in [Decode8::Codes, Decode8::Float, Decode8::Auto] {
                 let compression = Compression::Quant {
                     mode,
                     lm_head: true,
@@ -269,13 +271,14 @@ fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
                 );
                 kls.push((what, kl));
             }
-            let (what, kl) = &kls[1];
             let bound = (2.0 * max_kl).max(1.5 * kls[0].1);
-            assert!(
-                *kl <= bound,
-                "{what}: mean KL {kl:.3e} (bound {bound:.3e}; the codes path {:.3e})",
-                kls[0].1
-            );
+            for (what, kl) in &kls[1..] {
+                assert!(
+                    *kl <= bound,
+                    "{what}: mean KL {kl:.3e} (bound {bound:.3e}; the codes path {:.3e})",
+                    kls[0].1
+                );
+            }
         }
     }
 }
