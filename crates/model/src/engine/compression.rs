@@ -148,8 +148,8 @@ impl Compression {
     }
 
     /// A note for the user when the 8-bit formats were explicitly asked to decode on the float
-    /// activation ([`Decode8::Float`]) where that kernel does not run (one decode row of the hidden size, in `dtype`): they
-    /// then decode on quantized activations.
+    /// activation ([`Decode8::Float`]) where that kernel does not run (one decode row of the
+    /// hidden size, in `dtype`): they then decode on quantized activations.
     pub(crate) fn decode_notice<R: Runtime>(
         &self,
         client: &ComputeClient<R>,

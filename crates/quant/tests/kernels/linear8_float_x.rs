@@ -4,8 +4,8 @@
 //! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
 //! of the 16-column tiles, K not a multiple of the 64-k steps, M = 1, 3, 9 (two MMAs of x rows)
 //! and 16), on the 1.5B model's projections as the model runs them (bf16), on gated launches of
-//! several waves of cubes and on long-K launches of few tiles. Everywhere else (other runtimes and dtypes, too many rows, a row-invariant
-//! workspace): the same bits as `KernelChoice::Auto`.
+//! several waves of cubes and on long-K launches of few tiles. Everywhere else (other runtimes
+//! and dtypes, too many rows, a row-invariant workspace): the same bits as `KernelChoice::Auto`.
 
 use cubecl::prelude::*;
 use ops::linear::{Epilogue, Linear, LinearWorkspace, NormedInput};
