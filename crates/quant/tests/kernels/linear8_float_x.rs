@@ -171,6 +171,8 @@ fn long_k_case<R: Runtime>(client: &ComputeClient<R>) {
     float_x_cases(client, &shapes, &variants, &[DType::BF16], 94);
 }
 
+type XOf = fn(&mut rand::rngs::StdRng, usize, usize) -> Vec<f32>;
+
 fn float_x_cases<R: Runtime>(
     client: &ComputeClient<R>,
     shapes: &[(usize, usize, usize)],
@@ -178,13 +180,24 @@ fn float_x_cases<R: Runtime>(
     dtypes: &[DType],
     seed: u64,
 ) {
+    float_x_cases_of(client, shapes, variants, dtypes, seed, rows_of_rising_scale);
+}
+
+fn float_x_cases_of<R: Runtime>(
+    client: &ComputeClient<R>,
+    shapes: &[(usize, usize, usize)],
+    variants: &[Variant],
+    dtypes: &[DType],
+    seed: u64,
+    x_of: XOf,
+) {
     let mut rng = rng(seed);
     for fmt in FORMATS {
         for &dtype in dtypes {
             for &(m, n, k) in shapes {
                 for &variant in variants {
                     let rows = if variant.gated() { 2 * n } else { n };
-                    let x = rows_of_rising_scale(&mut rng, m, k);
+                    let x = x_of(&mut rng, m, k);
                     let (xt, xh) = upload(client, &x, &[m, k], dtype);
                     let (g, gh) = upload(client, &random(&mut rng, k, 1.0), &[k], dtype);
                     let (bias, bh) = upload(client, &random(&mut rng, n, 1.0), &[n], dtype);
@@ -226,6 +239,41 @@ fn float_x_cases<R: Runtime>(
             }
         }
     }
+}
+
+/// Rows whose 64-k steps span twelve decades (1e-3 to 1e6, shifted by one decade triple per
+/// row, the largest not first): x (and `x · g`) far outside f16's range in places and tiny in
+/// others, so the kernel's f16 staging must scale it by the row's largest magnitude.
+fn rows_of_wild_steps(rng: &mut rand::rngs::StdRng, m: usize, k: usize) -> Vec<f32> {
+    let mut x = random(rng, m * k, 1.0);
+    for (r, row) in x.chunks_mut(k).enumerate() {
+        for (i, v) in row.iter_mut().enumerate() {
+            *v *= 10f32.powi(3 * ((i / 64 + r) % 4) as i32 - 3);
+        }
+    }
+    x
+}
+
+/// [`rows_of_wild_steps`] in bf16 (f16 cannot hold them) on awkward shapes, every variant.
+fn wild_steps_case<R: Runtime>(client: &ComputeClient<R>) {
+    if !float_dtypes(client).contains(&DType::BF16) {
+        return;
+    }
+    let variants = [
+        Variant::Plain,
+        Variant::Gated,
+        Variant::Normed,
+        Variant::NormedGated,
+    ];
+    let shapes = [(1, 40, 1552), (3, 33, 640), (9, 24, 400)];
+    float_x_cases_of(
+        client,
+        &shapes,
+        &variants,
+        &[DType::BF16],
+        96,
+        rows_of_wild_steps,
+    );
 }
 
 /// `x · rstd · g` per row in f64 (the kernel rounds `x · g`, scaled by a power of two, to f16
@@ -299,6 +347,11 @@ fn float_activations_gated_past_one_wave() {
 #[test]
 fn float_activations_long_k_on_few_tiles() {
     on_each_runtime!(long_k_case);
+}
+
+#[test]
+fn float_activations_scale_rows_past_f16_range() {
+    on_each_runtime!(wild_steps_case);
 }
 
 #[test]
