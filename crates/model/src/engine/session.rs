@@ -193,8 +193,14 @@ impl<R: Runtime> DeviceSampler<R> {
         let (inputs, workspace) = (&self.inputs, &self.workspace);
         let target = if ahead { &step.token } else { &self.out };
         let draw = || -> Result<()> {
-            ops::sampling::presence_mark_into(c, &step.token, inputs)?;
-            ops::sampling::sample_into(c, &step.logits, inputs, workspace, target)?;
+            ops::sampling::mark_and_sample_into(
+                c,
+                &step.token,
+                &step.logits,
+                inputs,
+                workspace,
+                target,
+            )?;
             Ok(())
         };
         let graph = &mut self.graphs[plan][usize::from(ahead)];

@@ -1,7 +1,7 @@
 //! The sampler's kernels: `prepare` (penalty, keys, the row maximum), the `stage` kernel (one
 //! radix pass of the top-k or top-p search per launch, then a final launch for the kept set's
 //! per-cube masses), and `draw` (the inverse-CDF draw in id order). `presence_mark` adds the
-//! step's token to the penalty's presence mask.
+//! step's token to the penalty's presence mask (`prepare` does too, when asked to).
 //!
 //! Every multi-cube kernel handles `CHUNK` consecutive ids of one row per cube (`CUBE_POS_X`) and
 //! one row per `CUBE_POS_Y`. The searches' state lives in a record per launch and row: every
@@ -67,23 +67,35 @@ pub(crate) const MODE_TOPP: u32 = 4;
 const MODE_NONE: u32 = 8;
 
 /// Penalty, keys and each cube's smallest key; zeroes the row's histograms for the stages.
+/// With `mark`, first adds the row's id in `tokens` to its presence mask (as
+/// [`presence_mark_kernel`]; ids outside the vocabulary are ignored): the unit that holds that id
+/// counts it as present and sets its bit, a word no other cube reads (a cube's ids fill whole
+/// mask words).
 #[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare_kernel<F: Float>(
     logits: &[F],
     params: &[u32],
-    presence: &[u32],
+    tokens: &[u32],
+    presence: &mut [u32],
     keys: &mut [u32],
     partial_min: &mut [u32],
     hist: &mut [Atomic<u32>],
     vocab: usize,
     words: usize,
     cubes: usize,
+    #[comptime] mark: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = CUBE_POS_Y as usize;
     let cube = CUBE_POS_X as usize;
     let u = UNIT_POS as usize;
     let penalty = f32::reinterpret(params[row * PARAM_WORDS as usize + P_PENALTY as usize]);
+    // `vocab` (never an id) when nothing is marked.
+    let mut marked = vocab;
+    if comptime![mark] {
+        marked = min(tokens[row] as usize, vocab);
+    }
     let mut scratch = Shared::<[u32]>::new_slice(CUBE as usize);
     let mut m = u32::new(EXCLUDED as i64);
     #[unroll]
@@ -91,11 +103,17 @@ pub(crate) fn prepare_kernel<F: Float>(
         let i = cube * CHUNK as usize + k as usize * CUBE as usize + u;
         if i < vocab {
             let mut l = f32::cast_from(logits[row * vocab + i]);
+            let w = row * words + i / 32;
+            let mut bit = 0u32;
             if penalty != 1f32 {
-                let bit = (presence[row * words + i / 32] >> (i % 32) as u32) & 1u32;
-                if bit == 1u32 {
-                    l = select(l > 0f32, l / penalty, l * penalty);
-                }
+                bit = (presence[w] >> (i % 32) as u32) & 1u32;
+            }
+            if i == marked {
+                bit = 1u32;
+                presence[w] |= 1u32 << (i % 32) as u32;
+            }
+            if bit == 1u32 {
+                l = select(l > 0f32, l / penalty, l * penalty);
             }
             let key = desc_key(l);
             keys[row * vocab + i] = key;

@@ -36,7 +36,8 @@
 //! kept set beyond ids: one kernel sums each cube's kept mass, a last one-cube kernel finds the
 //! cube and then the id where `u * Z` falls.
 //!
-//! That is `prepare`, the histogram passes of the searches some row needs ([`SamplingPlan`]: 4
+//! That is `prepare` (which also marks the step's token in the presence mask, with
+//! [`mark_and_sample_into`]), the histogram passes of the searches some row needs ([`SamplingPlan`]: 4
 //! for top-k, 4 for top-p), a final stage that sums each cube's kept mass, and the draw: 11
 //! launches with top-k and top-p, 7 with one of them, 3 for temperature alone or greedy with
 //! the penalty. A row whose parameters switch a launched search off skips its passes. Each
@@ -421,6 +422,32 @@ pub fn sample_into<R: Runtime>(
     workspace: &SamplingWorkspace<R>,
     out: &DeviceTensor<R>,
 ) -> Result<()> {
+    sample_marking_into(client, logits, None, inputs, workspace, out)
+}
+
+/// [`presence_mark_into`] of `tokens` then [`sample_into`], in the launches of the draw alone:
+/// the first kernel of the draw marks each row's token before it applies the penalty. Same
+/// tokens and the same mask as the two calls.
+pub fn mark_and_sample_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    tokens: &DeviceTensor<R>,
+    logits: &DeviceTensor<R>,
+    inputs: &SamplingInputs<R>,
+    workspace: &SamplingWorkspace<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    check_u32_ids("sample", "tokens", tokens, inputs.rows)?;
+    sample_marking_into(client, logits, Some(tokens), inputs, workspace, out)
+}
+
+fn sample_marking_into<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    mark: Option<&DeviceTensor<R>>,
+    inputs: &SamplingInputs<R>,
+    workspace: &SamplingWorkspace<R>,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
     const OP: &str = "sample";
     validate_rows(client, OP, logits, &[])?;
     check_atomics(client, OP)?;
@@ -450,7 +477,8 @@ pub fn sample_into<R: Runtime>(
     // SAFETY: every buffer was checked (or allocated) above for the sizes the kernels index:
     // logits and keys `[rows, vocab]`, params `[rows, 4]`, presence `[rows, ceil(vocab / 32)]`,
     // partial minima `[rows, cubes]`, histograms `[rows, HIST_WORDS]`, records
-    // `[rows, STAGES + 1, REC]`, partials `[rows, cubes, 3]`, uniforms and out `[rows]`.
+    // `[rows, STAGES + 1, REC]`, partials `[rows, cubes, 3]`, uniforms, out and the marked
+    // tokens `[rows]`.
     unsafe {
         kernels::prepare_kernel::launch_unchecked::<R>(
             client,
@@ -458,6 +486,8 @@ pub fn sample_into<R: Runtime>(
             dim,
             logits.as_buffer_arg(),
             inputs.params.as_buffer_arg(),
+            // Bound to the parameters when nothing is marked (never read then).
+            mark.unwrap_or(&inputs.params).as_buffer_arg(),
             inputs.presence.as_buffer_arg(),
             ws.keys.as_buffer_arg(),
             ws.partial_min.as_buffer_arg(),
@@ -465,6 +495,7 @@ pub fn sample_into<R: Runtime>(
             vocab,
             mask_words(vocab),
             cubes,
+            mark.is_some(),
             logits.dtype().elem_type(),
         );
         for (stage, &kind) in stages.iter().enumerate() {

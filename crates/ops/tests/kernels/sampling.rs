@@ -12,7 +12,8 @@
 use cubecl::prelude::*;
 use ops::reference::sampling as reference;
 use ops::sampling::{
-    presence_mark_into, sample, sample_into, RowParams, SamplingInputs, SamplingWorkspace,
+    mark_and_sample_into, presence_mark_into, sample, sample_into, RowParams, SamplingInputs,
+    SamplingWorkspace,
 };
 use ops::{DType, DeviceTensor};
 use rand::Rng;
@@ -370,6 +371,82 @@ fn presence_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_eq!(got[0], 34);
 }
 
+/// The draw that marks the step's token itself gives the tokens and the mask of the mark then
+/// the draw, on awkward vocabularies (the marked ids in the first, a middle and the last cube,
+/// one outside the vocabulary) and parameters with and without the penalty; and a marked
+/// token is penalised in the same draw.
+fn mark_in_draw_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(78);
+    let sampled = |penalty: f32, top_k: u32, top_p: f32| RowParams {
+        temperature: 0.8,
+        top_k,
+        top_p,
+        repetition_penalty: penalty,
+    };
+    let settings = [
+        sampled(1.3, 50, 0.9),
+        sampled(1.0, 0, 0.95),
+        sampled(1.1, 0, 1.0),
+        RowParams {
+            repetition_penalty: 2.0,
+            ..RowParams::GREEDY
+        },
+    ];
+    for &(vocab, tokens) in &[
+        (1000usize, [3u32, 999, 1000]),
+        (4099, [0, 2050, 4098]),
+        (151_936, [151_935, 77_000, 5]),
+    ] {
+        let rows = tokens.len();
+        let values: Vec<f32> = (0..rows)
+            .flat_map(|r| row_logits(&mut rng, vocab, r))
+            .collect();
+        let x = DeviceTensor::from_f32(client, &values, &[rows, vocab], DType::F32).unwrap();
+        let ids = DeviceTensor::from_slice(client, &tokens, &[rows]).unwrap();
+        let contexts: Vec<Vec<u32>> = (0..rows)
+            .map(|_| (0..40).map(|_| rng.random_range(0..vocab as u32)).collect())
+            .collect();
+        let ctx: Vec<&[u32]> = contexts.iter().map(Vec::as_slice).collect();
+        let workspace = SamplingWorkspace::new(client, rows, vocab).unwrap();
+        for params in settings {
+            let u: Vec<f64> = (0..rows).map(|r| UNIFORMS[(r * 3 + 2) % 8]).collect();
+            let run = |fused: bool| {
+                let mut inputs = SamplingInputs::new(client, rows, vocab).unwrap();
+                inputs.write_params(client, &vec![params; rows]).unwrap();
+                inputs.write_uniforms(client, &u).unwrap();
+                inputs.fill_presence(client, &ctx).unwrap();
+                let out = DeviceTensor::from_slice(client, &vec![7u32; rows], &[rows]).unwrap();
+                if fused {
+                    mark_and_sample_into(client, &ids, &x, &inputs, &workspace, &out).unwrap();
+                } else {
+                    presence_mark_into(client, &ids, &inputs).unwrap();
+                    sample_into(client, &x, &inputs, &workspace, &out).unwrap();
+                }
+                let mask = inputs.presence.to_vec::<u32>(client).unwrap();
+                (out.to_vec::<u32>(client).unwrap(), mask)
+            };
+            let (want, want_mask) = run(false);
+            let (got, got_mask) = run(true);
+            let what = format!("V={vocab} {params:?}");
+            assert_exact(&format!("tokens {what}"), &got, &want);
+            assert_exact(&format!("mask {what}"), &got_mask, &want_mask);
+        }
+    }
+    // Greedy with the penalty moves from the marked token 33 to token 34.
+    let vocab = 2100;
+    let mut logits = vec![0f32; vocab];
+    logits[33] = 5.0;
+    logits[34] = 4.0;
+    let x = DeviceTensor::from_f32(client, &logits, &[1, vocab], DType::F32).unwrap();
+    let mut inputs = SamplingInputs::new(client, 1, vocab).unwrap();
+    inputs.write_params(client, &[settings[3]]).unwrap();
+    let ids = DeviceTensor::from_slice(client, &[33u32], &[1]).unwrap();
+    let workspace = SamplingWorkspace::new(client, 1, vocab).unwrap();
+    let out = DeviceTensor::from_slice(client, &[7u32], &[1]).unwrap();
+    mark_and_sample_into(client, &ids, &x, &inputs, &workspace, &out).unwrap();
+    assert_eq!(out.to_vec::<u32>(client).unwrap(), [34]);
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut inputs = SamplingInputs::new(client, 2, 10).unwrap();
     let workspace = SamplingWorkspace::new(client, 2, 10).unwrap();
@@ -473,6 +550,11 @@ fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
         presence_mark_into(client, &bad_tokens, &inputs),
         "shape",
     );
+    assert_err(
+        "mark and draw rows",
+        mark_and_sample_into(client, &bad_tokens, &x, &inputs, &workspace, &out),
+        "shape",
+    );
 }
 
 #[test]
@@ -488,6 +570,11 @@ fn sampling_exact_cases() {
 #[test]
 fn sampling_presence_mask() {
     on_each_runtime!(presence_case);
+}
+
+#[test]
+fn sampling_marks_the_token_in_the_draw() {
+    on_each_runtime!(mark_in_draw_case);
 }
 
 #[test]
