@@ -56,10 +56,7 @@ if has bench; then
   grep -h "decode\|prefill" $R/bench.out | tail -12
 fi
 if has profile; then
-  cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])' 2>/dev/null)
-  gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include dev/profile/kernel_trace.c \
-    -L$cu13/lib -l:libcupti.so.13 \
-    -o /tmp/libkernel_trace.so > $R/trace-build.log 2>&1
+  build_trace_lib $R/trace-build.log
   TRACE_LIB=/tmp/libkernel_trace.so timeout 400 bash dev/profile/decode_profile.sh $C /tmp/big $R/profile \
     ${PROFILE_MODES:-none w8a8 w4a16} > $R/profile.out 2>&1
   tail -20 $R/profile.out

@@ -7,6 +7,8 @@
 #                                checkpoint (/tmp/big, scripts/make_hf_fixtures.py --big, at most
 #                                T seconds, default 240) unless /tmp/big is already there; with
 #                                LAYERS, that many decoder layers in /tmp/big$LAYERS
+#   build_trace_lib LOG          builds the CUPTI kernel tracer of dev/profile (kernel_trace.c)
+#                                as /tmp/libkernel_trace.so, compiler output in LOG
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
 #                                unpacked, the build's commit and the device's name written there
 unpack_devs() {
@@ -25,6 +27,14 @@ ensure_big_model() {
   timeout 120 "$cli" make-demo-model --out /tmp/demo > "$log" 2>&1
   timeout "$limit" python3 scripts/make_hf_fixtures.py --big ${layers:+--big-layers $layers} \
     --tokenizer /tmp/demo --out "$out" >> "$log" 2>&1
+}
+
+build_trace_lib() {
+  local cu13
+  cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
+  gcc -O2 -shared -fPIC -I"$cu13/include" \
+    -I"$(dirname "$(dirname "$(command -v nvcc)")")/include" dev/profile/kernel_trace.c \
+    -L"$cu13/lib" -l:libcupti.so.13 -o /tmp/libkernel_trace.so > "$1" 2>&1
 }
 
 begin_results() {

@@ -23,10 +23,7 @@ if [ "${PART:-profile}" = e2e ]; then
 fi
 (ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
 MP=$!
-cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
-gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include \
-  dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
-  > $R/trace-build.log 2>&1
+build_trace_lib $R/trace-build.log
 export CUBELLM_TEST_RUNTIMES=cuda
 timeout 150 .devs/quant-test --test-threads=8 float_activations_gated_past_one_wave \
   float_activations_match_reference_at_model_shapes float_activations_long_k \

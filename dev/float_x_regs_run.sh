@@ -11,10 +11,7 @@ source dev/device_setup.sh; begin_results
 C=.devs/cubellm
 (ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
 MP=$!
-cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
-gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include \
-  dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
-  > $R/trace-build.log 2>&1
+build_trace_lib $R/trace-build.log
 export CUBELLM_TEST_RUNTIMES=cuda
 for v in 1 0; do
   CUBELLM_LAB_XREGS=$v timeout 200 .devs/quant-test --test-threads=8 float_activations \

@@ -9,10 +9,7 @@ set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
 ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log
-cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])')
-gcc -O2 -shared -fPIC -I$cu13/include -I$(dirname "$(dirname "$(command -v nvcc)")")/include \
-  dev/profile/kernel_trace.c -L$cu13/lib -l:libcupti.so.13 -o /tmp/libkernel_trace.so \
-  > $R/trace-build.log 2>&1
+build_trace_lib $R/trace-build.log
 for round in 1 2 3; do
   for v in 0 1; do
     CUBELLM_LAB_QKV_TRIGGER=$v timeout 60 $C --runtime cuda bench-generate --model /tmp/big \
