@@ -37,10 +37,10 @@
 //! cube and then the id where `u * Z` falls.
 //!
 //! That is `prepare` (which also marks the step's token in the presence mask, with
-//! [`mark_and_sample_into`]), the histogram passes of the searches some row needs ([`SamplingPlan`]: 4
-//! for top-k, 4 for top-p), a final stage that sums each cube's kept mass, and the draw: 11
-//! launches with top-k and top-p, 7 with one of them, 3 for temperature alone or greedy with
-//! the penalty. A row whose parameters switch a launched search off skips its passes. Each
+//! [`mark_and_sample_into`]), the histogram passes of the searches some row needs
+//! ([`SamplingPlan`]: 4 for top-k, 4 for top-p), a final stage that sums each cube's kept mass,
+//! and the draw: 11 launches with top-k and top-p, 7 with one of them, 3 for temperature alone
+//! or greedy with the penalty. A row whose parameters switch a launched search off skips its passes. Each
 //! multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for Qwen2's
 //! vocabulary).
 //!
