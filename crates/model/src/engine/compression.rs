@@ -55,8 +55,9 @@ pub enum Compression {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Decode8 {
     /// [`Decode8::Float`] where that kernel runs, else [`Decode8::Codes`], without a notice. On
-    /// an H100 the 1.5B model decoded one sequence faster on the float activation (W8A8 850
-    /// against 834 tok/s, FP8 854 against 758) and tracked the float model more closely.
+    /// an H100 the 1.5B model decoded one sequence faster on the float activation (one call:
+    /// W8A8 845 against 833 tok/s, FP8 841 against 764) and tracked the float model more
+    /// closely.
     #[default]
     Auto,
     /// Quantize the activation per row and multiply 8-bit codes (the arithmetic of prefill).
