@@ -5,8 +5,9 @@
 //! - `logits to host ...`: the old sampled path's copy of the logits to the host (a read, so
 //!   every call waits for it; the host sort came on top);
 //! - `sample <params> ...`: the sampling kernels (the presence mark included where the penalty
-//!   is on), eagerly and, on CUDA, replayed from a captured graph (`graph`), as the sampled
-//!   decode step runs them.
+//!   is on, in the draw's first kernel as the decode step marks it), eagerly and, on CUDA,
+//!   replayed from a captured graph (`graph`), as the sampled decode step runs them; with a top-k
+//!   the small-top-k plan runs, and `radix` names the same parameters on the radix plan.
 //!
 //! `lab [--runtime cuda] samplelab [FILTER]` prints them as JSON lines (`cubellm bench`'s
 //! format: `us` per call, `us_steady` per call in steady state).
@@ -14,7 +15,7 @@
 use bench::{capture, randn_tensor, Case};
 use cubecl::prelude::*;
 use ops::sampling::{
-    presence_mark_into, sample_into, RowParams, SamplingInputs, SamplingWorkspace,
+    mark_and_sample_into, sample_into, RowParams, SamplingInputs, SamplingPlan, SamplingWorkspace,
 };
 use ops::{caps, DType, DeviceTensor};
 
@@ -34,6 +35,7 @@ fn params() -> Vec<(&'static str, RowParams)> {
         ("t0.7 p0.95", p(0.7, 0, 0.95, 1.0)),
         ("t0.7 k50 p0.95", p(0.7, 50, 0.95, 1.0)),
         ("t0.7 p0.95 penalty1.1", p(0.7, 0, 0.95, 1.1)),
+        ("t0.7 k50 p0.95 penalty1.1", p(0.7, 50, 0.95, 1.1)),
     ]
 }
 
@@ -72,9 +74,26 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                     }),
                 });
             }
-            for (label, p) in params() {
+            let plans = |p: RowParams| {
+                let plan = SamplingPlan::for_params(&vec![p; rows], VOCAB);
+                let radix = SamplingPlan {
+                    small_k: false,
+                    ..plan
+                };
+                let mut out = vec![("", plan)];
+                if plan.small_k {
+                    out.push((" radix", radix));
+                }
+                out
+            };
+            for (label, p, (plan_label, plan)) in params()
+                .into_iter()
+                .flat_map(|(l, p)| plans(p).into_iter().map(move |q| (l, p, q)))
+            {
+                let label = format!("{label}{plan_label}");
                 let mut inputs = SamplingInputs::new(client, rows, VOCAB).unwrap();
                 inputs.write_params(client, &vec![p; rows]).unwrap();
+                inputs.set_plan(plan).unwrap();
                 inputs.write_uniforms(client, &vec![0.37; rows]).unwrap();
                 let context: Vec<u32> = (0..512u32).map(|i| i * 97 % VOCAB as u32).collect();
                 inputs
@@ -87,9 +106,10 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 let penalty = p.repetition_penalty != 1.0;
                 let step = move || {
                     if penalty {
-                        presence_mark_into(client, &tokens, &inputs).unwrap();
+                        mark_and_sample_into(client, &tokens, &x, &inputs, &workspace, &o).unwrap();
+                    } else {
+                        sample_into(client, &x, &inputs, &workspace, &o).unwrap();
                     }
-                    sample_into(client, &x, &inputs, &workspace, &o).unwrap();
                 };
                 if let Some(graph) = capture(client, &step) {
                     out.push(Case {

@@ -131,7 +131,11 @@ const FIRST_RUNG: usize = 1024;
 
 /// The slot of a plan's graph in [`DeviceSampler::graphs`].
 fn plan_index(plan: SamplingPlan) -> usize {
-    usize::from(plan.top_k) | usize::from(plan.top_p) << 1
+    if plan.small_k {
+        4
+    } else {
+        usize::from(plan.top_k) | usize::from(plan.top_p) << 1
+    }
 }
 
 /// How a [`Session`] runs.
@@ -162,7 +166,7 @@ struct DeviceSampler<R: Runtime> {
     /// and per target: `graphs[plan][0]` draws into `out`, `graphs[plan][1]` into the decode
     /// buffers' input token, for sampling one step ahead of the host
     /// ([`CausalLm::decode_sample_ahead`]). Declared first: dropped before the buffers.
-    graphs: [[StepGraph<R>; 2]; 4],
+    graphs: [[StepGraph<R>; 2]; 5],
     inputs: SamplingInputs<R>,
     workspace: SamplingWorkspace<R>,
     out: DeviceTensor<R>,
@@ -545,7 +549,8 @@ impl<R: Runtime> CausalLm for Session<R> {
         }
         let c = self.model.client().clone();
         let row = params.row_params();
-        let plan = plan_index(SamplingPlan::for_params(&[row]));
+        let vocab = self.model.config().vocab_size;
+        let plan = plan_index(SamplingPlan::for_params(&[row], vocab));
         let step_plan = self.plan_slot();
         let capturing = self.step_graph(false, step_plan).capturing()
             || self
@@ -596,7 +601,7 @@ impl<R: Runtime> CausalLm for Session<R> {
         let vocab = self.model.config().vocab_size;
         let c = self.model.client().clone();
         let row = params.row_params();
-        let plan = plan_index(SamplingPlan::for_params(&[row]));
+        let plan = plan_index(SamplingPlan::for_params(&[row], vocab));
         let capturing = decode
             && self
                 .sampler

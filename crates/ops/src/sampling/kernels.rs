@@ -29,10 +29,10 @@ pub(crate) const HIST_WORDS: u32 = STAGES * 3 * BINS;
 
 /// Parameter words per row: temperature (f32 bits), top-k, top-p (f32 bits), penalty (f32 bits).
 pub(crate) const PARAM_WORDS: u32 = 4;
-const P_TEMPERATURE: u32 = 0;
-const P_TOP_K: u32 = 1;
-const P_TOP_P: u32 = 2;
-const P_PENALTY: u32 = 3;
+pub(crate) const P_TEMPERATURE: u32 = 0;
+pub(crate) const P_TOP_K: u32 = 1;
+pub(crate) const P_TOP_P: u32 = 2;
+pub(crate) const P_PENALTY: u32 = 3;
 
 /// The kind of the final launch of the stage kernel (after the histogram passes `0..PASSES` of
 /// the top-k search and `PASSES..STAGES` of the top-p search).
@@ -66,6 +66,49 @@ pub(crate) const MODE_TOPK: u32 = 2;
 pub(crate) const MODE_TOPP: u32 = 4;
 const MODE_NONE: u32 = 8;
 
+/// The id `tokens` marks in `row` (`vocab`, never an id, when nothing is marked or the token is
+/// outside the vocabulary).
+#[cube]
+pub(crate) fn marked_id(tokens: &[u32], row: usize, vocab: usize, #[comptime] mark: bool) -> usize {
+    let mut marked = vocab;
+    if comptime![mark] {
+        marked = min(tokens[row] as usize, vocab);
+    }
+    marked
+}
+
+/// The key of logit `i` of `row` after the repetition penalty (`penalty` 1: none, the mask is
+/// not read). The id `marked` counts as present and gets its bit set in the mask: the unit that
+/// holds an id is the only one that writes its word, and the other units of the word read their
+/// own bits, which the write leaves as they were.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn penalised_key<F: Float>(
+    logits: &[F],
+    presence: &mut [u32],
+    row: usize,
+    i: usize,
+    vocab: usize,
+    words: usize,
+    marked: usize,
+    penalty: f32,
+) -> u32 {
+    let mut l = f32::cast_from(logits[row * vocab + i]);
+    let w = row * words + i / 32;
+    let mut bit = 0u32;
+    if penalty != 1f32 {
+        bit = (presence[w] >> (i % 32) as u32) & 1u32;
+    }
+    if i == marked {
+        bit = 1u32;
+        presence[w] |= 1u32 << (i % 32) as u32;
+    }
+    if bit == 1u32 {
+        l = select(l > 0f32, l / penalty, l * penalty);
+    }
+    desc_key(l)
+}
+
 /// Penalty, keys and each cube's smallest key; zeroes the row's histograms for the stages.
 /// With `mark`, first adds the row's id in `tokens` to its presence mask (as
 /// [`presence_mark_kernel`]; ids outside the vocabulary are ignored): the unit that holds that id
@@ -91,31 +134,14 @@ pub(crate) fn prepare_kernel<F: Float>(
     let cube = CUBE_POS_X as usize;
     let u = UNIT_POS as usize;
     let penalty = f32::reinterpret(params[row * PARAM_WORDS as usize + P_PENALTY as usize]);
-    // `vocab` (never an id) when nothing is marked.
-    let mut marked = vocab;
-    if comptime![mark] {
-        marked = min(tokens[row] as usize, vocab);
-    }
+    let marked = marked_id(tokens, row, vocab, mark);
     let mut scratch = Shared::<[u32]>::new_slice(CUBE as usize);
     let mut m = u32::new(EXCLUDED as i64);
     #[unroll]
     for k in 0..PER_UNIT {
         let i = cube * CHUNK as usize + k as usize * CUBE as usize + u;
         if i < vocab {
-            let mut l = f32::cast_from(logits[row * vocab + i]);
-            let w = row * words + i / 32;
-            let mut bit = 0u32;
-            if penalty != 1f32 {
-                bit = (presence[w] >> (i % 32) as u32) & 1u32;
-            }
-            if i == marked {
-                bit = 1u32;
-                presence[w] |= 1u32 << (i % 32) as u32;
-            }
-            if bit == 1u32 {
-                l = select(l > 0f32, l / penalty, l * penalty);
-            }
-            let key = desc_key(l);
+            let key = penalised_key(logits, presence, row, i, vocab, words, marked, penalty);
             keys[row * vocab + i] = key;
             m = min(m, key);
         }
@@ -480,7 +506,7 @@ pub(crate) fn stage_kernel(
 
 /// Top-p's target mass: `top_p` of `z`, at least one unit and at most `z`.
 #[cube]
-fn top_p_target(top_p: f32, zh: u32, zl: u32) -> (u32, u32) {
+pub(crate) fn top_p_target(top_p: f32, zh: u32, zl: u32) -> (u32, u32) {
     let (th, tl) = mass_from_f32(top_p * mass_to_f32(zh, zl));
     let mut h = th;
     let mut l = tl;

@@ -71,6 +71,7 @@
 
 mod fixed;
 mod kernels;
+mod small_k;
 
 use cubecl::ir::features::AtomicUsage;
 use cubecl::prelude::*;
@@ -147,24 +148,53 @@ impl RowParams {
     }
 }
 
-/// Which searches a launch of the sampler runs: the top-k and top-p searches are 4 histogram
+/// Which launches the sampler makes. With `small_k` (every sampled row's top-k in
+/// `2..=`[`small_top_k_limit`], or no sampled row), two: each chunk of the vocabulary's own
+/// top-k, then the row's top-k, top-p and the draw over those candidates in one cube. Otherwise
+/// the radix plan over the whole vocabulary, whose top-k and top-p searches are 4 histogram
 /// passes each, launched only when a row may need them (a row whose parameters switch one off
-/// skips its passes on the device, which still costs the launches). The plan follows from the
-/// parameters the host wrote ([`SamplingInputs::plan`]); a captured graph of [`sample_into`]
-/// replays with any parameters of the same plan.
+/// skips its passes on the device, which still costs the launches). Both plans keep the same
+/// set and draw the same token. The plan follows from the parameters the host wrote
+/// ([`SamplingInputs::plan`]); a captured graph of [`sample_into`] replays with any parameters
+/// of the same plan.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct SamplingPlan {
     pub top_k: bool,
     pub top_p: bool,
+    pub small_k: bool,
+}
+
+/// The largest top-k of the small-top-k plan for a vocabulary of `vocab` (109 for Qwen2's
+/// 151,936): the candidates of every chunk must fit the final cube's registers, and its ordering
+/// of the top-k set takes one element per unit.
+pub fn small_top_k_limit(vocab: usize) -> usize {
+    let chunks = vocab.max(1).div_ceil(small_k::LOCAL_CHUNK as usize);
+    (small_k::SLOTS as usize / chunks).min(small_k::MAX_K as usize)
 }
 
 impl SamplingPlan {
-    /// The searches some row of `params` needs (none for greedy rows, temperature 0 or top-k 1).
-    pub fn for_params(params: &[RowParams]) -> Self {
+    /// The launches the rows of `params` need over a vocabulary of `vocab` (no search for greedy
+    /// rows, temperature 0 or top-k 1).
+    pub fn for_params(params: &[RowParams], vocab: usize) -> Self {
         let sampled = |p: &&RowParams| p.temperature > 0.0 && p.top_k != 1;
+        let limit = small_top_k_limit(vocab);
         Self {
             top_k: params.iter().filter(sampled).any(|p| p.top_k > 0),
             top_p: params.iter().filter(sampled).any(|p| p.top_p < 1.0),
+            small_k: params
+                .iter()
+                .filter(sampled)
+                .all(|p| p.top_k >= 2 && p.top_k as usize <= limit),
+        }
+    }
+
+    /// Whether a launch of `self` serves rows that need `needed`: the small-top-k plan only
+    /// where they allow it, the radix plan where it has every search they need.
+    fn serves(self, needed: Self) -> bool {
+        if self.small_k {
+            needed.small_k
+        } else {
+            (self.top_k || !needed.top_k) && (self.top_p || !needed.top_p)
         }
     }
 
@@ -222,6 +252,8 @@ pub struct SamplingInputs<R: Runtime> {
     rows: usize,
     vocab: usize,
     plan: SamplingPlan,
+    /// The plan of the parameters written last ([`SamplingPlan::for_params`]).
+    needed: SamplingPlan,
 }
 
 impl<R: Runtime> SamplingInputs<R> {
@@ -239,7 +271,8 @@ impl<R: Runtime> SamplingInputs<R> {
             )?,
             rows,
             vocab,
-            plan: SamplingPlan::default(),
+            plan: SamplingPlan::for_params(&[RowParams::GREEDY], vocab),
+            needed: SamplingPlan::for_params(&[RowParams::GREEDY], vocab),
         })
     }
 
@@ -247,9 +280,28 @@ impl<R: Runtime> SamplingInputs<R> {
         self.rows
     }
 
-    /// The searches the parameters written last need ([`SamplingPlan::for_params`]).
+    /// The launches [`sample_into`] makes: those the parameters written last need
+    /// ([`SamplingPlan::for_params`]) unless [`Self::set_plan`] chose others.
     pub fn plan(&self) -> SamplingPlan {
         self.plan
+    }
+
+    /// Chooses the launches for the parameters written last (until the next
+    /// [`Self::write_params`]), e.g. the radix plan where the small-top-k plan would serve:
+    /// both draw the same tokens, so this is for comparing them. Errors when the plan does not
+    /// serve the parameters (a search they need is off, or a top-k beyond the small plan's).
+    pub fn set_plan(&mut self, plan: SamplingPlan) -> Result<()> {
+        if !plan.serves(self.needed) {
+            return Err(OpsError::invalid(
+                "SamplingInputs::set_plan",
+                format!(
+                    "{plan:?} does not serve the parameters, which need {:?}",
+                    self.needed
+                ),
+            ));
+        }
+        self.plan = plan;
+        Ok(())
     }
 
     pub fn vocab(&self) -> usize {
@@ -271,7 +323,8 @@ impl<R: Runtime> SamplingInputs<R> {
         let words: Vec<u32> = params.iter().flat_map(RowParams::words).collect();
         self.params
             .write_bytes(client, bytemuck::cast_slice(&words))?;
-        self.plan = SamplingPlan::for_params(params);
+        self.needed = SamplingPlan::for_params(params, self.vocab);
+        self.plan = self.needed;
         Ok(())
     }
 
@@ -336,21 +389,32 @@ impl<R: Runtime> SamplingInputs<R> {
 /// | `hist` | `[rows, 8, 3, 256]` | the stages' histograms: count and mass per bin |
 /// | `records` | `[rows, 9, 15]` | the searches' state after each launch, then the kept set |
 /// | `partials` | `[rows, cubes, 3]` | each cube's ties at the kept set's boundary and mass below it |
+/// | `cand_keys`, `cand_ids` | `[rows, chunks * stride]` | the small-top-k plan's candidates: each chunk's top-k |
+/// | `bounds` | `[rows, chunks]` | each chunk's k-th key |
 pub struct SamplingWorkspace<R: Runtime> {
     keys: DeviceTensor<R>,
     partial_min: DeviceTensor<R>,
     hist: DeviceTensor<R>,
     records: DeviceTensor<R>,
     partials: DeviceTensor<R>,
+    cand_keys: DeviceTensor<R>,
+    cand_ids: DeviceTensor<R>,
+    bounds: DeviceTensor<R>,
     rows: usize,
     vocab: usize,
     cubes: usize,
+    /// The small-top-k plan's chunks of `small_k::LOCAL_CHUNK` ids and candidate slots per
+    /// chunk ([`small_top_k_limit`]).
+    chunks: usize,
+    stride: usize,
 }
 
 impl<R: Runtime> SamplingWorkspace<R> {
     pub fn new(client: &ComputeClient<R>, rows: usize, vocab: usize) -> Result<Self> {
         check_geometry("SamplingWorkspace::new", rows, vocab)?;
         let cubes = vocab.div_ceil(CHUNK as usize);
+        let chunks = vocab.div_ceil(small_k::LOCAL_CHUNK as usize);
+        let stride = small_top_k_limit(vocab);
         let u32s = |shape: &[usize]| DeviceTensor::empty(client, shape, DType::U32);
         Ok(Self {
             keys: u32s(&[rows, vocab]),
@@ -358,9 +422,14 @@ impl<R: Runtime> SamplingWorkspace<R> {
             hist: u32s(&[rows, HIST_WORDS as usize]),
             records: u32s(&[rows, (STAGES + 1) as usize, REC as usize]),
             partials: u32s(&[rows, cubes, 3]),
+            cand_keys: u32s(&[rows, chunks * stride]),
+            cand_ids: u32s(&[rows, chunks * stride]),
+            bounds: u32s(&[rows, chunks]),
             rows,
             vocab,
             cubes,
+            chunks,
+            stride,
         })
     }
 
@@ -372,6 +441,9 @@ impl<R: Runtime> SamplingWorkspace<R> {
             &self.hist,
             &self.records,
             &self.partials,
+            &self.cand_keys,
+            &self.cand_ids,
+            &self.bounds,
         ]
         .iter()
         .map(|t| t.numel() * 4)
@@ -467,10 +539,14 @@ fn sample_marking_into<R: Runtime>(
         }
     }
     check_u32_ids(OP, "out", out, rows)?;
+    let scale = (1u64 << scale_bits(vocab)) as f32;
+    if inputs.plan.small_k {
+        launch_small_k(client, logits, mark, inputs, workspace, out, scale);
+        return Ok(());
+    }
     let cubes = workspace.cubes;
     let grid = CubeCount::Static(cubes as u32, rows as u32, 1);
     let dim = CubeDim::new_1d(CUBE);
-    let scale = (1u64 << scale_bits(vocab)) as f32;
     let ws = workspace;
     let plan = inputs.plan;
     let stages = plan.stages();
@@ -540,6 +616,60 @@ fn sample_marking_into<R: Runtime>(
         );
     }
     Ok(())
+}
+
+/// The small-top-k plan's two launches (see [`SamplingPlan`]), on buffers [`sample_marking_into`]
+/// checked.
+fn launch_small_k<R: Runtime>(
+    client: &ComputeClient<R>,
+    logits: &DeviceTensor<R>,
+    mark: Option<&DeviceTensor<R>>,
+    inputs: &SamplingInputs<R>,
+    ws: &SamplingWorkspace<R>,
+    out: &DeviceTensor<R>,
+    scale: f32,
+) {
+    let (rows, vocab) = (ws.rows, ws.vocab);
+    let dim = CubeDim::new_1d(CUBE);
+    // SAFETY: the caller checked logits `[rows, vocab]`, out and the marked tokens `[rows]`
+    // against the inputs (params `[rows, 4]`, presence `[rows, ceil(vocab / 32)]`, uniforms
+    // `[rows]`) and the workspace (candidates `[rows, chunks * stride]`, bounds
+    // `[rows, chunks]`); the kernels write at most `stride` candidates per chunk.
+    unsafe {
+        small_k::local_top_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(ws.chunks as u32, rows as u32, 1),
+            dim,
+            logits.as_buffer_arg(),
+            inputs.params.as_buffer_arg(),
+            // Bound to the parameters when nothing is marked (never read then).
+            mark.unwrap_or(&inputs.params).as_buffer_arg(),
+            inputs.presence.as_buffer_arg(),
+            ws.cand_keys.as_buffer_arg(),
+            ws.cand_ids.as_buffer_arg(),
+            ws.bounds.as_buffer_arg(),
+            vocab,
+            mask_words(vocab),
+            ws.chunks,
+            ws.stride,
+            mark.is_some(),
+            logits.dtype().elem_type(),
+        );
+        small_k::final_draw_kernel::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(1, rows as u32, 1),
+            dim,
+            ws.cand_keys.as_buffer_arg(),
+            ws.cand_ids.as_buffer_arg(),
+            ws.bounds.as_buffer_arg(),
+            inputs.params.as_buffer_arg(),
+            inputs.uniform.as_buffer_arg(),
+            out.as_buffer_arg(),
+            ws.chunks,
+            ws.stride,
+            scale,
+        );
+    }
 }
 
 /// Adds each row's token of `tokens` (u32 `[rows]`, e.g. the step's input token) to that row's

@@ -12,8 +12,8 @@
 use cubecl::prelude::*;
 use ops::reference::sampling as reference;
 use ops::sampling::{
-    mark_and_sample_into, presence_mark_into, sample, sample_into, RowParams, SamplingInputs,
-    SamplingWorkspace,
+    mark_and_sample_into, presence_mark_into, sample, sample_into, small_top_k_limit, RowParams,
+    SamplingInputs, SamplingPlan, SamplingWorkspace,
 };
 use ops::{DType, DeviceTensor};
 use rand::Rng;
@@ -23,13 +23,15 @@ const TOL: f64 = 2e-5;
 
 const UNIFORMS: [f64; 8] = [0.0, 1e-9, 0.013, 0.3, 0.5, 0.77, 0.999_999, 1.0 - 1e-12];
 
-/// Parameter rows of one launch. `family` picks which searches the launch has (its
-/// `SamplingPlan`): both, top-k only, top-p only, neither.
+/// Parameter rows of one launch. `family` picks its `SamplingPlan`: the radix plan with both
+/// searches, top-k only, top-p only, neither; the small-top-k plan with and without top-p.
 fn param_grid(vocab: usize, family: usize) -> Vec<RowParams> {
-    let ks: &[u32] = if family % 4 < 2 {
-        &[0, 1, 5, 50, vocab as u32 + 10]
-    } else {
-        &[0, 1]
+    let small = small_top_k_limit(vocab) as u32;
+    let small_ks = [1, 2, 5, 50.min(small), small];
+    let ks: &[u32] = match family % 6 {
+        0 | 1 => &[0, 1, 5, 50, vocab as u32 + 10],
+        2 | 3 => &[0, 1],
+        _ => &small_ks,
     };
     let ps: &[f32] = if family.is_multiple_of(2) {
         &[1.0, 0.9, 0.5, 1e-6]
@@ -155,17 +157,17 @@ fn sampling_case<R: Runtime>(client: &ComputeClient<R>) {
     for dtype in float_dtypes(client) {
         // Every launch of a size has its own family of parameters (see `param_grid`).
         for &(vocab, rows, launches) in &[
-            (1usize, 8usize, 4usize),
+            (1usize, 8usize, 6usize),
             (3, 64, 8),
-            (17, 160, 4),
-            (1000, 160, 4),
-            (4099, 24, 4),
+            (17, 160, 6),
+            (1000, 160, 6),
+            (4099, 24, 6),
             (4099, 16, 2),
-            (151_936, 4, 4),
+            (151_936, 4, 6),
             // One row, as a decode step draws.
             (151_936, 1, 8),
             // More cubes than the draw's units: each unit of the draw scans several cubes.
-            (300_007, 2, 2),
+            (300_007, 2, 6),
         ] {
             let mut inputs = SamplingInputs::new(client, rows, vocab).unwrap();
             let workspace = SamplingWorkspace::new(client, rows, vocab).unwrap();
@@ -190,6 +192,17 @@ fn sampling_case<R: Runtime>(client: &ComputeClient<R>) {
                 }
                 let (x, xh) = upload(client, &values, &[rows, vocab], dtype);
                 inputs.write_params(client, &params).unwrap();
+                let plan = inputs.plan();
+                if launch % 6 < 4 {
+                    // The families of the radix plan (some of its rows would allow the other).
+                    let radix = SamplingPlan {
+                        small_k: false,
+                        ..plan
+                    };
+                    inputs.set_plan(radix).unwrap();
+                } else {
+                    assert!(plan.small_k, "plan of family {launch}: {plan:?}");
+                }
                 inputs.write_uniforms(client, &uniforms).unwrap();
                 let ctx: Vec<&[u32]> = contexts.iter().map(Vec::as_slice).collect();
                 inputs.fill_presence(client, &ctx).unwrap();
@@ -447,6 +460,82 @@ fn mark_in_draw_case<R: Runtime>(client: &ComputeClient<R>) {
     assert_eq!(out.to_vec::<u32>(client).unwrap(), [34]);
 }
 
+/// The small-top-k plan draws the tokens of the radix plan, exactly: on every kind of row (ties
+/// everywhere, a tied maximum, `-inf`, NaN and `+inf` entries), with top-k from 2 to the plan's
+/// limit, with and without top-p and the penalty, greedy rows among them, on vocabularies of
+/// one chunk, of a partial last chunk and of many chunks.
+fn small_k_matches_radix_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(79);
+    for &(vocab, rows) in &[(5usize, 16usize), (2049, 24), (151_936, 8), (300_007, 3)] {
+        let limit = small_top_k_limit(vocab) as u32;
+        let mut inputs = SamplingInputs::new(client, rows, vocab).unwrap();
+        let workspace = SamplingWorkspace::new(client, rows, vocab).unwrap();
+        for round in 0..3 {
+            let values: Vec<f32> = (0..rows)
+                .flat_map(|r| row_logits(&mut rng, vocab, r + round))
+                .collect();
+            let (x, _) = upload(client, &values, &[rows, vocab], DType::F32);
+            let params: Vec<RowParams> = (0..rows)
+                .map(|r| RowParams {
+                    temperature: [0.7, 1.0, 0.0, 1.6][(r + round) % 4],
+                    top_k: [2, limit, 50.min(limit), 7, 1][(r + 2 * round) % 5],
+                    top_p: [1.0, 0.9, 0.3, 1e-6][(r / 2 + round) % 4],
+                    repetition_penalty: [1.0, 1.3][(r + round) % 2],
+                })
+                .collect();
+            let uniforms: Vec<f64> = (0..rows)
+                .map(|r| UNIFORMS[(r * 5 + round) % UNIFORMS.len()])
+                .collect();
+            let contexts: Vec<Vec<u32>> = (0..rows)
+                .map(|_| (0..30).map(|_| rng.random_range(0..vocab as u32)).collect())
+                .collect();
+            let ctx: Vec<&[u32]> = contexts.iter().map(Vec::as_slice).collect();
+            inputs.write_params(client, &params).unwrap();
+            inputs.write_uniforms(client, &uniforms).unwrap();
+            inputs.fill_presence(client, &ctx).unwrap();
+            let small = inputs.plan();
+            assert!(small.small_k, "V={vocab}: {small:?}");
+            let draw = |inputs: &SamplingInputs<R>| {
+                let out = DeviceTensor::from_slice(client, &vec![7u32; rows], &[rows]).unwrap();
+                sample_into(client, &x, inputs, &workspace, &out).unwrap();
+                out.to_vec::<u32>(client).unwrap()
+            };
+            let got = draw(&inputs);
+            inputs
+                .set_plan(SamplingPlan {
+                    small_k: false,
+                    ..small
+                })
+                .unwrap();
+            let want = draw(&inputs);
+            assert_exact(
+                &format!("small-k vs radix V={vocab} round {round}"),
+                &got,
+                &want,
+            );
+        }
+        // A top-k past the limit needs the radix plan.
+        let wide = RowParams {
+            temperature: 1.0,
+            top_k: limit + 1,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+        };
+        if (limit as usize) < vocab {
+            inputs.write_params(client, &vec![wide; rows]).unwrap();
+            assert!(!inputs.plan().small_k);
+            assert_err(
+                "small-k plan past its limit",
+                inputs.set_plan(SamplingPlan {
+                    small_k: true,
+                    ..inputs.plan()
+                }),
+                "argument",
+            );
+        }
+    }
+}
+
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
     let mut inputs = SamplingInputs::new(client, 2, 10).unwrap();
     let workspace = SamplingWorkspace::new(client, 2, 10).unwrap();
@@ -575,6 +664,11 @@ fn sampling_presence_mask() {
 #[test]
 fn sampling_marks_the_token_in_the_draw() {
     on_each_runtime!(mark_in_draw_case);
+}
+
+#[test]
+fn sampling_small_k_plan_matches_radix_plan() {
+    on_each_runtime!(small_k_matches_radix_case);
 }
 
 #[test]
