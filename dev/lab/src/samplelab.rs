@@ -6,8 +6,8 @@
 //!   every call waits for it; the host sort came on top);
 //! - `sample <params> ...`: the sampling kernels (the presence mark included where the penalty
 //!   is on, in the draw's first kernel as the decode step marks it), eagerly and, on CUDA,
-//!   replayed from a captured graph (`graph`), as the sampled decode step runs them; with a top-k
-//!   the small-top-k plan runs, and `radix` names the same parameters on the radix plan.
+//!   replayed from a captured graph (`graph`), as the sampled decode step runs them; where the
+//!   small-top-k plan serves the parameters, on both plans (`small-k`, `radix`).
 //!
 //! `lab [--runtime cuda] samplelab [FILTER]` prints them as JSON lines (`cubellm bench`'s
 //! format: `us` per call, `us_steady` per call in steady state).
@@ -15,7 +15,8 @@
 use bench::{capture, randn_tensor, Case};
 use cubecl::prelude::*;
 use ops::sampling::{
-    mark_and_sample_into, sample_into, RowParams, SamplingInputs, SamplingPlan, SamplingWorkspace,
+    mark_and_sample_into, sample_into, small_top_k_serves, RowParams, SamplingInputs, SamplingPlan,
+    SamplingWorkspace,
 };
 use ops::{caps, DType, DeviceTensor};
 
@@ -76,15 +77,12 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             }
             let plans = |p: RowParams| {
                 let plan = SamplingPlan::for_params(&vec![p; rows], VOCAB);
-                let radix = SamplingPlan {
-                    small_k: false,
-                    ..plan
-                };
-                let mut out = vec![("", plan)];
-                if plan.small_k {
-                    out.push((" radix", radix));
+                if small_top_k_serves(&vec![p; rows], VOCAB) {
+                    let on = |small_k| SamplingPlan { small_k, ..plan };
+                    vec![(" small-k", on(true)), (" radix", on(false))]
+                } else {
+                    vec![("", plan)]
                 }
-                out
             };
             for (label, p, (plan_label, plan)) in params()
                 .into_iter()

@@ -32,6 +32,120 @@ pub(crate) const FINAL_PER: u32 = 32;
 pub(crate) const SLOTS: u32 = CUBE * FINAL_PER;
 /// The largest top-k of the plan: the final kernel orders the set with one element per unit.
 pub(crate) const MAX_K: u32 = CUBE;
+/// Candidates the final kernel moves to shared memory when no more survive the bound, and
+/// how many each unit then holds.
+const SURVIVOR_PER: u32 = 4;
+const SURVIVORS: u32 = CUBE * SURVIVOR_PER;
+/// Units per plane where the kernels use plane operations (`planes`).
+pub(crate) const PLANE: u32 = 32;
+const PLANES: u32 = CUBE / PLANE;
+
+/// The cube's shared scratch: the scans' and minima's words.
+#[derive(CubeType)]
+struct Scratch {
+    sa: Shared<[u32]>,
+    sb: Shared<[u32]>,
+    sc: Shared<[u32]>,
+    /// Each plane's totals (three words per plane).
+    per_plane: Shared<[u32]>,
+}
+
+#[cube]
+fn scratch() -> Scratch {
+    Scratch {
+        sa: Shared::<[u32]>::new_slice(CUBE as usize),
+        sb: Shared::<[u32]>::new_slice(CUBE as usize),
+        sc: Shared::<[u32]>::new_slice(CUBE as usize),
+        per_plane: Shared::<[u32]>::new_slice(3 * PLANES as usize),
+    }
+}
+
+/// [`scan3`] over the cube; with `planes` (32-unit planes with plane operations) a plane scan
+/// and one exchange of the planes' totals: 2 barriers instead of 18.
+#[cube]
+fn cube_scan3(
+    a: u32,
+    b: u32,
+    c: u32,
+    s: &mut Scratch,
+    #[comptime] planes: bool,
+) -> (u32, u32, u32, u32, u32, u32) {
+    if comptime![planes] {
+        plane_scan3(a, b, c, &mut s.per_plane)
+    } else {
+        scan3(a, b, c, &mut s.sa, &mut s.sb, &mut s.sc, CUBE)
+    }
+}
+
+#[cube]
+fn plane_scan3(a: u32, b: u32, c: u32, per_plane: &mut [u32]) -> (u32, u32, u32, u32, u32, u32) {
+    let ia = plane_inclusive_sum(a);
+    let ib = plane_inclusive_sum(b);
+    let ic = plane_inclusive_sum(c);
+    let plane = UNIT_POS / PLANE;
+    let pw = PLANES as usize;
+    sync_cube();
+    if UNIT_POS % PLANE == PLANE - 1 {
+        per_plane[plane as usize] = ia;
+        per_plane[pw + plane as usize] = ib;
+        per_plane[2 * pw + plane as usize] = ic;
+    }
+    sync_cube();
+    let mut ba = 0u32;
+    let mut bb = 0u32;
+    let mut bc = 0u32;
+    let mut ta = 0u32;
+    let mut tb = 0u32;
+    let mut tc = 0u32;
+    #[unroll]
+    for q in 0..PLANES {
+        let xa = per_plane[q as usize];
+        let xb = per_plane[pw + q as usize];
+        let xc = per_plane[2 * pw + q as usize];
+        if q < plane {
+            ba += xa;
+            bb += xb;
+            bc += xc;
+        }
+        ta += xa;
+        tb += xb;
+        tc += xc;
+    }
+    (ba + ia - a, bb + ib - b, bc + ic - c, ta, tb, tc)
+}
+
+/// [`cube_min_u32`] over the cube, through the planes' minima with `planes`.
+#[cube]
+fn cube_min(v: u32, s: &mut Scratch, #[comptime] planes: bool) -> u32 {
+    if comptime![planes] {
+        plane_cube_min(v, &mut s.per_plane)
+    } else {
+        cube_min_u32(v, &mut s.sa, CUBE)
+    }
+}
+
+#[cube]
+fn plane_cube_min(v: u32, per_plane: &mut [u32]) -> u32 {
+    let m = plane_min(v);
+    sync_cube();
+    if UNIT_POS % PLANE == 0 {
+        per_plane[(UNIT_POS / PLANE) as usize] = m;
+    }
+    sync_cube();
+    let mut r = u32::new(EXCLUDED as i64);
+    #[unroll]
+    for q in 0..PLANES {
+        r = min(r, per_plane[q as usize]);
+    }
+    r
+}
+
+/// Where candidate slot `s` of a row lies in its `SLOTS` words: slot `u * FINAL_PER + j`, the
+/// final kernel's unit `u`'s `j`-th, at `j * CUBE + u`, so that its loads are coalesced.
+#[cube]
+fn slot_address(s: usize) -> usize {
+    (s % FINAL_PER as usize) * CUBE as usize + s / FINAL_PER as usize
+}
 
 /// The row's k: 1 for a greedy row (temperature 0 or top-k 1), otherwise its top-k, within
 /// `1..=stride` (the host plans this kernel only for rows whose top-k is in `2..=stride`).
@@ -60,10 +174,9 @@ fn select_k(
     k: u32,
     bound: u32,
     hist: &[Atomic<u32>],
-    sa: &mut [u32],
-    sb: &mut [u32],
-    sc: &mut [u32],
+    s: &mut Scratch,
     pick: &mut [u32],
+    #[comptime] planes: bool,
 ) -> (u32, u32) {
     let u = UNIT_POS as usize;
     let mut prefix = 0u32;
@@ -79,7 +192,7 @@ fn select_k(
                 m = min(m, key);
             }
         }
-        prefix = cube_min_u32(m, sa, CUBE);
+        prefix = cube_min(m, s, planes);
         all = prefix == EXCLUDED;
         passes = 0u32;
     }
@@ -110,7 +223,7 @@ fn select_k(
         }
         sync_cube();
         let c = hist[u].load();
-        let (e, _e1, _e2, total, _t1, _t2) = scan3(c, 0u32, 0u32, sa, sb, sc, CUBE);
+        let (e, _e1, _e2, total, _t1, _t2) = cube_scan3(c, 0u32, 0u32, s, planes);
         if pass == 0u32 && total < k {
             all = true;
             break;
@@ -143,9 +256,8 @@ fn kept_offsets(
     #[comptime] n: u32,
     tk: u32,
     jk: u32,
-    sa: &mut [u32],
-    sb: &mut [u32],
-    sc: &mut [u32],
+    s: &mut Scratch,
+    #[comptime] planes: bool,
 ) -> (u32, u32, u32) {
     let mut ties = 0u32;
     let mut below = 0u32;
@@ -158,8 +270,46 @@ fn kept_offsets(
             ties += 1u32;
         }
     }
-    let (et, eb, _e, tt, tb, _t) = scan3(ties, below, 0u32, sa, sb, sc, CUBE);
+    let (et, eb, _e, tt, tb, _t) = cube_scan3(ties, below, 0u32, s, planes);
     (eb + min(et, jk), et, tb + min(tt, jk))
+}
+
+/// The kept set of [`select_k`] over `keys` (`n` per unit, with their `slots`, in slot order
+/// across the units) into `set_key` and `set_slot`, in slot order; returns its size.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn gather_top_k(
+    keys: &Array<u32>,
+    slots: &Array<u32>,
+    #[comptime] n: u32,
+    k: u32,
+    bound: u32,
+    hist: &[Atomic<u32>],
+    s: &mut Scratch,
+    pick: &mut [u32],
+    set_key: &mut [u32],
+    set_slot: &mut [u32],
+    #[comptime] planes: bool,
+) -> u32 {
+    let (tk, jk) = select_k(keys, n, k, bound, hist, s, pick, planes);
+    let (p0, r0, size) = kept_offsets(keys, n, tk, jk, s, planes);
+    let mut pos = p0 as usize;
+    let mut rank = r0;
+    #[unroll]
+    for j in 0..n {
+        let key = keys[j as usize];
+        let keep = key < tk || (key == tk && rank < jk);
+        if key == tk {
+            rank += 1u32;
+        }
+        if keep {
+            set_key[pos] = key;
+            set_slot[pos] = slots[j as usize];
+            pos += 1;
+        }
+    }
+    sync_cube();
+    size
 }
 
 /// Keys `LOCAL_CHUNK` ids per cube (after the penalty; with `mark`, the row's id in `tokens`
@@ -181,6 +331,7 @@ pub(crate) fn local_top_kernel<F: Float>(
     cubes: usize,
     stride: usize,
     #[comptime] mark: bool,
+    #[comptime] planes: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = CUBE_POS_Y as usize;
@@ -189,35 +340,35 @@ pub(crate) fn local_top_kernel<F: Float>(
     let penalty = f32::reinterpret(params[row * PARAM_WORDS as usize + P_PENALTY as usize]);
     let marked = marked_id(tokens, row, vocab, mark);
     let k = row_k(params, row, stride);
-    let first = cube * LOCAL_CHUNK as usize + u * LOCAL_PER as usize;
-    let mut keys = Array::<u32>::new(LOCAL_PER as usize);
+    // Keyed in a coalesced order (consecutive units, consecutive ids), then handed over
+    // through shared memory so that each unit holds `LOCAL_PER` consecutive ids.
+    let chunk = cube * LOCAL_CHUNK as usize;
+    let mut staged = Shared::<[u32]>::new_slice(LOCAL_CHUNK as usize);
     #[unroll]
     for j in 0..LOCAL_PER {
-        let i = first + j as usize;
+        let at = j as usize * CUBE as usize + u;
+        let i = chunk + at;
         let mut key = u32::new(EXCLUDED as i64);
         if i < vocab {
             key = penalised_key(logits, presence, row, i, vocab, words, marked, penalty);
         }
-        keys[j as usize] = key;
+        staged[at] = key;
+    }
+    sync_cube();
+    let first = chunk + u * LOCAL_PER as usize;
+    let mut keys = Array::<u32>::new(LOCAL_PER as usize);
+    #[unroll]
+    for j in 0..LOCAL_PER {
+        keys[j as usize] = staged[u * LOCAL_PER as usize + j as usize];
     }
     let hist = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
-    let mut sa = Shared::<[u32]>::new_slice(CUBE as usize);
-    let mut sb = Shared::<[u32]>::new_slice(CUBE as usize);
-    let mut sc = Shared::<[u32]>::new_slice(CUBE as usize);
+    let mut s = scratch();
     let mut pick = Shared::<[u32]>::new_slice(2usize);
-    let (tk, jk) = select_k(
-        &keys,
-        LOCAL_PER,
-        k,
-        u32::new(EXCLUDED as i64),
-        &hist,
-        &mut sa,
-        &mut sb,
-        &mut sc,
-        &mut pick,
-    );
-    let (p0, r0, kept) = kept_offsets(&keys, LOCAL_PER, tk, jk, &mut sa, &mut sb, &mut sc);
-    let slot0 = (row * cubes + cube) * stride;
+    let none = u32::new(EXCLUDED as i64);
+    let (tk, jk) = select_k(&keys, LOCAL_PER, k, none, &hist, &mut s, &mut pick, planes);
+    let (p0, r0, kept) = kept_offsets(&keys, LOCAL_PER, tk, jk, &mut s, planes);
+    let slot0 = cube * stride;
+    let row_slots = row * SLOTS as usize;
     let mut pos = p0 as usize;
     let mut rank = r0;
     #[unroll]
@@ -228,13 +379,14 @@ pub(crate) fn local_top_kernel<F: Float>(
             rank += 1u32;
         }
         if keep {
-            cand_keys[slot0 + pos] = key;
-            cand_ids[slot0 + pos] = (first + j as usize) as u32;
+            let at = row_slots + slot_address(slot0 + pos);
+            cand_keys[at] = key;
+            cand_ids[at] = (first + j as usize) as u32;
             pos += 1;
         }
     }
     for s in range_stepped(kept as usize + u, stride, CUBE as usize) {
-        cand_keys[slot0 + s] = u32::new(EXCLUDED as i64);
+        cand_keys[row_slots + slot_address(slot0 + s)] = u32::new(EXCLUDED as i64);
     }
     if u == 0 {
         bounds[row * cubes + cube] = select(kept == k, tk, u32::new(EXCLUDED as i64));
@@ -257,11 +409,12 @@ pub(crate) fn final_draw_kernel(
     cubes: usize,
     stride: usize,
     scale: f32,
+    #[comptime] planes: bool,
 ) {
     let row = CUBE_POS_Y as usize;
     let u = UNIT_POS as usize;
     let slots = cubes * stride;
-    let base = row * slots;
+    let base = row * SLOTS as usize;
     let first = u * FINAL_PER as usize;
     let mut keys = Array::<u32>::new(FINAL_PER as usize);
     let mut m = u32::new(EXCLUDED as i64);
@@ -270,7 +423,7 @@ pub(crate) fn final_draw_kernel(
         let s = first + j as usize;
         let mut key = u32::new(EXCLUDED as i64);
         if s < slots {
-            key = cand_keys[base + s];
+            key = cand_keys[base + j as usize * CUBE as usize + u];
         }
         keys[j as usize] = key;
         m = min(m, key);
@@ -280,12 +433,10 @@ pub(crate) fn final_draw_kernel(
         b = min(b, bounds[row * cubes + c]);
     }
     let hist = Shared::<[Atomic<u32>]>::new_slice(BINS as usize);
-    let mut sa = Shared::<[u32]>::new_slice(CUBE as usize);
-    let mut sb = Shared::<[u32]>::new_slice(CUBE as usize);
-    let mut sc = Shared::<[u32]>::new_slice(CUBE as usize);
+    let mut s = scratch();
     let mut pick = Shared::<[u32]>::new_slice(2usize);
-    let t_max = cube_min_u32(m, &mut sa, CUBE);
-    let bound = cube_min_u32(b, &mut sb, CUBE);
+    let t_max = cube_min(m, &mut s, planes);
+    let bound = cube_min(b, &mut s, planes);
     if t_max == EXCLUDED {
         if u == 0 {
             out[row] = u32::MAX;
@@ -296,30 +447,82 @@ pub(crate) fn final_draw_kernel(
     let temperature = f32::reinterpret(params[pbase + P_TEMPERATURE as usize]);
     let top_p = f32::reinterpret(params[pbase + P_TOP_P as usize]);
     let k = row_k(params, row, stride);
-    let (tk, jk) = select_k(
-        &keys, FINAL_PER, k, bound, &hist, &mut sa, &mut sb, &mut sc, &mut pick,
-    );
-    let (p0, r0, n) = kept_offsets(&keys, FINAL_PER, tk, jk, &mut sa, &mut sb, &mut sc);
 
-    // The kept set in slot order, which is id order (cubes in order, each in id order).
-    let mut set_key = Shared::<[u32]>::new_slice(MAX_K as usize);
-    let mut set_slot = Shared::<[u32]>::new_slice(MAX_K as usize);
-    let mut pos = p0 as usize;
-    let mut rank = r0;
+    // The candidates no larger than the bound (a few times k, usually), in slot order: moved
+    // to shared memory and then `SURVIVOR_PER` per unit when they fit, since the searches' cost
+    // grows with the keys each unit holds.
+    let mut alive = 0u32;
     #[unroll]
     for j in 0..FINAL_PER {
         let key = keys[j as usize];
-        let keep = key < tk || (key == tk && rank < jk);
-        if key == tk {
-            rank += 1u32;
-        }
-        if keep {
-            set_key[pos] = key;
-            set_slot[pos] = (first + j as usize) as u32;
-            pos += 1;
+        if key != EXCLUDED && key <= bound {
+            alive += 1u32;
         }
     }
-    sync_cube();
+    let (a0, _e1, _e2, survivors, _t1, _t2) = cube_scan3(alive, 0u32, 0u32, &mut s, planes);
+    let mut set_key = Shared::<[u32]>::new_slice(MAX_K as usize);
+    let mut set_slot = Shared::<[u32]>::new_slice(MAX_K as usize);
+    let n = if survivors <= SURVIVORS {
+        let mut sk = Shared::<[u32]>::new_slice(SURVIVORS as usize);
+        let mut ss = Shared::<[u32]>::new_slice(SURVIVORS as usize);
+        let mut at = a0 as usize;
+        #[unroll]
+        for j in 0..FINAL_PER {
+            let key = keys[j as usize];
+            if key != EXCLUDED && key <= bound {
+                sk[at] = key;
+                ss[at] = (first + j as usize) as u32;
+                at += 1;
+            }
+        }
+        sync_cube();
+        let mut few = Array::<u32>::new(SURVIVOR_PER as usize);
+        let mut few_slots = Array::<u32>::new(SURVIVOR_PER as usize);
+        #[unroll]
+        for j in 0..SURVIVOR_PER {
+            let i = u * SURVIVOR_PER as usize + j as usize;
+            let mut key = u32::new(EXCLUDED as i64);
+            let mut slot = 0u32;
+            if i < survivors as usize {
+                key = sk[i];
+                slot = ss[i];
+            }
+            few[j as usize] = key;
+            few_slots[j as usize] = slot;
+        }
+        gather_top_k(
+            &few,
+            &few_slots,
+            SURVIVOR_PER,
+            k,
+            bound,
+            &hist,
+            &mut s,
+            &mut pick,
+            &mut set_key,
+            &mut set_slot,
+            planes,
+        )
+    } else {
+        let mut slots_of = Array::<u32>::new(FINAL_PER as usize);
+        #[unroll]
+        for j in 0..FINAL_PER {
+            slots_of[j as usize] = (first + j as usize) as u32;
+        }
+        gather_top_k(
+            &keys,
+            &slots_of,
+            FINAL_PER,
+            k,
+            bound,
+            &hist,
+            &mut s,
+            &mut pick,
+            &mut set_key,
+            &mut set_slot,
+            planes,
+        )
+    };
 
     // Unit `u` holds element `u` of the set; its place in value order (ties: the lower id first).
     let mut by_value_h = Shared::<[u32]>::new_slice(MAX_K as usize);
@@ -354,7 +557,7 @@ pub(crate) fn final_draw_kernel(
         vh = by_value_h[u];
         vl = by_value_l[u];
     }
-    let (eh0, el0, _e, zh0, zl0, _t) = scan3(vh, vl, 0u32, &mut sa, &mut sb, &mut sc, CUBE);
+    let (eh0, el0, _e, zh0, zl0, _t) = cube_scan3(vh, vl, 0u32, &mut s, planes);
     let (eh, el) = normalize(eh0, el0);
     let (zh, zl) = normalize(zh0, zl0);
     let sampled = k > 1u32;
@@ -375,7 +578,7 @@ pub(crate) fn final_draw_kernel(
         dh = qh;
         dl = ql;
     }
-    let (bh0, bl0, _e3, gh0, gl0, _t3) = scan3(dh, dl, 0u32, &mut sa, &mut sb, &mut sc, CUBE);
+    let (bh0, bl0, _e3, gh0, gl0, _t3) = cube_scan3(dh, dl, 0u32, &mut s, planes);
     let (bh, bl) = normalize(bh0, bl0);
     let (gh, gl) = normalize(gh0, gl0);
     let (uh0, ul0) = mass_from_f32(uniform[row] * mass_to_f32(gh, gl));
@@ -388,6 +591,6 @@ pub(crate) fn final_draw_kernel(
     }
     let (ah, al) = mass_add(bh, bl, dh, dl);
     if mine && !mass_lt(uh, ul, bh, bl) && mass_lt(uh, ul, ah, al) {
-        out[row] = cand_ids[base + set_slot[u] as usize];
+        out[row] = cand_ids[base + slot_address(set_slot[u] as usize)];
     }
 }

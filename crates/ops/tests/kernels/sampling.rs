@@ -192,17 +192,12 @@ fn sampling_case<R: Runtime>(client: &ComputeClient<R>) {
                 }
                 let (x, xh) = upload(client, &values, &[rows, vocab], dtype);
                 inputs.write_params(client, &params).unwrap();
-                let plan = inputs.plan();
-                if launch % 6 < 4 {
-                    // The families of the radix plan (some of its rows would allow the other).
-                    let radix = SamplingPlan {
-                        small_k: false,
-                        ..plan
-                    };
-                    inputs.set_plan(radix).unwrap();
-                } else {
-                    assert!(plan.small_k, "plan of family {launch}: {plan:?}");
-                }
+                // The family's plan, whichever `write_params` chose.
+                let plan = SamplingPlan {
+                    small_k: launch % 6 >= 4,
+                    ..inputs.plan()
+                };
+                inputs.set_plan(plan).unwrap();
                 inputs.write_uniforms(client, &uniforms).unwrap();
                 let ctx: Vec<&[u32]> = contexts.iter().map(Vec::as_slice).collect();
                 inputs.fill_presence(client, &ctx).unwrap();
@@ -493,8 +488,11 @@ fn small_k_matches_radix_case<R: Runtime>(client: &ComputeClient<R>) {
             inputs.write_params(client, &params).unwrap();
             inputs.write_uniforms(client, &uniforms).unwrap();
             inputs.fill_presence(client, &ctx).unwrap();
-            let small = inputs.plan();
-            assert!(small.small_k, "V={vocab}: {small:?}");
+            let small = SamplingPlan {
+                small_k: true,
+                ..inputs.plan()
+            };
+            inputs.set_plan(small).unwrap();
             let draw = |inputs: &SamplingInputs<R>| {
                 let out = DeviceTensor::from_slice(client, &vec![7u32; rows], &[rows]).unwrap();
                 sample_into(client, &x, inputs, &workspace, &out).unwrap();
@@ -514,6 +512,21 @@ fn small_k_matches_radix_case<R: Runtime>(client: &ComputeClient<R>) {
                 &want,
             );
         }
+        // Top-k alone runs the radix plan, and the small one on request.
+        let alone = RowParams {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            repetition_penalty: 1.0,
+        };
+        inputs.write_params(client, &vec![alone; rows]).unwrap();
+        assert!(!inputs.plan().small_k);
+        inputs
+            .set_plan(SamplingPlan {
+                small_k: true,
+                ..inputs.plan()
+            })
+            .unwrap();
         // A top-k past the limit needs the radix plan.
         let wide = RowParams {
             temperature: 1.0,
