@@ -40,15 +40,27 @@
 //! [`mark_and_sample_into`]), the histogram passes of the searches some row needs
 //! ([`SamplingPlan`]: 4 for top-k, 4 for top-p), a final stage that sums each cube's kept mass,
 //! and the draw: 11 launches with top-k and top-p, 7 with one of them, 3 for temperature alone
-//! or greedy with the penalty. A row whose parameters switch a launched search off skips its passes. Each
-//! multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for Qwen2's
-//! vocabulary).
+//! or greedy with the penalty. A row whose parameters switch a launched search off skips its
+//! passes. Each multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for
+//! Qwen2's vocabulary).
 //!
-//! Measured on an H200 (`lab samplelab`, one row of 151,936 bf16 logits, replayed from a CUDA
-//! graph): 13 µs for temperature alone or greedy with the penalty, 27 µs with top-k, 30 µs with
-//! top-p, 41 µs with both (the argmax: 9 µs; copying the logits to the host: 560 µs). Sampled
-//! decode of the 1.5B shape runs at 0.97 to 0.99 of greedy's tok/s, against 0.10 with the
-//! host sampler (top-p 0.95); the raw lines are in `dev/results/sampling-h200/`.
+//! # The small-top-k plan
+//!
+//! Where every row's top-k is small ([`small_top_k_limit`]: 109 for Qwen2), the top-k set under
+//! the order (key, id) lies among each chunk's own top-k: one kernel keys a chunk of 2,048 ids
+//! per cube and selects its top-k by the same radix search in shared memory, and one cube per
+//! row then selects the row's top-k among those candidates (no larger than the smallest of the
+//! chunks' k-th keys), orders that set by value for top-p and draws from it in id order: 2
+//! launches instead of 11, the same masses and the same tokens ([`SamplingPlan`] picks it where
+//! both searches run).
+//!
+//! Measured on an H100 (`lab samplelab`, one row of 151,936 bf16 logits, replayed from a CUDA
+//! graph): 12 µs for greedy with the penalty, 13 µs for temperature alone, 27 µs with top-k,
+//! 31 µs with top-p, 41 µs with both on the radix plan and 29 µs on the small-top-k plan (the
+//! argmax: 9 µs eagerly; copying the logits to the host: 230 µs). Sampled decode of the 1.5B
+//! shape runs at 0.95 to 0.98 of greedy's tok/s, against 0.10 with the host sampler (top-p
+//! 0.95, H200); the raw lines are in `dev/results/sampling-h200/` and
+//! `dev/results/decode-profile/2026-12-05-h100-s34/`.
 //!
 //! # Determinism
 //!
