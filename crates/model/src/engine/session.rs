@@ -132,9 +132,9 @@ const FIRST_RUNG: usize = 1024;
 /// The slot of a plan's graph in [`DeviceSampler::graphs`].
 fn plan_index(plan: SamplingPlan) -> usize {
     if plan.small_k {
-        4
+        8
     } else {
-        usize::from(plan.top_k) | usize::from(plan.top_p) << 1
+        usize::from(plan.top_k) | usize::from(plan.top_p) << 1 | usize::from(plan.penalty) << 2
     }
 }
 
@@ -166,7 +166,7 @@ struct DeviceSampler<R: Runtime> {
     /// and per target: `graphs[plan][0]` draws into `out`, `graphs[plan][1]` into the decode
     /// buffers' input token, for sampling one step ahead of the host
     /// ([`CausalLm::decode_sample_ahead`]). Declared first: dropped before the buffers.
-    graphs: [[StepGraph<R>; 2]; 5],
+    graphs: [[StepGraph<R>; 2]; 9],
     inputs: SamplingInputs<R>,
     workspace: SamplingWorkspace<R>,
     out: DeviceTensor<R>,

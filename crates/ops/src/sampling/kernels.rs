@@ -163,7 +163,9 @@ pub(crate) fn prepare_kernel<F: Float>(
 /// One launch of the selection, `stage` of the launch list (see `sampling::SamplingPlan`):
 /// `kind` is a histogram pass of the top-k search (`pass`), of the top-p search
 /// (`PASSES + pass`) or the final stage (`FINAL`); `prev` is the kind of the launch before
-/// (`NO_STAGE` for the first); `searches` has the mode bits of the searches the list has.
+/// (`NO_STAGE` for the first); `searches` has the mode bits of the searches the list has;
+/// `passes` is the passes per search, fewer than `PASSES` where the keys' low bits are known
+/// (see [`full_key`]).
 ///
 /// The first launch starts the row's record (the maximum, the mode). Every launch first applies
 /// the previous launch's histogram to the record (the bin where the search's target falls; a
@@ -187,6 +189,7 @@ pub(crate) fn stage_kernel(
     kind: u32,
     prev: u32,
     searches: u32,
+    passes: u32,
     scale: f32,
 ) {
     let row = CUBE_POS_Y as usize;
@@ -342,9 +345,9 @@ pub(crate) fn stage_kernel(
                 bin_l = pick[6];
             }
         }
-        if prev == PASSES - 1u32 && (mode & MODE_TOPK) != 0u32 {
+        if prev == passes - 1u32 && (mode & MODE_TOPK) != 0u32 {
             // The top-k set: the keys below the boundary and the first `jk` ids at it.
-            tk = prefix;
+            tk = full_key(prefix, passes);
             jk = top_k - cb;
             let (qh, ql) = mass_of(tk, t_max, temperature, scale);
             let (xh, xl) = mass_mul(qh, ql, jk);
@@ -377,7 +380,7 @@ pub(crate) fn stage_kernel(
             jk = 1u32;
         } else if (mode & MODE_TOPP) != 0u32 {
             // The fewest ties at the boundary that reach the target.
-            tk = prefix;
+            tk = full_key(prefix, passes);
             let (qh, ql) = mass_of(tk, t_max, temperature, scale);
             let n = bin_c;
             let (nh, nl) = mass_sub(tgt_h, tgt_l, mb_h, mb_l);
@@ -502,6 +505,22 @@ pub(crate) fn stage_kernel(
             hist[base + 2 * BINS as usize + u].fetch_add(l);
         }
     }
+}
+
+/// The key whose high `8 * passes` bits are `prefix`, where the keys' lower bits are known
+/// (logits of 16 or 19 significant bits, no penalty): a non-negative value's key has them all
+/// set, a negative one's all clear (see [`desc_key`]).
+#[cube]
+fn full_key(prefix: u32, passes: u32) -> u32 {
+    let mut key = prefix;
+    if passes < PASSES {
+        let low = 32u32 - BITS * passes;
+        key = prefix << low;
+        if (key & 0x8000_0000u32) == 0u32 {
+            key |= (1u32 << low) - 1u32;
+        }
+    }
+    key
 }
 
 /// Top-p's target mass: `top_p` of `z`, at least one unit and at most `z`.

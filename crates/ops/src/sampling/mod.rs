@@ -174,6 +174,10 @@ pub struct SamplingPlan {
     pub top_k: bool,
     pub top_p: bool,
     pub small_k: bool,
+    /// Some row applies the repetition penalty. Without it a key holds only the logit's own
+    /// significant bits, and the radix plan's searches take 2 passes for bf16 logits and 3 for
+    /// f16 instead of 4.
+    pub penalty: bool,
 }
 
 /// The largest top-k of the small-top-k plan for a vocabulary of `vocab` (109 for Qwen2's
@@ -209,6 +213,7 @@ impl SamplingPlan {
             top_k,
             top_p,
             small_k: top_k && top_p && small_top_k_serves(params, vocab),
+            penalty: params.iter().any(|p| p.repetition_penalty != 1.0),
         }
     }
 
@@ -218,18 +223,31 @@ impl SamplingPlan {
         if self.small_k {
             small_ok
         } else {
-            (self.top_k || !needed.top_k) && (self.top_p || !needed.top_p)
+            (self.top_k || !needed.top_k)
+                && (self.top_p || !needed.top_p)
+                && (self.penalty || !needed.penalty)
+        }
+    }
+
+    /// The radix searches' passes for logits of `dtype`: the 8-bit digits of a key that vary
+    /// (a bf16 or f16 logit widened to f32 has its low 16 or 13 bits clear, so its key's low
+    /// digits are the same for every logit of a sign; a penalised logit can have any bits).
+    fn passes(self, dtype: DType) -> u32 {
+        match dtype {
+            DType::BF16 if !self.penalty => 2,
+            DType::F16 if !self.penalty => 3,
+            _ => PASSES,
         }
     }
 
     /// The stage kernel's launches: each top-k pass, each top-p pass, then the final stage.
-    fn stages(self) -> Vec<u32> {
+    fn stages(self, passes: u32) -> Vec<u32> {
         let mut kinds = Vec::with_capacity(STAGES as usize + 1);
         if self.top_k {
-            kinds.extend(0..PASSES);
+            kinds.extend(0..passes);
         }
         if self.top_p {
-            kinds.extend(PASSES..STAGES);
+            kinds.extend(PASSES..PASSES + passes);
         }
         kinds.push(FINAL);
         kinds
@@ -578,7 +596,8 @@ fn sample_marking_into<R: Runtime>(
     let dim = CubeDim::new_1d(CUBE);
     let ws = workspace;
     let plan = inputs.plan;
-    let stages = plan.stages();
+    let passes = plan.passes(logits.dtype());
+    let stages = plan.stages(passes);
     // SAFETY: every buffer was checked (or allocated) above for the sizes the kernels index:
     // logits and keys `[rows, vocab]`, params `[rows, 4]`, presence `[rows, ceil(vocab / 32)]`,
     // partial minima `[rows, cubes]`, histograms `[rows, HIST_WORDS]`, records
@@ -625,6 +644,7 @@ fn sample_marking_into<R: Runtime>(
                 kind,
                 prev,
                 plan.mode_bits(),
+                passes,
                 scale,
             );
         }
