@@ -28,21 +28,22 @@
 //! Each logit becomes an order-preserving u32 key (larger logit, smaller key) and a weight
 //! `exp((l - max) / T)` held as a fixed-point mass (two u32 limbs, about 2^-35 of the maximum's
 //! weight per unit). The top-k and top-p boundaries are found by radix selection: 4 passes of 8
-//! bits each, every pass one multi-cube kernel that histograms the keys in the current prefix's
-//! range (count and mass per bin, shared-memory atomics, then global atomics); the next launch
-//! finds (in every cube, from the same integers) the bin where the target count (`k`) or mass
-//! (`top_p * Z`) falls, and narrows the prefix to it. Ties at a
-//! boundary are kept in id order, counted arithmetically. The draw then needs no order of the
-//! kept set beyond ids: one kernel sums each cube's kept mass, a last one-cube kernel finds the
-//! cube and then the id where `u * Z` falls.
+//! bits each (2 for bf16 logits and 3 for f16 when no row applies the penalty: the keys' lower
+//! digits are then the same for every logit of a sign), every pass one multi-cube kernel that
+//! histograms the keys in the current prefix's range (count and mass per bin, shared-memory
+//! atomics, then global atomics); the next launch finds (in every cube, from the same integers)
+//! the bin where the target count (`k`) or mass (`top_p * Z`) falls, and narrows the prefix to
+//! it. Ties at a boundary are kept in id order, counted arithmetically. The draw then needs no
+//! order of the kept set beyond ids: one kernel sums each cube's kept mass, a last one-cube
+//! kernel finds the cube and then the id where `u * Z` falls.
 //!
 //! That is `prepare` (which also marks the step's token in the presence mask, with
 //! [`mark_and_sample_into`]), the histogram passes of the searches some row needs
 //! ([`SamplingPlan`]: 4 for top-k, 4 for top-p), a final stage that sums each cube's kept mass,
-//! and the draw: 11 launches with top-k and top-p, 7 with one of them, 3 for temperature alone
-//! or greedy with the penalty. A row whose parameters switch a launched search off skips its
-//! passes. Each multi-cube kernel runs `ceil(V / 1024)` cubes of 256 units per row (149 for
-//! Qwen2's vocabulary).
+//! and the draw: 11 launches with top-k and top-p, 7 with one of them (5 over bf16 logits without
+//! the penalty), 3 for temperature alone or greedy with the penalty. A row whose parameters
+//! switch a launched search off skips its passes. Each multi-cube kernel runs `ceil(V / 1024)`
+//! cubes of 256 units per row (149 for Qwen2's vocabulary).
 //!
 //! # The small-top-k plan
 //!
@@ -55,12 +56,12 @@
 //! both searches run).
 //!
 //! Measured on an H100 (`lab samplelab`, one row of 151,936 bf16 logits, replayed from a CUDA
-//! graph): 12 µs for greedy with the penalty, 13 µs for temperature alone, 27 µs with top-k,
-//! 31 µs with top-p, 41 µs with both on the radix plan and 29 µs on the small-top-k plan (the
-//! argmax: 9 µs eagerly; copying the logits to the host: 230 µs). Sampled decode of the 1.5B
-//! shape runs at 0.95 to 0.98 of greedy's tok/s, against 0.10 with the host sampler (top-p
-//! 0.95, H200); the raw lines are in `dev/results/sampling-h200/` and
-//! `dev/results/decode-profile/2026-12-05-h100-s34/`.
+//! graph): 12 µs for greedy with the penalty, 13 µs for temperature alone, 21 µs with top-k,
+//! 24 µs with top-p (31 with the penalty), 29 µs with both on the small-top-k plan (42 on the
+//! radix plan with the penalty); the argmax: 9 µs eagerly; copying the logits to the host:
+//! 230 µs. Sampled decode of the 1.5B shape runs at 0.96 to 0.98 of greedy's tok/s, against
+//! 0.10 with the host sampler (top-p 0.95, H200); the raw lines are in
+//! `dev/results/sampling-h200/` and `dev/results/decode-profile/2026-12-05-h100-s34/`.
 //!
 //! # Determinism
 //!
@@ -202,9 +203,10 @@ impl SamplingPlan {
     /// The launches for the rows of `params` over a vocabulary of `vocab`: the searches they
     /// need (none for greedy rows, temperature 0 or top-k 1), on the small-top-k plan where it
     /// serves them and they need both searches. That is where it measured faster on an H100
-    /// (one row of 151,936 bf16 logits replayed from a CUDA graph: 28.6 against 41.1 µs for
-    /// top-k 50 and top-p 0.95); against the radix plan's 7 launches of one search or 3 of none
-    /// it was as fast or slower (top-k 50 alone: 30-37 against 27 µs).
+    /// (one row of 151,936 bf16 logits replayed from a CUDA graph, top-k 50 and top-p 0.95:
+    /// 28.4 against 41.7 µs with the penalty, 28.6 against 28.8 without); against the radix
+    /// plan's launches of one search or none it was as fast or slower (top-k 50 alone: 28.5
+    /// against 21.0 µs over bf16 logits).
     pub fn for_params(params: &[RowParams], vocab: usize) -> Self {
         let sampled = |p: &&RowParams| p.temperature > 0.0 && p.top_k != 1;
         let top_k = params.iter().filter(sampled).any(|p| p.top_k > 0);

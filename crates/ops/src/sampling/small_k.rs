@@ -128,7 +128,8 @@ fn cube_min(v: u32, s: &mut Scratch, #[comptime] planes: bool) -> u32 {
 fn plane_cube_min(v: u32, per_plane: &mut [u32]) -> u32 {
     let m = plane_min(v);
     sync_cube();
-    if UNIT_POS % PLANE == 0 {
+    let lane = UNIT_POS % PLANE;
+    if lane == 0 {
         per_plane[(UNIT_POS / PLANE) as usize] = m;
     }
     sync_cube();
