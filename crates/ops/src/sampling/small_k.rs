@@ -9,7 +9,9 @@
 //! every slot in registers, finds the row's maximum and its top-k set among the candidates no
 //! larger than the smallest of the cubes' k-th keys (no key above it can be among the k
 //! smallest), gathers that set (at most `MAX_K`, one per unit), orders it by value for top-p
-//! and draws from it in id order.
+//! and draws from it in id order. The slots are stored transposed so that the final cube's
+//! loads are coalesced, and where few candidates survive the bound they move to shared memory,
+//! a few per unit, for the searches.
 //!
 //! Every mass is the fixed-point mass of the radix plan (the same keys, maximum and scale) and
 //! every sum an integer sum, so both plans keep the same set and draw the same token.
@@ -275,6 +277,17 @@ fn kept_offsets(
     (eb + min(et, jk), et, tb + min(tt, jk))
 }
 
+/// Whether `(tk, jk)` keeps `key`, the next key in id order, when `rank` keys at `tk` came
+/// before it; and the rank after it.
+#[cube]
+fn keeps(key: u32, tk: u32, jk: u32, rank: u32) -> (bool, u32) {
+    let tie = key == tk;
+    (
+        key < tk || (tie && rank < jk),
+        rank + select(tie, 1u32, 0u32),
+    )
+}
+
 /// The kept set of [`select_k`] over `keys` (`n` per unit, with their `slots`, in slot order
 /// across the units) into `set_key` and `set_slot`, in slot order; returns its size.
 #[cube]
@@ -299,10 +312,8 @@ fn gather_top_k(
     #[unroll]
     for j in 0..n {
         let key = keys[j as usize];
-        let keep = key < tk || (key == tk && rank < jk);
-        if key == tk {
-            rank += 1u32;
-        }
+        let (keep, next) = keeps(key, tk, jk, rank);
+        rank = next;
         if keep {
             set_key[pos] = key;
             set_slot[pos] = slots[j as usize];
@@ -375,10 +386,8 @@ pub(crate) fn local_top_kernel<F: Float>(
     #[unroll]
     for j in 0..LOCAL_PER {
         let key = keys[j as usize];
-        let keep = key < tk || (key == tk && rank < jk);
-        if key == tk {
-            rank += 1u32;
-        }
+        let (keep, next) = keeps(key, tk, jk, rank);
+        rank = next;
         if keep {
             let at = row_slots + slot_address(slot0 + pos);
             cand_keys[at] = key;
