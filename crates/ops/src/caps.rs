@@ -144,7 +144,13 @@ pub fn has_mma_m16n8k16<R: Runtime>(client: &ComputeClient<R>, dtype: DType) -> 
         m: 16,
         n: 8,
         k: 16,
-    }) && has_plane_ops(client)
-        && plane_size_min(client) == 32
-        && client.properties().hardware.plane_size_max == 32
+    }) && has_planes_of(client, 32)
+}
+
+/// Whether the runtime has plane operations on planes of exactly `width` units (no other
+/// width chosen at run time).
+pub fn has_planes_of<R: Runtime>(client: &ComputeClient<R>, width: u32) -> bool {
+    has_plane_ops(client)
+        && plane_size_min(client) == width
+        && client.properties().hardware.plane_size_max == width
 }

@@ -683,9 +683,7 @@ fn launch_small_k<R: Runtime>(
     let (rows, vocab) = (ws.rows, ws.vocab);
     let dim = CubeDim::new_1d(CUBE);
     // Scans and minima through plane operations where planes are 32 units wide (CUDA).
-    let planes = caps::has_plane_ops(client)
-        && caps::plane_size_min(client) == small_k::PLANE
-        && client.properties().hardware.plane_size_max == small_k::PLANE;
+    let planes = caps::has_planes_of(client, small_k::PLANE);
     // SAFETY: the caller checked logits `[rows, vocab]`, out and the marked tokens `[rows]`
     // against the inputs (params `[rows, 4]`, presence `[rows, ceil(vocab / 32)]`, uniforms
     // `[rows]`) and the workspace (candidates `[rows, SLOTS]`, bounds `[rows, chunks]`); the
