@@ -22,8 +22,7 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-(ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log) &
-MP=$!
+start_model $C 240
 export CUBELLM_TEST_RUNTIMES=cuda
 bg() { # label binary prompt max_len [flags...]
   local label=$1 bin=$2 prompt=$3 ml=$4
@@ -41,7 +40,7 @@ tests)
     across_the_first compressed --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
   grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -30
   grep -h "decode top-1" $R/model-test.log | head -10
-  wait $MP; tail -2 $R/setup.log
+  wait_model
   ;;
 ab)
   timeout 150 $C --runtime cuda bench --family quant --filter " 1x" > $R/bench_quant.jsonl 2> $R/bench_quant.err
@@ -52,7 +51,7 @@ for line in open(sys.argv[1]):
     except Exception: continue
     print("%-44s %8.2f us %7.1f GB/s" % (r["case"], r["us"], r["gbps"]))
 ' $R/bench_quant.jsonl
-  wait $MP; tail -2 $R/setup.log
+  wait_model
   for round in 1 2; do
     for q in w8a8 fp8; do
       bg r${round}_${q}_codes cubellm 512 704 --quant $q --quant-decode codes
@@ -62,7 +61,7 @@ for line in open(sys.argv[1]):
   bg r1_w8a8_head_float cubellm 512 704 --quant w8a8 --quant-lm-head --quant-decode float
   ;;
 rungs)
-  wait $MP; tail -2 $R/setup.log
+  wait_model
   for bin in cubellm-old cubellm; do
     for ml in 704 4096 32768; do bg r1_${bin}_p512_$ml $bin 512 $ml; done
     for ml in 2240 32768; do bg r1_${bin}_p2048_$ml $bin 2048 $ml; done

@@ -7,6 +7,9 @@
 #                                checkpoint (/tmp/big, scripts/make_hf_fixtures.py --big, at most
 #                                T seconds, default 240) unless /tmp/big is already there; with
 #                                LAYERS, that many decoder layers in /tmp/big$LAYERS
+#   start_model CLI [T] [LAYERS] ensure_big_model in the background (log $R/setup.log, its exit
+#                                status appended there); wait_model waits for it and prints the
+#                                log's last lines
 #   build_trace_lib LOG          builds the CUPTI kernel tracer of dev/profile (kernel_trace.c)
 #                                as /tmp/libkernel_trace.so, compiler output in LOG
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
@@ -27,6 +30,15 @@ ensure_big_model() {
   timeout 120 "$cli" make-demo-model --out /tmp/demo > "$log" 2>&1
   timeout "$limit" python3 scripts/make_hf_fixtures.py --big ${layers:+--big-layers $layers} \
     --tokenizer /tmp/demo --out "$out" >> "$log" 2>&1
+}
+
+start_model() {
+  (ensure_big_model "$1" "$R/setup.log" "${2:-240}" ${3:-}; echo "model rc=$?" >> "$R/setup.log") &
+  MODEL_PID=$!
+}
+
+wait_model() {
+  wait "$MODEL_PID"; tail -2 "$R/setup.log"
 }
 
 build_trace_lib() {

@@ -21,8 +21,7 @@ if [ "${PART:-profile}" = e2e ]; then
   grep -h "decode\|peer" $R/e2e.out $R/e2e.err | tail -12
   exit 0
 fi
-(ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
-MP=$!
+start_model $C 150 6
 build_trace_lib $R/trace-build.log
 export CUBELLM_TEST_RUNTIMES=cuda
 timeout 150 .devs/quant-test --test-threads=8 float_activations_gated_past_one_wave \
@@ -31,7 +30,7 @@ timeout 150 .devs/quant-test --test-threads=8 float_activations_gated_past_one_w
 (cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 float_activation \
   --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
 grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -20
-wait $MP; tail -2 $R/setup.log
+wait_model
 for mode in ${MODES:-w8a8 w8a8+codes fp8 none fp8+codes}; do
   TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
     $R/prof "$mode" >> $R/profile.out 2>&1

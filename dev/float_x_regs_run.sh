@@ -9,8 +9,7 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-(ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
-MP=$!
+start_model $C 150 6
 build_trace_lib $R/trace-build.log
 export CUBELLM_TEST_RUNTIMES=cuda
 for v in 1 0; do
@@ -20,7 +19,7 @@ for v in 1 0; do
     float_activation --nocapture) > $R/model-test_$v.log 2>&1; echo "rc=$?" >> $R/model-test_$v.log
 done
 grep -h "test result\|rc=\|FAILED\|panicked\|KL\|kl" $R/*-test_*.log | head -30
-wait $MP; tail -1 $R/setup.log
+wait_model
 for round in 1 2; do
   for mode in w8a8 fp8; do
     for v in 0 1; do

@@ -12,8 +12,7 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-(ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log) &
-MP=$!
+start_model $C 150 6
 build_trace_lib $R/trace-build.log
 export CUBELLM_TEST_RUNTIMES=cuda
 variant_env() {
@@ -28,7 +27,7 @@ for v in 2 s2_3w; do
   env $(variant_env $v) timeout 150 .devs/ops-test --test-threads=8 matmul \
     > $R/ops-test_$v.log 2>&1; echo "rc=$?" >> $R/ops-test_$v.log
 done
-wait $MP; tail -2 $R/setup.log
+wait_model
 for v in 2 s2_3w; do
   (cd crates/model && env $(variant_env $v) timeout 90 ../../.devs/model-test --test-threads=4 \
     logits_and_greedy_tokens_match_transformers) > $R/model-test_$v.log 2>&1

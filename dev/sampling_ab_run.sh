@@ -7,15 +7,14 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-(ensure_big_model $C $R/setup.log 240; echo "model rc=$?" >> $R/setup.log) &
-MP=$!
+start_model $C 240
 export CUBELLM_TEST_RUNTIMES=cuda
 timeout 90 .devs/ops-test --test-threads=8 sampling > $R/ops-test.log 2>&1
 echo "rc=$?" >> $R/ops-test.log
 (cd crates/model && timeout 60 ../../.devs/model-test --test-threads=4 sampl) \
   > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
 grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log
-wait $MP; tail -1 $R/setup.log
+wait_model
 for round in 1 2; do
   for bin in cubellm-base cubellm; do
     timeout 60 .devs/$bin --runtime cuda bench-generate --model /tmp/big --prompt-len 512 \
