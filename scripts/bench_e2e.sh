@@ -11,7 +11,8 @@
 # 1.5B shape). MODES ("none w8a8 fp8 w4a16"; a format with `+head`, e.g. `w4a16+head`, also
 # quantizes the LM head: --quant-lm-head; the 8-bit formats decode as the CLI's default, on the
 # float activation on CUDA, and with `+codes`, e.g. `w8a8+codes`, on quantized activations:
-# --quant-decode codes; `+float` asks for the float activation explicitly), NEW_TOKENS (128) and
+# --quant-decode codes; `+float` asks for the float activation explicitly, `+float-simt` for it on
+# the SIMT cores: --quant-decode float-simt), NEW_TOKENS (128) and
 # RUNS (3) set the runs; the prompt is CONTEXT tokens, so the last decode step attends over
 # CONTEXT + NEW_TOKENS - 1 keys.
 set -euo pipefail
@@ -35,7 +36,8 @@ for ctx in $contexts; do
     [ "$base" != none ] && q=(--quant "$base")
     case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
     case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
-  case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
+    case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
+    case "+$mode+" in *+float-simt+*) q+=(--quant-decode float-simt) ;; esac
     "$cli" --runtime cuda bench-generate --model "$model" --prompt-len "$ctx" \
       --new-tokens "$new" --runs "$runs" "${q[@]}" --peer "$peer" --record "$record"
   done

@@ -7,8 +7,8 @@
 #
 # The 8-bit formats decode as the CLI's default (`--quant-decode auto`: the float activation on
 # CUDA); a mode with `+codes` (w8a8+codes, fp8+codes) decodes on quantized activations
-# (--quant-decode codes), one with `+float` asks for the float activation explicitly, one with
-# `+head` quantizes the LM head too (--quant-lm-head).
+# (--quant-decode codes), one with `+float` asks for the float activation explicitly (with
+# `+float-simt` on the SIMT cores), one with `+head` quantizes the LM head too (--quant-lm-head).
 #
 # CLI is a cubellm binary (or the `cli` binary of builds before commit 533fe89: same flags); libkernel_trace.so is looked for
 # beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
@@ -30,6 +30,7 @@ for mode in $modes; do
   case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
   case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
   case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
+  case "+$mode+" in *+float-simt+*) q+=(--quant-decode float-simt) ;; esac
   CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
     KERNEL_TRACE_COPIES="$out/copies_$mode.csv" \
     "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"

@@ -119,14 +119,13 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 KernelChoice::Auto,
             );
         }
-        // The float-activation decode kernel (no activation quantization) beside it.
-        w8a8(
-            format!("w8a8 {name} 1x{k}x{n} float"),
-            1,
-            k,
-            n,
-            KernelChoice::FloatActivations,
-        );
+        // The float-activation decode kernels (no activation quantization) beside it.
+        for (choice, suffix) in [
+            (KernelChoice::FloatActivations, "float"),
+            (KernelChoice::FloatActivationsSimt, "float-simt"),
+        ] {
+            w8a8(format!("w8a8 {name} 1x{k}x{n} {suffix}"), 1, k, n, choice);
+        }
     }
     // e4m3 x e4m3 on operands quantized beforehand (the layer's weight, a quantized activation).
     for (m, choice, suffix) in [
@@ -183,6 +182,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         [
             (KernelChoice::Auto, ""),
             (KernelChoice::FloatActivations, " float"),
+            (KernelChoice::FloatActivationsSimt, " float-simt"),
         ]
         .map(|c| (s, c))
     }) {

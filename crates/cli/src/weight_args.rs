@@ -29,9 +29,15 @@ pub struct WeightArgs {
     pub quant_lm_head: bool,
     /// How --quant w8a8 and fp8 multiply at decode: `float` multiplies the 8-bit weights with
     /// the activation itself on f16 tensor cores (CUDA, bf16/f16; no quantize pass, x rounded
-    /// to f16), `codes` quantizes the activation per row and multiplies 8-bit codes (as
-    /// prefill does); `auto` is `float` where that kernel runs, else `codes`.
-    #[arg(long, value_parser = ["auto", "codes", "float"], default_value = "auto")]
+    /// to f16), `float-simt` multiplies them with the activation in f32 on the SIMT cores (any
+    /// runtime and dtype; x not rounded), `codes` quantizes the activation per row and
+    /// multiplies 8-bit codes (as prefill does); `auto` is `float` where that kernel runs, else
+    /// `codes`.
+    #[arg(
+        long,
+        value_parser = ["auto", "codes", "float", "float-simt"],
+        default_value = "auto"
+    )]
     pub quant_decode: String,
 }
 
@@ -58,6 +64,7 @@ impl WeightArgs {
         }
         let decode = match self.quant_decode.as_str() {
             "float" => Decode8::Float,
+            "float-simt" => Decode8::FloatSimt,
             "codes" => Decode8::Codes,
             _ => Decode8::Auto,
         };
@@ -102,6 +109,7 @@ pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<Stri
                 Decode8::Auto => "",
                 Decode8::Codes => ", --quant-decode codes",
                 Decode8::Float => ", --quant-decode float",
+                Decode8::FloatSimt => ", --quant-decode float-simt",
             }
         ),
     };

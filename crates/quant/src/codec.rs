@@ -79,3 +79,19 @@ pub fn nibble_exact(w: i32, #[comptime] j: u32) -> f32 {
     let magic = comptime![((150 - 4 * i) << 23) | (8u32 << (4 * i))];
     f32::reinterpret((half & mask) ^ magic) - f32::reinterpret(magic)
 }
+
+/// Byte `j` (0..4) of `w` as an exact f32 (`-128..=127`), in one bitwise operation and one
+/// subtraction, as [`nibble_exact`] does for nibbles: the byte, its sign bit flipped (offset
+/// binary, `c + 128`), becomes the low mantissa bits of a float whose exponent makes them its
+/// units (`2^23` for the byte at bits 0..8 of the word's low or high half, `2^15` at bits 8..16),
+/// and subtracting that float's value at `c = 0` leaves `c`. Same value as
+/// `f32::cast_from(sext_byte(w, j))` without the int-to-float conversion.
+#[cube]
+pub fn byte_exact(w: i32, #[comptime] j: u32) -> f32 {
+    let u = u32::reinterpret(w);
+    let half = if comptime![j >= 2] { u >> 16u32 } else { u };
+    let i = comptime![j % 2];
+    let mask = comptime![0xFFu32 << (8 * i)];
+    let magic = comptime![((150 - 8 * i) << 23) | (0x80u32 << (8 * i))];
+    f32::reinterpret((half & mask) ^ magic) - f32::reinterpret(magic)
+}

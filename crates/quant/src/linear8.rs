@@ -14,7 +14,9 @@
 //!
 //! With [`KernelChoice::FloatActivations`] a decode-sized product on CUDA skips the codes: the
 //! 8-bit weights multiply the float activation on f16 tensor cores
-//! (`gemm8/float_x.rs`), the input norm and the epilogue fused as in the bf16 GEMV.
+//! (`gemm8/float_x.rs`), the input norm and the epilogue fused as in the bf16 GEMV. With
+//! [`KernelChoice::FloatActivationsSimt`] they multiply it in f32 on the SIMT cores, on every
+//! runtime (`gemm8/float_x_simt.rs`).
 
 use cubecl::prelude::*;
 use ops::launch::check_same_dtype;
@@ -23,7 +25,7 @@ use ops::matmul::{Activation, InputNorm};
 use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
-use crate::gemm8::{float_x, Gemm8, KernelChoice, XSource};
+use crate::gemm8::{float_x, float_x_simt, Gemm8, KernelChoice, XSource};
 use crate::host::quantize_weight_8bit;
 use crate::layout::{
     check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
@@ -258,7 +260,8 @@ impl<R: Runtime> Weight8<R> {
     }
 
     /// Whether a product of `rows` rows of `dtype` runs on the float-activation decode kernel:
-    /// asked for ([`KernelChoice::FloatActivations`]), not row-invariant, and runnable here.
+    /// asked for ([`KernelChoice::FloatActivations`] or [`KernelChoice::FloatActivationsSimt`]),
+    /// not row-invariant, and runnable here.
     fn runs_float_x(
         &self,
         client: &ComputeClient<R>,
@@ -267,10 +270,15 @@ impl<R: Runtime> Weight8<R> {
         k: usize,
         workspace: Option<&LinearWorkspace<R>>,
     ) -> bool {
-        let fp8 = self.format == QuantFormat::Fp8E4M3;
-        self.choice == KernelChoice::FloatActivations
-            && !workspace.is_some_and(LinearWorkspace::is_rows_invariant)
-            && float_x::can_run(client, dtype, fp8, rows, k)
+        !workspace.is_some_and(LinearWorkspace::is_rows_invariant)
+            && crate::gemm8::runs_float_activations(
+                client,
+                self.choice,
+                self.format,
+                dtype,
+                rows,
+                k,
+            )
     }
 
     /// [`Self::run`] on `rms_norm(x)`: inside the fused decode kernel where it runs, else the
@@ -440,7 +448,12 @@ fn linear8_into<R: Runtime>(client: &ComputeClient<R>, call: Call<'_, R>) -> Res
             gate,
             norm,
         };
-        float_x::gemv_float_x(
+        let launch = if choice == KernelChoice::FloatActivationsSimt {
+            float_x_simt::gemv_float_x_simt
+        } else {
+            float_x::gemv_float_x
+        };
+        launch(
             client,
             &x2,
             qweight,

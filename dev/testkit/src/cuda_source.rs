@@ -20,11 +20,15 @@ pub fn launcher<R: Runtime>(
     client: &ComputeClient<R>,
     units: u32,
 ) -> (KernelSettings, KernelLauncher<R>) {
-    let settings = KernelSettings::new(
-        CubeDim::new_1d(units).into(),
-        ExecutionMode::Unchecked,
-        AddressType::U32,
-    );
+    launcher_of(client, CubeDim::new_1d(units))
+}
+
+/// [`launcher`] for a cube of any shape.
+pub fn launcher_of<R: Runtime>(
+    client: &ComputeClient<R>,
+    cube_dim: CubeDim,
+) -> (KernelSettings, KernelLauncher<R>) {
+    let settings = KernelSettings::new(cube_dim.into(), ExecutionMode::Unchecked, AddressType::U32);
     let mut launcher = KernelLauncher::<R>::new(settings.clone());
     launcher.with_scope(|scope| scope.device_properties(client.properties()));
     (settings, launcher)

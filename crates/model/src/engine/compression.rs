@@ -67,6 +67,11 @@ pub enum Decode8 {
     /// products, x rounded to f16 instead of to 8 bits. Elsewhere (other runtimes, f32) as
     /// `Codes`, with a notice at load.
     Float,
+    /// Multiply the 8-bit weights, decoded to f32 in registers, with the float activation in
+    /// f32 on the SIMT cores (`quant::KernelChoice::FloatActivationsSimt`), as the bf16 GEMV
+    /// multiplies bf16 weights: no quantize pass, x not rounded; on every runtime and float
+    /// dtype (hidden and intermediate sizes multiples of 16, else as `Codes` with a notice).
+    FloatSimt,
 }
 
 impl Decode8 {
@@ -75,6 +80,7 @@ impl Decode8 {
         match self {
             Self::Codes => quant::KernelChoice::Auto,
             Self::Auto | Self::Float => quant::KernelChoice::FloatActivations,
+            Self::FloatSimt => quant::KernelChoice::FloatActivationsSimt,
         }
     }
 }
@@ -149,36 +155,41 @@ impl Compression {
     }
 
     /// A note for the user when the 8-bit formats were explicitly asked to decode on the float
-    /// activation ([`Decode8::Float`]) where that kernel does not run (one decode row of the
-    /// hidden size, in `dtype`): they then decode on quantized activations.
+    /// activation ([`Decode8::Float`], [`Decode8::FloatSimt`]) where that kernel does not run
+    /// (one decode row of the hidden size, in `dtype`): they then decode on quantized
+    /// activations.
     pub(crate) fn decode_notice<R: Runtime>(
         &self,
         client: &ComputeClient<R>,
         dtype: DType,
         hidden: usize,
     ) -> Option<String> {
-        let Self::Quant {
-            mode,
-            decode: Decode8::Float,
-            ..
-        } = *self
-        else {
+        let Self::Quant { mode, decode, .. } = *self else {
             return None;
+        };
+        let needs = match decode {
+            Decode8::Float => {
+                "CUDA with the f16 tensor cores (sm_89+ for fp8) and bf16 or f16 activations"
+            }
+            Decode8::FloatSimt => "a hidden size that is a multiple of 16",
+            Decode8::Auto | Decode8::Codes => return None,
         };
         let format = match mode {
             QuantMode::W8A8 => quant::QuantFormat::Int8,
             QuantMode::Fp8 => quant::QuantFormat::Fp8E4M3,
             QuantMode::W4A16 { .. } => return None,
         };
-        (!quant::gemm8::runs_float_activations(client, format, dtype, 1, hidden)).then(|| {
-            format!(
-                "note: decoding {} on the float activation needs CUDA with the f16 tensor cores \
-                 (sm_89+ for fp8) and bf16 or f16 activations ({dtype} on {} here): it decodes \
-                 on quantized activations",
-                mode.name(),
-                ops::caps::runtime_name(client)
-            )
-        })
+        let choice = decode.kernel();
+        (!quant::gemm8::runs_float_activations(client, choice, format, dtype, 1, hidden)).then(
+            || {
+                format!(
+                    "note: decoding {} on the float activation needs {needs} ({dtype}, hidden \
+                     size {hidden}, on {} here): it decodes on quantized activations",
+                    mode.name(),
+                    ops::caps::runtime_name(client)
+                )
+            },
+        )
     }
 
     /// Device bytes of a `numel`-element projection of a slot this compression applies to (the

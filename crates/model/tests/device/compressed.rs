@@ -206,7 +206,8 @@ fn compressed_models_track_the_float_model() {
 }
 
 /// The 8-bit formats decoding on the float activation (`Decode8::Float`: on CUDA in bf16 the
-/// float-activation kernel, elsewhere the codes path) track the float model along its greedy
+/// tensor-core float-activation kernel, elsewhere the codes path; `Decode8::FloatSimt`: the SIMT
+/// kernel on every runtime) track the float model along its greedy
 /// continuation, teacher-forced: the mean KL of the first decode steps' next-token distributions
 /// against transformers' is within twice each format's bound above, or within 1.5x the codes
 /// path's own KL in the same dtype where bf16's rounding alone strays further on a fixture. The
@@ -225,7 +226,13 @@ fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
         let want = &r.greedy_logits[r.vocab..(steps + 1) * r.vocab];
         for (mode, max_kl) in [(QuantMode::W8A8, W8A8_MAX_KL), (QuantMode::Fp8, FP8_MAX_KL)] {
             let mut kls = Vec::new();
-            for decode in [Decode8::Codes, Decode8::Float, Decode8::Auto] {
+            let decodes = [
+                Decode8::Codes,
+                Decode8::Float,
+                Decode8::FloatSimt,
+                Decode8::Auto,
+            ];
+            for decode in decodes {
                 let compression = Compression::Quant {
                     mode,
                     lm_head: true,
@@ -248,12 +255,18 @@ fn float_decode<R: Runtime>(client: &ComputeClient<R>) {
                     _ => quant::QuantFormat::Int8,
                 };
                 let hidden = m.config().hidden_size;
-                let runs = quant::gemm8::runs_float_activations(client, format, dtype, 1, hidden);
+                let choice = match decode {
+                    Decode8::FloatSimt => quant::KernelChoice::FloatActivationsSimt,
+                    _ => quant::KernelChoice::FloatActivations,
+                };
+                let runs =
+                    quant::gemm8::runs_float_activations(client, choice, format, dtype, 1, hidden);
                 let noted = report
                     .notices
                     .iter()
                     .any(|n| n.contains("float activation"));
-                let expect_note = decode == Decode8::Float && !runs;
+                let asked = matches!(decode, Decode8::Float | Decode8::FloatSimt);
+                let expect_note = asked && !runs;
                 assert_eq!(noted, expect_note, "{what}: notices {:?}", report.notices);
                 let mut session = Session::new(m).unwrap();
                 session.prefill(&r.prompt).unwrap();

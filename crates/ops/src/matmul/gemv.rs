@@ -281,23 +281,17 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
 }
 
 /// Launches the GEMV on a validated problem (M <= 16), with `splits` groups per column (1, 2, 4
-/// or 8) or, for `None`, [`k_splits`]'s choice.
+/// or 8) or, for `None`, [`gemv_splits`]'s choice.
 pub(super) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     p: &Problem<'_, R>,
     splits: Option<u32>,
 ) {
     let vector = caps::vector_size_for(client, p.x.dtype(), p.k);
-    let use_plane = caps::has_plane_ops(client)
-        && client.properties().hardware.plane_size_min
-            == client.properties().hardware.plane_size_max;
-    let lanes = if use_plane {
-        caps::plane_size_min(client)
-    } else {
-        32
-    };
+    let (lanes, use_plane) = gemv_lanes(client);
     let k_vectors = p.k / vector;
-    let splits = splits.unwrap_or_else(|| k_splits(client, p.n, k_vectors, lanes));
+    let sms = caps::num_sms(client);
+    let splits = splits.unwrap_or_else(|| gemv_splits(sms, p.n, k_vectors, lanes));
     let trigger = caps::has_launch_dependents(client);
     let early_wait = caps::has_pdl(client);
     let cols_per_cube = (256 / (lanes * splits)).max(1);
@@ -337,11 +331,27 @@ pub(super) fn launch<R: Runtime>(
     ));
 }
 
-/// Plane-sized groups per output column: enough planes overall for about 32 per SM (the LM head's
-/// 151 936 columns need no split, a 1536-column projection 4), a power of two up to 8, and at
-/// least one 16-byte load per lane.
-fn k_splits<R: Runtime>(client: &ComputeClient<R>, n: usize, k_vectors: usize, lanes: u32) -> u32 {
-    let want = 32 * caps::num_sms(client).max(1) as usize;
+/// The lanes of a GEMV's plane-sized groups and whether they reduce through plane operations:
+/// the plane size where the runtime has plane ops of one fixed width, else 32 lanes reducing
+/// through shared memory.
+pub fn gemv_lanes<R: Runtime>(client: &ComputeClient<R>) -> (u32, bool) {
+    let use_plane = caps::has_plane_ops(client)
+        && client.properties().hardware.plane_size_min
+            == client.properties().hardware.plane_size_max;
+    let lanes = if use_plane {
+        caps::plane_size_min(client)
+    } else {
+        32
+    };
+    (lanes, use_plane)
+}
+
+/// Plane-sized groups per output column of a GEMV over `k_vectors` 16-byte weight vectors per
+/// column: enough planes overall for about 32 per SM (the LM head's 151 936 columns need no
+/// split, a 1536-column projection 4), a power of two up to 8, and at least one 16-byte load per
+/// lane, on a device of `sms` SMs.
+pub fn gemv_splits(sms: u32, n: usize, k_vectors: usize, lanes: u32) -> u32 {
+    let want = 32 * sms.max(1) as usize;
     let by_occupancy = want.div_ceil(n.max(1)).next_power_of_two().clamp(1, 8);
     let by_length = (k_vectors / lanes as usize).max(1);
     let mut splits = by_occupancy;

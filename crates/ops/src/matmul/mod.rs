@@ -47,7 +47,7 @@ mod tiled;
 
 pub use crate::gemm::Activation;
 pub use cmma::{CmmaBlueprint, CmmaTile};
-pub use gemv::GemvBlueprint;
+pub use gemv::{gemv_lanes, gemv_splits, GemvBlueprint};
 pub use mma_gemv::{TensorGemvBlueprint, TensorGemvShape, MAX_CUBE_SPLITS};
 use strategy::plan_with;
 pub use strategy::{

@@ -32,6 +32,7 @@
 
 mod epilogue;
 pub(crate) mod float_x;
+pub(crate) mod float_x_simt;
 mod mma;
 mod portable;
 mod skinny;
@@ -66,6 +67,13 @@ pub enum KernelChoice {
     /// Not used by a layer whose workspace asks for row invariance (the kernel's launch shape
     /// changes with M).
     FloatActivations,
+    /// As [`Self::Auto`], except at decode sizes (M <= 16, K a multiple of 16) on every runtime:
+    /// there the 8-bit weights, decoded to f32 in registers, multiply the float activation in
+    /// f32 on the SIMT cores, as the dense GEMV multiplies bf16 weights (no quantize pass, no
+    /// pre-pass, x not rounded at all: the results differ from [`Self::Auto`]'s and
+    /// [`Self::FloatActivations`]' in the last bits). Not used by a layer whose workspace asks
+    /// for row invariance.
+    FloatActivationsSimt,
 }
 
 /// Validated operands of one 8-bit GEMM.
@@ -106,24 +114,25 @@ impl<R: Runtime> Gemm8<'_, R> {
     }
 }
 
-/// Whether [`KernelChoice::FloatActivations`] runs its own kernel here for `rows` rows of a
-/// `dtype` activation over `k` features against `format` weights (per-channel scales, a layer
-/// whose workspace does not ask for row invariance); where it does not, that choice runs as
-/// [`KernelChoice::Auto`].
+/// Whether `choice` ([`KernelChoice::FloatActivations`] or
+/// [`KernelChoice::FloatActivationsSimt`]) runs its own kernel here for `rows` rows of a `dtype`
+/// activation over `k` features against `format` weights (per-channel scales, a layer whose
+/// workspace does not ask for row invariance); where it does not, that choice runs as
+/// [`KernelChoice::Auto`] (and the other choices always do).
 pub fn runs_float_activations<R: Runtime>(
     client: &ComputeClient<R>,
+    choice: KernelChoice,
     format: crate::QuantFormat,
     dtype: DType,
     rows: usize,
     k: usize,
 ) -> bool {
-    float_x::can_run(
-        client,
-        dtype,
-        format == crate::QuantFormat::Fp8E4M3,
-        rows,
-        k,
-    )
+    let fp8 = format == crate::QuantFormat::Fp8E4M3;
+    match choice {
+        KernelChoice::FloatActivations => float_x::can_run(client, dtype, fp8, rows, k),
+        KernelChoice::FloatActivationsSimt => float_x_simt::can_run(rows, k),
+        KernelChoice::Auto | KernelChoice::Portable => false,
+    }
 }
 
 /// Whether the runtime runs warp-level `mma.sync.m16n8k32` for this operand type.

@@ -1,4 +1,6 @@
-//! The 8-bit layers' float-activation decode path (`KernelChoice::FloatActivations`). Where it
+//! The 8-bit layers' float-activation decode paths: the SIMT kernel
+//! (`KernelChoice::FloatActivationsSimt`, every runtime, M <= 16) in [`simt_case`], and the
+//! tensor-core one (`KernelChoice::FloatActivations`). Where the latter
 //! runs (CUDA, bf16 / f16, M <= 16): the dequantized weight times the float activation, with no
 //! activation quantization, against the f64 reference, for the plain product with bias and
 //! residual, the gated MLP, and both behind the input norm, on awkward shapes (N not a multiple
@@ -21,6 +23,10 @@ use testkit::*;
 use crate::gated_reference;
 
 const FORMATS: [QuantFormat; 2] = [QuantFormat::Int8, QuantFormat::Fp8E4M3];
+/// The tensor-core kernel (CUDA, bf16 / f16).
+const MMA: KernelChoice = KernelChoice::FloatActivations;
+/// The SIMT kernel (every runtime and float dtype).
+const SIMT: KernelChoice = KernelChoice::FloatActivationsSimt;
 const EPS: f32 = 1e-6;
 
 fn layer8<R: Runtime>(
@@ -180,11 +186,20 @@ fn float_x_cases<R: Runtime>(
     dtypes: &[DType],
     seed: u64,
 ) {
-    float_x_cases_of(client, shapes, variants, dtypes, seed, rows_of_rising_scale);
+    float_x_cases_of(
+        client,
+        MMA,
+        shapes,
+        variants,
+        dtypes,
+        seed,
+        rows_of_rising_scale,
+    );
 }
 
 fn float_x_cases_of<R: Runtime>(
     client: &ComputeClient<R>,
+    choice: KernelChoice,
     shapes: &[(usize, usize, usize)],
     variants: &[Variant],
     dtypes: &[DType],
@@ -205,16 +220,10 @@ fn float_x_cases_of<R: Runtime>(
                     let w = random(&mut rng, rows * k, 0.5);
                     let ws = LinearWorkspace::new(client, m, k, rows, dtype);
                     let what = format!("{fmt:?} {variant:?} {dtype} {m}x{n}x{k}");
-                    let float = layer8(
-                        client,
-                        fmt,
-                        &w,
-                        [rows, k],
-                        dtype,
-                        KernelChoice::FloatActivations,
-                    );
+                    let what = format!("{choice:?} {what}");
+                    let float = layer8(client, fmt, &w, [rows, k], dtype, choice);
                     let got = run(client, &*float, variant, &xt, &g, &bias, &res, &ws, [m, n]);
-                    if !runs_float_activations(client, fmt, dtype, m, k) {
+                    if !runs_float_activations(client, choice, fmt, dtype, m, k) {
                         let auto = layer8(client, fmt, &w, [rows, k], dtype, KernelChoice::Auto);
                         let want = run(client, &*auto, variant, &xt, &g, &bias, &res, &ws, [m, n]);
                         assert_bits(&what, &got, &want);
@@ -268,6 +277,7 @@ fn wild_steps_case<R: Runtime>(client: &ComputeClient<R>) {
     let shapes = [(1, 40, 1552), (3, 33, 640), (9, 24, 400)];
     float_x_cases_of(
         client,
+        MMA,
         &shapes,
         &variants,
         &[DType::BF16],
@@ -310,23 +320,60 @@ fn rows_invariant_case<R: Runtime>(client: &ComputeClient<R>) {
             let (res, _) = upload(client, &random(&mut rng, m * n, 1.0), &[m, n], dtype);
             let w = random(&mut rng, n * k, 0.5);
             let ws = LinearWorkspace::new(client, m, k, n, dtype).rows_invariant(true);
-            let float = layer8(
-                client,
-                fmt,
-                &w,
-                [n, k],
-                dtype,
-                KernelChoice::FloatActivations,
-            );
             let auto = layer8(client, fmt, &w, [n, k], dtype, KernelChoice::Auto);
-            for variant in [Variant::Plain, Variant::Normed] {
-                let what = format!("{fmt:?} {variant:?} {dtype} rows-invariant");
-                let got = run(client, &*float, variant, &xt, &g, &bias, &res, &ws, [m, n]);
-                let want = run(client, &*auto, variant, &xt, &g, &bias, &res, &ws, [m, n]);
-                assert_bits(&what, &got, &want);
+            for choice in [MMA, SIMT] {
+                let float = layer8(client, fmt, &w, [n, k], dtype, choice);
+                for variant in [Variant::Plain, Variant::Normed] {
+                    let what = format!("{choice:?} {fmt:?} {variant:?} {dtype} rows-invariant");
+                    let got = run(client, &*float, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                    let want = run(client, &*auto, variant, &xt, &g, &bias, &res, &ws, [m, n]);
+                    assert_bits(&what, &got, &want);
+                }
             }
         }
     }
+}
+
+/// The SIMT kernel against the f64 reference on every runtime and float dtype: the awkward
+/// shapes (K = 208: 13 weight vectors, fewer than a plane's lanes; N not a multiple of a cube's
+/// columns) in every variant, the 1.5B model's four products as the model runs them (gate-up
+/// 8 960 columns of 2 x 1 536, qkv, o; down's K at 16 rows), a long K split over planes at 7
+/// rows, and rows spanning twelve decades (which need no scaling in f32).
+fn simt_case<R: Runtime>(client: &ComputeClient<R>) {
+    let variants = [
+        Variant::Plain,
+        Variant::Gated,
+        Variant::Normed,
+        Variant::NormedGated,
+    ];
+    let dtypes = float_dtypes(client);
+    let rising = rows_of_rising_scale;
+    float_x_cases_of(client, SIMT, &SHAPES, &variants, &dtypes, 97, rising);
+    let model = [
+        ((1, 8960, 1536), Variant::NormedGated),
+        ((1, 2048, 1536), Variant::Normed),
+        ((1, 1536, 1536), Variant::Plain),
+        ((16, 40, 8960), Variant::Plain),
+        ((7, 50, 4176), Variant::Normed),
+    ];
+    for (shape, variant) in model {
+        float_x_cases_of(client, SIMT, &[shape], &[variant], &dtypes[..1], 98, rising);
+    }
+    let shapes = [(1, 40, 1552), (3, 33, 640)];
+    float_x_cases_of(
+        client,
+        SIMT,
+        &shapes,
+        &variants,
+        &dtypes[..1],
+        99,
+        rows_of_wild_steps,
+    );
+}
+
+#[test]
+fn float_activations_simt_match_reference() {
+    on_each_runtime!(simt_case);
 }
 
 #[test]

@@ -1,0 +1,462 @@
+//! The 8-bit decode GEMV on the float activation in f32 on the SIMT cores (every runtime, M <= 16):
+//! int8 or e4m3 weights times x, with no activation codes and no f16 staging of x.
+//!
+//! Why a second float-activation kernel: [`super::float_x`] multiplies on f16 tensor cores, so x
+//! must fit f16; each of its cubes first reduces the row's largest magnitude, stages a scaled
+//! copy of x and waits at a barrier before its first MMA, at 99 registers a unit (two 256-unit
+//! cubes per SM of an H100). On the 1.5B model its gate-up streamed 27.5 MB at 1.8 TB/s, where the
+//! bf16 GEMV ([`ops::matmul`]: x read straight from L1, the norm's sum of squares in the same
+//! loop as the products, nothing before the first load) streams its 55 MB at about 2.8 TB/s.
+//! This kernel is that bf16 GEMV with 8-bit weights: each 16-byte vector of a weight row holds
+//! 16 codes, which become exact f32s in two instructions each (int8: [`byte_exact`]; e4m3: one
+//! `cvt.rn.f16x2.e4m3x2` per pair and one conversion to f32 each on CUDA sm_89+,
+//! [`decode_e4m3`]'s integer operations elsewhere) and multiply x in f32: no scaling, no staging,
+//! no reduction before the loop. About three instructions per weight (the decode and one FMA),
+//! against about 16 weights per clock and SM that an H100's bandwidth delivers at one byte each.
+//!
+//! Layout (the bf16 GEMV's): each output column `n` (weight row `n`, and row `N + n` of the up
+//! half when gated) belongs to `splits` plane-sized groups of a cube, whose lanes stride over its
+//! 16-byte weight vectors keeping one f32 accumulator per row of x (two when gated, and x's sum
+//! of squares with the input norm); a plane reduction and shared memory sum the groups, and lane 0
+//! applies the weight row's scale, the norm's `1 / rms` and the epilogue (bias, residual, the
+//! gated activation). The launch shape depends on N and K, not on M.
+//!
+//! The result is the dequantized weight times x in f32, whose only rounding is the output's (and
+//! the order of the sums): the codes path rounds x to 8 bits per row, the tensor-core path to
+//! f16.
+
+use cubecl::prelude::*;
+use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::norm::sum_squares;
+use ops::reduce::{row_sum_shared_len, row_sum_split_in};
+use ops::{caps, DeviceTensor};
+
+use crate::codec::{byte_exact, decode_e4m3};
+use crate::w4a16_nk::NkEpilogue;
+
+/// Bytes (codes) per weight vector.
+const CODES: usize = 16;
+
+/// Comptime shape of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct SimtPlan {
+    /// Rows of x (1..=16), unrolled into per-row accumulators.
+    m: u32,
+    /// Lanes per plane-sized group: the plane size when plane ops are used, else 32.
+    lanes: u32,
+    /// Plane-sized groups per output column, each over an interleaved share of K.
+    splits: u32,
+    /// Output columns per cube.
+    cols_per_cube: u32,
+    use_plane: bool,
+    /// x vectors per 16-code weight vector (16 over x's vector size).
+    x_per_w: u32,
+    /// x goes through an RMSNorm first (its statistics summed alongside the products).
+    norm: bool,
+    epilogue: EpilogueBlueprint,
+    fp8: bool,
+    /// e4m3 pairs decoded by `cvt.rn.f16x2.e4m3x2` (CUDA sm_89+) instead of integer operations.
+    cvt_e4m3: bool,
+    /// Signal `griddepcontrol.launch_dependents` once the weights are read.
+    trigger: bool,
+    /// Load each unit's first weight vectors before `griddepcontrol.wait`.
+    early_wait: bool,
+}
+
+/// Whether the kernel takes `m` rows of `k` features: M <= 16 and K a whole number of 16-byte
+/// weight vectors (x's dtype is checked by the layer: any float the runtime has).
+pub(crate) fn can_run(m: usize, k: usize) -> bool {
+    (1..=16).contains(&m) && k > 0 && k.is_multiple_of(CODES)
+}
+
+/// Code `j` (0..4) of `word` as an exact f32.
+#[cube]
+fn code_value(word: i32, #[comptime] j: u32, #[comptime] fp8: bool, #[comptime] cvt: bool) -> f32 {
+    let v: f32;
+    if comptime![!fp8] {
+        v = byte_exact(word, j);
+    } else if comptime![cvt] {
+        // Bytes 2p and 2p + 1 of the word become the low and high f16 of the pair (every e4m3
+        // value is an f16); ptxas shares the pair's conversion between its two codes.
+        let half = u32::reinterpret(word) >> comptime![16 * (j / 2)];
+        if comptime![j.is_multiple_of(2)] {
+            gpu_asm!(
+                "{{ .reg .b16 h, lo, hi; .reg .b32 p; cvt.u16.u32 h, {w}; cvt.rn.f16x2.e4m3x2 p, h; mov.b32 {{lo, hi}}, p; cvt.f32.f16 {v}, lo; }}",
+                w = in(_) half,
+                v = out(_) v,
+                options(pure, nomem),
+            );
+        } else {
+            gpu_asm!(
+                "{{ .reg .b16 h, lo, hi; .reg .b32 p; cvt.u16.u32 h, {w}; cvt.rn.f16x2.e4m3x2 p, h; mov.b32 {{lo, hi}}, p; cvt.f32.f16 {v}, hi; }}",
+                w = in(_) half,
+                v = out(_) v,
+                options(pure, nomem),
+            );
+        }
+    } else {
+        v = decode_e4m3((u32::reinterpret(word) >> comptime![8 * j]) & 0xFFu32);
+    }
+    v
+}
+
+/// The 16 codes of one weight vector as f32s.
+#[cube]
+fn decode_vector(v: Vector<i32, Const<4>>, out: &mut Array<f32>, #[comptime] plan: SimtPlan) {
+    #[unroll]
+    for c in 0..CODES {
+        let word = v.extract(comptime![c / 4]);
+        out[c] = code_value(word, comptime![(c % 4) as u32], plan.fp8, plan.cvt_e4m3);
+    }
+}
+
+/// Adds one weight vector's products (the gate's and the up row's when gated) with every row of
+/// x to the accumulators, x scaled on the fly by the norm weight, and x's squares for the norm.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn accumulate_vector<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    norm_w: &[Vector<F, N>],
+    wv: Vector<i32, Const<4>>,
+    uv: Vector<i32, Const<4>>,
+    kv: usize,
+    row_vectors: usize,
+    acc: &mut Array<f32>,
+    acc_up: &mut Array<f32>,
+    squares: &mut Array<f32>,
+    #[comptime] plan: SimtPlan,
+) {
+    let per = comptime![plan.x_per_w as usize];
+    let width = comptime![CODES / plan.x_per_w as usize];
+    let gated = comptime![plan.epilogue.is_gated()];
+    let mut wf = Array::<f32>::new(CODES);
+    let mut uf = Array::<f32>::new(CODES);
+    decode_vector(wv, &mut wf, plan);
+    if gated {
+        decode_vector(uv, &mut uf, plan);
+    }
+    let mut gf = Array::<f32>::new(CODES);
+    if comptime![plan.norm] {
+        #[unroll]
+        for t in 0..per {
+            let gv = norm_w[kv * per + t];
+            #[unroll]
+            for e in 0..width {
+                gf[t * width + e] = f32::cast_from(gv.extract(e));
+            }
+        }
+    }
+    #[unroll]
+    for m in 0..comptime![plan.m as usize] {
+        // Four partial sums per vector: short dependency chains.
+        let mut s = Array::<f32>::new(4usize);
+        let mut su = Array::<f32>::new(4usize);
+        #[unroll]
+        for i in 0..4usize {
+            s[i] = 0f32;
+            su[i] = 0f32;
+        }
+        #[unroll]
+        for t in 0..per {
+            let xv = x[m * row_vectors + kv * per + t];
+            if comptime![plan.norm] {
+                squares[m] += sum_squares(xv);
+            }
+            #[unroll]
+            for e in 0..width {
+                let c = t * width + e;
+                let mut xe = f32::cast_from(xv.extract(e));
+                if comptime![plan.norm] {
+                    xe *= gf[c];
+                }
+                s[c % 4] += xe * wf[c];
+                if gated {
+                    su[c % 4] += xe * uf[c];
+                }
+            }
+        }
+        acc[m] += (s[0] + s[1]) + (s[2] + s[3]);
+        if gated {
+            acc_up[m] += (su[0] + su[1]) + (su[2] + su[3]);
+        }
+    }
+}
+
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+fn float_x_simt_kernel<F: Float, N: Size>(
+    x: &[Vector<F, N>],
+    w: &[Vector<i32, Const<4>>],
+    w_scale: &[f32],
+    bias: &[F],
+    residual: &[F],
+    out: &mut [F],
+    norm_w: &[Vector<F, N>],
+    n_cols: usize,
+    k_vectors: usize,
+    pitch_vectors: usize,
+    up_offset: usize,
+    inv_k: f32,
+    eps: f32,
+    #[comptime] plan: SimtPlan,
+    #[define(F)] _dtype: ElemType,
+) {
+    let col = CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize;
+    // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
+    let active = col < n_cols;
+    let row = select(active, col, 0);
+    let m_rows = comptime![plan.m as usize];
+    let lanes = comptime![(plan.lanes * plan.splits) as usize];
+    let gated = comptime![plan.epilogue.is_gated()];
+    let row_vectors = k_vectors * comptime![plan.x_per_w as usize];
+
+    let mut acc = Array::<f32>::new(m_rows);
+    let mut acc_up = Array::<f32>::new(m_rows);
+    let mut squares = Array::<f32>::new(m_rows);
+    #[unroll]
+    for m in 0..m_rows {
+        acc[m] = 0f32;
+        acc_up[m] = 0f32;
+        squares[m] = 0f32;
+    }
+    let w_base = row * pitch_vectors;
+    let up_base = (up_offset + row) * pitch_vectors;
+    let first = UNIT_POS_X as usize;
+    let mut start = first;
+    if comptime![plan.early_wait] {
+        // Weights are never written by a kernel: the first vectors load while the kernel before
+        // this one finishes; x and the outputs wait for it.
+        let mut w0 = Vector::<i32, Const<4>>::new(0i32);
+        let mut u0 = w0;
+        let has_first = first < k_vectors;
+        if has_first {
+            w0 = w[w_base + first];
+            if gated {
+                u0 = w[up_base + first];
+            }
+        }
+        gpu_asm!("griddepcontrol.wait;");
+        if has_first {
+            accumulate_vector::<F, N>(
+                x,
+                norm_w,
+                w0,
+                u0,
+                first,
+                row_vectors,
+                &mut acc,
+                &mut acc_up,
+                &mut squares,
+                plan,
+            );
+        }
+        start = first + lanes;
+    }
+    for kv in range_stepped(start, k_vectors, lanes) {
+        let wv = w[w_base + kv];
+        let mut uv = wv;
+        if gated {
+            uv = w[up_base + kv];
+        }
+        accumulate_vector::<F, N>(
+            x,
+            norm_w,
+            wv,
+            uv,
+            kv,
+            row_vectors,
+            &mut acc,
+            &mut acc_up,
+            &mut squares,
+            plan,
+        );
+    }
+    if comptime![plan.trigger] {
+        gpu_asm!("griddepcontrol.launch_dependents;");
+    }
+    let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
+        plan.lanes,
+        plan.splits,
+        plan.cols_per_cube,
+        plan.use_plane
+    )]);
+    let scale = w_scale[row];
+    let mut scale_up = 0f32;
+    if gated {
+        scale_up = w_scale[up_offset + row];
+    }
+    #[unroll]
+    for m in 0..m_rows {
+        let mut total =
+            row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane) * scale;
+        let mut total_up = 0f32;
+        if gated {
+            total_up =
+                row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane)
+                    * scale_up;
+        }
+        if comptime![plan.norm] {
+            let sq = row_sum_split_in(
+                squares[m],
+                &mut red,
+                plan.lanes,
+                plan.splits,
+                plan.use_plane,
+            );
+            let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
+            total *= inv_rms;
+            total_up *= inv_rms;
+        }
+        if active && UNIT_POS_X == 0 {
+            write_epilogue::<F>(
+                out,
+                total,
+                total_up,
+                m,
+                col,
+                n_cols,
+                bias,
+                residual,
+                plan.epilogue,
+            );
+        }
+    }
+}
+
+/// What a launch plan takes from the device.
+#[derive(Clone, Copy, Debug)]
+struct SimtDevice {
+    sms: u32,
+    /// Lanes per plane-sized group, and whether they reduce through plane operations.
+    lanes: u32,
+    use_plane: bool,
+    /// `cvt.rn.f16x2.e4m3x2` is there (CUDA sm_89+).
+    cvt_e4m3: bool,
+    trigger: bool,
+    early_wait: bool,
+}
+
+impl SimtDevice {
+    fn of<R: Runtime>(client: &ComputeClient<R>) -> Self {
+        let (lanes, use_plane) = ops::matmul::gemv_lanes(client);
+        Self {
+            sms: caps::num_sms(client),
+            lanes,
+            use_plane,
+            cvt_e4m3: super::has_mma8(client, true),
+            trigger: caps::has_launch_dependents(client),
+            early_wait: caps::has_pdl(client),
+        }
+    }
+
+    /// An H100 or H200 (132 SMs, 32-lane planes, programmatic dependent launch).
+    #[cfg(test)]
+    const SM90: Self = Self {
+        sms: 132,
+        lanes: 32,
+        use_plane: true,
+        cvt_e4m3: true,
+        trigger: true,
+        early_wait: true,
+    };
+}
+
+/// The product's comptime description.
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    m: usize,
+    k: usize,
+    /// Output columns (the gated product's half of the weight rows).
+    n: usize,
+    fp8: bool,
+    norm: bool,
+    epilogue: EpilogueBlueprint,
+    /// x's elements per vector load (divides 16).
+    vector: usize,
+}
+
+/// The plan, the cube's shape and the cube count of a launch: the bf16 GEMV's (the same splits
+/// of K for the same count of 16-byte weight vectors, 256 units a cube).
+fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
+    let lanes = device.lanes;
+    let splits = ops::matmul::gemv_splits(device.sms, shape.n, shape.k / CODES, lanes);
+    let cols_per_cube = (256 / (lanes * splits)).max(1);
+    let plan = SimtPlan {
+        m: shape.m as u32,
+        lanes,
+        splits,
+        cols_per_cube,
+        use_plane: device.use_plane,
+        x_per_w: (CODES / shape.vector) as u32,
+        norm: shape.norm,
+        epilogue: shape.epilogue,
+        fp8: shape.fp8,
+        cvt_e4m3: shape.fp8 && device.cvt_e4m3,
+        trigger: device.trigger,
+        early_wait: device.early_wait,
+    };
+    let cubes = shape.n.div_ceil(cols_per_cube as usize) as u32;
+    (plan, CubeDim::new_2d(lanes * splits, cols_per_cube), cubes)
+}
+
+/// The GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous float, `w` an
+/// 8-bit `[N, K]` padded matrix (`[2N, K]`: gate rows then up rows when gated) of row pitch
+/// `pitch` bytes with per-row scales `w_scale`, `out[M, N]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemv_float_x_simt<R: Runtime>(
+    client: &ComputeClient<R>,
+    x: &DeviceTensor<R>,
+    w: &DeviceTensor<R>,
+    pitch: usize,
+    w_scale: &DeviceTensor<R>,
+    fp8: bool,
+    epilogue: NkEpilogue<'_, R>,
+    out: &DeviceTensor<R>,
+    [m, k, n]: [usize; 3],
+) {
+    debug_assert!(can_run(m, k));
+    let vector = caps::vector_size_for(client, x.dtype(), CODES);
+    let shape = Shape {
+        m,
+        k,
+        n,
+        fp8,
+        norm: epilogue.norm.is_some(),
+        epilogue: epilogue.blueprint(),
+        vector,
+    };
+    let (plan, cube_dim, cubes) = launch_plan(shape, SimtDevice::of(client));
+    let (bias, residual, norm_w, eps) = epilogue.operands(x);
+    let up_offset = if epilogue.gate.is_some() { n } else { 0 };
+    // SAFETY: the operands were validated by the caller against M, N and K (the padded weight
+    // rows hold `pitch / 16` vectors, of which the kernel reads the first `K / 16`; every index
+    // stays below N rows, or 2N when gated).
+    unsafe {
+        let words =
+            BufferArg::from_raw_parts(w.handle().clone(), w.handle().size_in_used() as usize / 4);
+        float_x_simt_kernel::launch_unchecked::<R>(
+            client,
+            ops::launch::cube_count_1d(client, cubes),
+            cube_dim,
+            vector,
+            x.as_buffer_arg(),
+            words,
+            w_scale.as_buffer_arg(),
+            bias.as_buffer_arg(),
+            residual.as_buffer_arg(),
+            out.as_buffer_arg(),
+            norm_w.as_buffer_arg(),
+            n,
+            k / CODES,
+            pitch / CODES,
+            up_offset,
+            1.0 / k as f32,
+            eps,
+            plan,
+            x.dtype().elem_type(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod cuda_source;

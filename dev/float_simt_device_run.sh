@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The 8-bit formats decoding on the float activation on the SIMT cores (`--quant-decode
+# float-simt`, crates/quant/src/gemm8/float_x_simt.rs) against the tensor-core float path and the
+# codes path, on the GPU machine from the repository root, in calls of under 10 minutes (back to
+# back, so that the machine and its /tmp/big checkpoint stay warm):
+#   PART=tests bash dev/float_simt_device_run.sh  the CUDA tests of both float kernels (the f64
+#                                                 reference on awkward and model shapes, bf16,
+#                                                 f16, f32) and the model's float-activation
+#                                                 decode against transformers' logits
+#   PART=ab    bash dev/float_simt_device_run.sh  the quant kernel table at one row (codes, float,
+#                                                 float-simt), then bench-generate W8A8 and FP8
+#                                                 with --quant-decode codes, float and float-simt
+#                                                 at a 512-token prompt (PART=ab2: a second round
+#                                                 in the reverse order, in the next call)
+#   PART=prof  bash dev/float_simt_device_run.sh  CUPTI per-layer tables of a 6-layer model of
+#                                                 the same shape: W8A8 and FP8 on both float
+#                                                 kernels, and bf16
+# .devs/ as `dev/pack_device.sh` leaves it (cubellm, quant-test, model-test). Results under $OUT/r
+# (r.tgz). The recorded end-to-end run follows with scripts/bench_e2e.sh, MODES chosen from
+# these A/Bs (e.g. `none w4a16 w8a8+float-simt fp8+float-simt`).
+set -u
+source dev/device_setup.sh; begin_results
+C=.devs/cubellm
+if [ "${PART:-tests}" = prof ]; then start_model $C 150 6; else start_model $C 240; fi
+export CUBELLM_TEST_RUNTIMES=cuda
+bg() { # label [flags...]
+  local label=$1
+  shift
+  timeout 60 $C --runtime cuda bench-generate --model /tmp/big --prompt-len 512 \
+    --new-tokens 128 --runs 2 --max-len 704 "$@" > $R/bg_$label.out 2>&1
+  echo "$label: $(grep -h 'decode' $R/bg_$label.out | tail -1)"
+}
+case ${PART:-tests} in
+tests)
+  timeout 300 .devs/quant-test --test-threads=8 linear8_float_x > $R/quant-test.log 2>&1
+  echo "rc=$?" >> $R/quant-test.log
+  (cd crates/model && timeout 200 ../../.devs/model-test --test-threads=4 float_activation \
+    --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
+  grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -30
+  grep -h "decode top-1" $R/model-test.log | head -20
+  wait_model
+  ;;
+ab)
+  timeout 150 $C --runtime cuda bench --family quant --filter " 1x" > $R/bench_quant.jsonl \
+    2> $R/bench_quant.err
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try: r = json.loads(line)
+    except Exception: continue
+    print("%-44s %8.2f us %7.1f GB/s" % (r["case"], r["us"], r["gbps"]))
+' $R/bench_quant.jsonl
+  wait_model
+  for q in w8a8 fp8; do
+    for d in codes float float-simt; do bg r1_${q}_$d --quant $q --quant-decode $d; done
+  done
+  ;;
+ab2)
+  wait_model
+  for q in w8a8 fp8; do
+    for d in float-simt float codes; do bg r2_${q}_$d --quant $q --quant-decode $d; done
+  done
+  ;;
+prof)
+  build_trace_lib $R/trace-build.log
+  wait_model
+  for mode in w8a8+float w8a8+float-simt fp8+float fp8+float-simt none; do
+    TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
+      $R/prof "$mode" >> $R/profile.out 2>&1
+    echo "== $mode"; grep -h "^per layer\|^step" "$R/prof/table_$mode.md" 2>/dev/null
+  done
+  rm -f $R/prof/copies_*.csv; gzip -f $R/prof/trace_*.csv 2>/dev/null
+  ;;
+esac
