@@ -8,11 +8,14 @@
 //! bf16 GEMV ([`ops::matmul`]: x read straight from L1, the norm's sum of squares in the same
 //! loop as the products, nothing before the first load) streams its 55 MB at about 2.8 TB/s.
 //! This kernel is that bf16 GEMV with 8-bit weights: each 16-byte vector of a weight row holds
-//! 16 codes, which become exact f32s in two instructions each (int8: [`byte_exact`]; e4m3: one
-//! `cvt.rn.f16x2.e4m3x2` per pair and one conversion to f32 each on CUDA sm_89+,
-//! [`decode_e4m3`]'s integer operations elsewhere) and multiply x in f32: no scaling, no staging,
-//! no reduction before the loop. About three instructions per weight (the decode and one FMA),
-//! against about 16 weights per clock and SM that an H100's bandwidth delivers at one byte each.
+//! 16 codes, which become exact f32s in two instructions each (int8 on CUDA: one PRMT puts the
+//! byte, its sign flipped once per word, under the exponent of 2^23 and one FADD takes the
+//! offset off; elsewhere [`byte_exact`]; e4m3: one `cvt.rn.f16x2.e4m3x2` per pair and one
+//! conversion to f32 each on CUDA sm_89+, [`decode_e4m3`]'s integer operations elsewhere) and
+//! multiply x in f32: no scaling, no staging, no reduction before the loop. In ptxas 12.9's
+//! SASS the normed gate-up's loop takes 6.8 instructions per weight byte (3 for the codes, the
+//! rest for x, the norm and the addresses), against about 10 that full issue allows per byte
+//! at an H100's bandwidth (128 lane instructions and about 12.5 bytes per clock and SM).
 //!
 //! Layout (the bf16 GEMV's): each output column `n` (weight row `n`, and row `N + n` of the up
 //! half when gated) belongs to `splits` plane-sized groups of a cube, whose lanes stride over its
@@ -57,6 +60,8 @@ pub(crate) struct SimtPlan {
     fp8: bool,
     /// e4m3 pairs decoded by `cvt.rn.f16x2.e4m3x2` (CUDA sm_89+) instead of integer operations.
     cvt_e4m3: bool,
+    /// Inline PTX is there (CUDA): int8 codes decoded by PRMT.
+    ptx: bool,
     /// Signal `griddepcontrol.launch_dependents` once the weights are read.
     trigger: bool,
     /// Load each unit's first weight vectors before `griddepcontrol.wait`.
@@ -69,16 +74,33 @@ pub(crate) fn can_run(m: usize, k: usize) -> bool {
     (1..=16).contains(&m) && k > 0 && k.is_multiple_of(CODES)
 }
 
-/// Code `j` (0..4) of `word` as an exact f32.
+/// Code `j` (0..4) of `word` as an exact f32. With inline PTX (`plan.ptx`) the int8 word comes
+/// with its sign bits already flipped (offset binary, `c + 128`).
 #[cube]
-fn code_value(word: i32, #[comptime] j: u32, #[comptime] fp8: bool, #[comptime] cvt: bool) -> f32 {
+fn code_value(word: u32, #[comptime] j: u32, #[comptime] plan: SimtPlan) -> f32 {
     let v: f32;
-    if comptime![!fp8] {
-        v = byte_exact(word, j);
-    } else if comptime![cvt] {
+    if comptime![!plan.fp8 && plan.ptx] {
+        // One PRMT builds `0x4B0000cc` (byte j of the word, two zero bytes and the top byte of
+        // `magic`: 2^23 + c + 128) and one FADD takes 2^23 + 128 off; ptxas makes
+        // `byte_exact`'s mask and XOR of two immediates two LOP3s.
+        let magic = 0x4B00_0000u32;
+        let select = comptime![0x7650u32 | j];
+        let d: u32;
+        gpu_asm!(
+            "prmt.b32 {d}, {a}, {magic}, {sel};",
+            a = in(_) word,
+            magic = in(_) magic,
+            sel = in(_) select,
+            d = out(_) d,
+            options(pure, nomem),
+        );
+        v = f32::reinterpret(d) - 8_388_736f32;
+    } else if comptime![!plan.fp8] {
+        v = byte_exact(i32::reinterpret(word), j);
+    } else if comptime![plan.cvt_e4m3] {
         // Bytes 2p and 2p + 1 of the word become the low and high f16 of the pair (every e4m3
         // value is an f16); ptxas shares the pair's conversion between its two codes.
-        let half = u32::reinterpret(word) >> comptime![16 * (j / 2)];
+        let half = word >> comptime![16 * (j / 2)];
         if comptime![j.is_multiple_of(2)] {
             gpu_asm!(
                 "{{ .reg .b16 h, lo, hi; .reg .b32 p; cvt.u16.u32 h, {w}; cvt.rn.f16x2.e4m3x2 p, h; mov.b32 {{lo, hi}}, p; cvt.f32.f16 {v}, lo; }}",
@@ -95,7 +117,7 @@ fn code_value(word: i32, #[comptime] j: u32, #[comptime] fp8: bool, #[comptime] 
             );
         }
     } else {
-        v = decode_e4m3((u32::reinterpret(word) >> comptime![8 * j]) & 0xFFu32);
+        v = decode_e4m3((word >> comptime![8 * j]) & 0xFFu32);
     }
     v
 }
@@ -104,9 +126,19 @@ fn code_value(word: i32, #[comptime] j: u32, #[comptime] fp8: bool, #[comptime] 
 #[cube]
 fn decode_vector(v: Vector<i32, Const<4>>, out: &mut Array<f32>, #[comptime] plan: SimtPlan) {
     #[unroll]
-    for c in 0..CODES {
-        let word = v.extract(comptime![c / 4]);
-        out[c] = code_value(word, comptime![(c % 4) as u32], plan.fp8, plan.cvt_e4m3);
+    for w in 0..4usize {
+        // Flipped for the PRMT decode; an immutable value, as inline PTX takes a mutable
+        // variable by its address.
+        let flip = comptime![if !plan.fp8 && plan.ptx {
+            0x8080_8080u32
+        } else {
+            0u32
+        }];
+        let word = u32::reinterpret(v.extract(w)) ^ flip;
+        #[unroll]
+        for j in 0..4usize {
+            out[4 * w + j] = code_value(word, comptime![j as u32], plan);
+        }
     }
 }
 
@@ -332,6 +364,8 @@ struct SimtDevice {
     use_plane: bool,
     /// `cvt.rn.f16x2.e4m3x2` is there (CUDA sm_89+).
     cvt_e4m3: bool,
+    /// Inline PTX is there (CUDA).
+    ptx: bool,
     trigger: bool,
     early_wait: bool,
 }
@@ -344,6 +378,7 @@ impl SimtDevice {
             lanes,
             use_plane,
             cvt_e4m3: super::has_mma8(client, true),
+            ptx: caps::runtime_name(client).contains("cuda"),
             trigger: caps::has_launch_dependents(client),
             early_wait: caps::has_pdl(client),
         }
@@ -356,6 +391,7 @@ impl SimtDevice {
         lanes: 32,
         use_plane: true,
         cvt_e4m3: true,
+        ptx: true,
         trigger: true,
         early_wait: true,
     };
@@ -392,6 +428,7 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         epilogue: shape.epilogue,
         fp8: shape.fp8,
         cvt_e4m3: shape.fp8 && device.cvt_e4m3,
+        ptx: device.ptx,
         trigger: device.trigger,
         early_wait: device.early_wait,
     };
