@@ -13,16 +13,18 @@
 //! offset off; elsewhere [`byte_exact`]; e4m3: one `cvt.rn.f16x2.e4m3x2` per pair and one
 //! conversion to f32 each on CUDA sm_89+, [`decode_e4m3`]'s integer operations elsewhere) and
 //! multiply x in f32: no scaling, no staging, no reduction before the loop. In ptxas 12.9's
-//! SASS the normed gate-up's loop takes 6.8 instructions per weight byte (3 for the codes, the
-//! rest for x, the norm and the addresses), against about 10 that full issue allows per byte
-//! at an H100's bandwidth (128 lane instructions and about 12.5 bytes per clock and SM).
+//! SASS the loop takes 4.8 (down) to 6.8 (the normed gate-up, qkv) instructions per weight byte
+//! (3 for the codes, the rest for x, the norm and the addresses), against about 10 that full
+//! issue allows per byte at an H100's bandwidth (128 lane instructions and about 12.5 bytes per
+//! clock and SM).
 //!
-//! Layout (the bf16 GEMV's): each output column `n` (weight row `n`, and row `N + n` of the up
-//! half when gated) belongs to `splits` plane-sized groups of a cube, whose lanes stride over its
-//! 16-byte weight vectors keeping one f32 accumulator per row of x (two when gated, and x's sum
-//! of squares with the input norm); a plane reduction and shared memory sum the groups, and lane 0
+//! Layout (the bf16 GEMV's): each group of one or two output columns (weight rows `n`, and rows
+//! `N + n` of the up half when gated; two where the product is ungated, see [`columns`])
+//! belongs to `splits` plane-sized groups of a cube, whose lanes stride over its 16-byte weight
+//! vectors keeping one f32 accumulator per row of x and column (two when gated, and x's sum of
+//! squares with the input norm); a plane reduction and shared memory sum the groups, and lane 0
 //! applies the weight row's scale, the norm's `1 / rms` and the epilogue (bias, residual, the
-//! gated activation). The launch shape depends on N and K, not on M.
+//! gated activation). Up to two rows of x the launch shape depends on N and K only.
 //!
 //! The result is the dequantized weight times x in f32, whose only rounding is the output's (and
 //! the order of the sums): the codes path rounds x to 8 bits per row, the tensor-core path to
@@ -49,8 +51,12 @@ pub(crate) struct SimtPlan {
     lanes: u32,
     /// Plane-sized groups per output column, each over an interleaved share of K.
     splits: u32,
-    /// Output columns per cube.
-    cols_per_cube: u32,
+    /// Output columns of each column group (one group is `splits` plane-sized groups): 1 or 2.
+    /// With 2, x's conversions, its norm weight and its squares serve four codes per k (two
+    /// when ungated) instead of two.
+    cols: u32,
+    /// Column groups per cube.
+    groups_per_cube: u32,
     use_plane: bool,
     /// x vectors per 16-code weight vector (16 over x's vector size).
     x_per_w: u32,
@@ -122,9 +128,14 @@ fn code_value(word: u32, #[comptime] j: u32, #[comptime] plan: SimtPlan) -> f32 
     v
 }
 
-/// The 16 codes of one weight vector as f32s.
+/// The 16 codes of one weight vector as f32s, into `out[base..base + 16]`.
 #[cube]
-fn decode_vector(v: Vector<i32, Const<4>>, out: &mut Array<f32>, #[comptime] plan: SimtPlan) {
+fn decode_vector(
+    v: Vector<i32, Const<4>>,
+    out: &mut Array<f32>,
+    #[comptime] base: usize,
+    #[comptime] plan: SimtPlan,
+) {
     #[unroll]
     for w in 0..4usize {
         // Flipped for the PRMT decode; an immutable value, as inline PTX takes a mutable
@@ -137,20 +148,20 @@ fn decode_vector(v: Vector<i32, Const<4>>, out: &mut Array<f32>, #[comptime] pla
         let word = u32::reinterpret(v.extract(w)) ^ flip;
         #[unroll]
         for j in 0..4usize {
-            out[4 * w + j] = code_value(word, comptime![j as u32], plan);
+            out[base + 4 * w + j] = code_value(word, comptime![j as u32], plan);
         }
     }
 }
 
-/// Adds one weight vector's products (the gate's and the up row's when gated) with every row of
-/// x to the accumulators, x scaled on the fly by the norm weight, and x's squares for the norm.
+/// Adds one weight vector of each of the group's columns (`wv[j]`, and the up rows' `wv[cols + j]`
+/// when gated) times every row of x to the accumulators (`acc[m * cols + j]`), x scaled on the
+/// fly by the norm weight, and x's squares for the norm.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn accumulate_vector<F: Float, N: Size>(
     x: &[Vector<F, N>],
     norm_w: &[Vector<F, N>],
-    wv: Vector<i32, Const<4>>,
-    uv: Vector<i32, Const<4>>,
+    wv: &Array<Vector<i32, Const<4>>>,
     kv: usize,
     row_vectors: usize,
     acc: &mut Array<f32>,
@@ -160,12 +171,16 @@ fn accumulate_vector<F: Float, N: Size>(
 ) {
     let per = comptime![plan.x_per_w as usize];
     let width = comptime![CODES / plan.x_per_w as usize];
+    let cols = comptime![plan.cols as usize];
     let gated = comptime![plan.epilogue.is_gated()];
-    let mut wf = Array::<f32>::new(CODES);
-    let mut uf = Array::<f32>::new(CODES);
-    decode_vector(wv, &mut wf, plan);
-    if gated {
-        decode_vector(uv, &mut uf, plan);
+    let mut wf = Array::<f32>::new(comptime![CODES * plan.cols as usize]);
+    let mut uf = Array::<f32>::new(comptime![CODES * plan.cols as usize]);
+    #[unroll]
+    for j in 0..cols {
+        decode_vector(wv[j], &mut wf, comptime![j * CODES], plan);
+        if gated {
+            decode_vector(wv[cols + j], &mut uf, comptime![j * CODES], plan);
+        }
     }
     let mut gf = Array::<f32>::new(CODES);
     if comptime![plan.norm] {
@@ -180,11 +195,11 @@ fn accumulate_vector<F: Float, N: Size>(
     }
     #[unroll]
     for m in 0..comptime![plan.m as usize] {
-        // Four partial sums per vector: short dependency chains.
-        let mut s = Array::<f32>::new(4usize);
-        let mut su = Array::<f32>::new(4usize);
+        // Four partial sums per column and vector: short dependency chains.
+        let mut s = Array::<f32>::new(comptime![4 * plan.cols as usize]);
+        let mut su = Array::<f32>::new(comptime![4 * plan.cols as usize]);
         #[unroll]
-        for i in 0..4usize {
+        for i in 0..comptime![4 * plan.cols as usize] {
             s[i] = 0f32;
             su[i] = 0f32;
         }
@@ -201,15 +216,46 @@ fn accumulate_vector<F: Float, N: Size>(
                 if comptime![plan.norm] {
                     xe *= gf[c];
                 }
-                s[c % 4] += xe * wf[c];
-                if gated {
-                    su[c % 4] += xe * uf[c];
+                #[unroll]
+                for j in 0..cols {
+                    s[4 * j + c % 4] += xe * wf[j * CODES + c];
+                    if gated {
+                        su[4 * j + c % 4] += xe * uf[j * CODES + c];
+                    }
                 }
             }
         }
-        acc[m] += (s[0] + s[1]) + (s[2] + s[3]);
-        if gated {
-            acc_up[m] += (su[0] + su[1]) + (su[2] + su[3]);
+        #[unroll]
+        for j in 0..cols {
+            let i = 4 * j;
+            acc[m * cols + j] += (s[i] + s[i + 1]) + (s[i + 2] + s[i + 3]);
+            if gated {
+                acc_up[m * cols + j] += (su[i] + su[i + 1]) + (su[i + 2] + su[i + 3]);
+            }
+        }
+    }
+}
+
+/// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv`.
+#[cube]
+fn load_vectors(
+    w: &[Vector<i32, Const<4>>],
+    wv: &mut Array<Vector<i32, Const<4>>>,
+    col0: usize,
+    kv: usize,
+    n_cols: usize,
+    pitch_vectors: usize,
+    up_offset: usize,
+    #[comptime] plan: SimtPlan,
+) {
+    let cols = comptime![plan.cols as usize];
+    #[unroll]
+    for j in 0..cols {
+        // A column past N reads row 0 (its sums are never written).
+        let row = select(col0 + j < n_cols, col0 + j, 0);
+        wv[j] = w[row * pitch_vectors + kv];
+        if comptime![plan.epilogue.is_gated()] {
+            wv[cols + j] = w[(up_offset + row) * pitch_vectors + kv];
         }
     }
 }
@@ -233,47 +279,54 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     #[comptime] plan: SimtPlan,
     #[define(F)] _dtype: ElemType,
 ) {
-    let col = CUBE_POS * plan.cols_per_cube as usize + UNIT_POS_Y as usize;
-    // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
-    let active = col < n_cols;
-    let row = select(active, col, 0);
+    let cols = comptime![plan.cols as usize];
+    let col0 = (CUBE_POS * plan.groups_per_cube as usize + UNIT_POS_Y as usize) * cols;
     let m_rows = comptime![plan.m as usize];
     let lanes = comptime![(plan.lanes * plan.splits) as usize];
     let gated = comptime![plan.epilogue.is_gated()];
     let row_vectors = k_vectors * comptime![plan.x_per_w as usize];
 
-    let mut acc = Array::<f32>::new(m_rows);
-    let mut acc_up = Array::<f32>::new(m_rows);
+    let mut acc = Array::<f32>::new(comptime![(plan.m * plan.cols) as usize]);
+    let mut acc_up = Array::<f32>::new(comptime![(plan.m * plan.cols) as usize]);
     let mut squares = Array::<f32>::new(m_rows);
     #[unroll]
+    for i in 0..comptime![(plan.m * plan.cols) as usize] {
+        acc[i] = 0f32;
+        acc_up[i] = 0f32;
+    }
+    #[unroll]
     for m in 0..m_rows {
-        acc[m] = 0f32;
-        acc_up[m] = 0f32;
         squares[m] = 0f32;
     }
-    let w_base = row * pitch_vectors;
-    let up_base = (up_offset + row) * pitch_vectors;
+    let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
     let first = UNIT_POS_X as usize;
     let mut start = first;
     if comptime![plan.early_wait] {
         // Weights are never written by a kernel: the first vectors load while the kernel before
         // this one finishes; x and the outputs wait for it.
-        let mut w0 = Vector::<i32, Const<4>>::new(0i32);
-        let mut u0 = w0;
+        #[unroll]
+        for i in 0..comptime![2 * plan.cols as usize] {
+            wv[i] = Vector::<i32, Const<4>>::new(0i32);
+        }
         let has_first = first < k_vectors;
         if has_first {
-            w0 = w[w_base + first];
-            if gated {
-                u0 = w[up_base + first];
-            }
+            load_vectors(
+                w,
+                &mut wv,
+                col0,
+                first,
+                n_cols,
+                pitch_vectors,
+                up_offset,
+                plan,
+            );
         }
         gpu_asm!("griddepcontrol.wait;");
         if has_first {
             accumulate_vector::<F, N>(
                 x,
                 norm_w,
-                w0,
-                u0,
+                &wv,
                 first,
                 row_vectors,
                 &mut acc,
@@ -285,16 +338,11 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         start = first + lanes;
     }
     for kv in range_stepped(start, k_vectors, lanes) {
-        let wv = w[w_base + kv];
-        let mut uv = wv;
-        if gated {
-            uv = w[up_base + kv];
-        }
+        load_vectors(w, &mut wv, col0, kv, n_cols, pitch_vectors, up_offset, plan);
         accumulate_vector::<F, N>(
             x,
             norm_w,
-            wv,
-            uv,
+            &wv,
             kv,
             row_vectors,
             &mut acc,
@@ -306,27 +354,16 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
+    // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
     let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
         plan.lanes,
         plan.splits,
-        plan.cols_per_cube,
+        plan.groups_per_cube,
         plan.use_plane
     )]);
-    let scale = w_scale[row];
-    let mut scale_up = 0f32;
-    if gated {
-        scale_up = w_scale[up_offset + row];
-    }
     #[unroll]
     for m in 0..m_rows {
-        let mut total =
-            row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane) * scale;
-        let mut total_up = 0f32;
-        if gated {
-            total_up =
-                row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane)
-                    * scale_up;
-        }
+        let mut inv_rms = 1f32;
         if comptime![plan.norm] {
             let sq = row_sum_split_in(
                 squares[m],
@@ -335,22 +372,34 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 plan.splits,
                 plan.use_plane,
             );
-            let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
-            total *= inv_rms;
-            total_up *= inv_rms;
+            inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
         }
-        if active && UNIT_POS_X == 0 {
-            write_epilogue::<F>(
-                out,
-                total,
-                total_up,
-                m,
-                col,
-                n_cols,
-                bias,
-                residual,
-                plan.epilogue,
-            );
+        #[unroll]
+        for j in 0..cols {
+            let col = col0 + j;
+            let row = select(col < n_cols, col, 0);
+            let i = m * cols + j;
+            let total = row_sum_split_in(acc[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
+                * (w_scale[row] * inv_rms);
+            let mut total_up = 0f32;
+            if gated {
+                total_up =
+                    row_sum_split_in(acc_up[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
+                        * (w_scale[up_offset + row] * inv_rms);
+            }
+            if col < n_cols && UNIT_POS_X == 0 {
+                write_epilogue::<F>(
+                    out,
+                    total,
+                    total_up,
+                    m,
+                    col,
+                    n_cols,
+                    bias,
+                    residual,
+                    plan.epilogue,
+                );
+            }
         }
     }
 }
@@ -411,17 +460,39 @@ struct Shape {
     vector: usize,
 }
 
+/// Output columns per column group. Two where the product is not gated and x has at most
+/// [`TWO_COLUMN_ROWS`] rows: x's conversions (and, behind the norm, its weight and its squares)
+/// then serve two codes per k instead of one, which took the loop step of the 1.5B model's qkv
+/// from 9.9 to 6.8 instructions per weight byte and down's from 5.9 to 4.8 in sm_90a SASS, at
+/// 48 and 40 registers and the same count of units in flight (the splits of K follow the number
+/// of column groups). The gated gate-up stays at one: with two its 63 registers leave four
+/// 256-unit cubes per SM, and its 560 cubes would take 1.06 waves (at one column, 48 registers,
+/// 1 120 cubes in 1.7 waves as the bf16 GEMV's).
+fn columns(shape: Shape) -> u32 {
+    if shape.epilogue.is_gated() || shape.m > TWO_COLUMN_ROWS {
+        1
+    } else {
+        2
+    }
+}
+
+/// The most rows of x that [`columns`] gives two columns (each row adds two accumulators).
+const TWO_COLUMN_ROWS: usize = 2;
+
 /// The plan, the cube's shape and the cube count of a launch: the bf16 GEMV's (the same splits
 /// of K for the same count of 16-byte weight vectors, 256 units a cube).
 fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
     let lanes = device.lanes;
-    let splits = ops::matmul::gemv_splits(device.sms, shape.n, shape.k / CODES, lanes);
-    let cols_per_cube = (256 / (lanes * splits)).max(1);
+    let cols = columns(shape);
+    let groups = shape.n.div_ceil(cols as usize);
+    let splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
+    let groups_per_cube = (256 / (lanes * splits)).max(1);
     let plan = SimtPlan {
         m: shape.m as u32,
         lanes,
         splits,
-        cols_per_cube,
+        cols,
+        groups_per_cube,
         use_plane: device.use_plane,
         x_per_w: (CODES / shape.vector) as u32,
         norm: shape.norm,
@@ -432,8 +503,12 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         trigger: device.trigger,
         early_wait: device.early_wait,
     };
-    let cubes = shape.n.div_ceil(cols_per_cube as usize) as u32;
-    (plan, CubeDim::new_2d(lanes * splits, cols_per_cube), cubes)
+    let cubes = groups.div_ceil(groups_per_cube as usize) as u32;
+    (
+        plan,
+        CubeDim::new_2d(lanes * splits, groups_per_cube),
+        cubes,
+    )
 }
 
 /// The GEMV on validated operands where [`can_run`] holds: `x[M, K]` contiguous float, `w` an

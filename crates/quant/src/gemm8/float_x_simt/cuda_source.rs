@@ -1,7 +1,7 @@
 //! The kernel's CUDA C++ for an sm_90 device (132 SMs, programmatic dependent launch, plane
 //! reductions, the e4m3 pair conversion), built on any machine (`testkit::cuda_source`): the
-//! 1.5B model's four projections in both formats, a 16-row gated one and an awkward f32 one
-//! must compile.
+//! 1.5B model's four projections in both formats, a 16-row gated one, a 2-row down (two
+//! columns per group) and an awkward f32 one must compile.
 
 use cubecl::prelude::*;
 use ops::gemm::EpilogueBlueprint;
@@ -74,6 +74,15 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
             ("gate_up", 1, 1536, 8960, gated, true, bf16),
             ("down", 1, 8960, 1536, linear(false, true), false, bf16),
             ("gate_up_16rows", 16, 1536, 8960, gated, true, bf16),
+            (
+                "down_2rows",
+                2,
+                8960,
+                1536,
+                linear(false, true),
+                false,
+                bf16,
+            ),
             ("awkward_f32", 3, 208, 33, linear(true, true), true, f32),
         ] {
             let shape = Shape {
