@@ -14,6 +14,7 @@
 #                                as /tmp/libkernel_trace.so, compiler output in LOG
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
 #                                unpacked, the build's commit and the device's name written there
+#   bench_table JSONL            one line per case of a `cubellm bench` record: name, µs, GB/s
 unpack_devs() {
   local f
   for f in .devs/*.xz; do
@@ -56,4 +57,14 @@ begin_results() {
   unpack_devs
   cp .devs/commit.txt "$R"/
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > "$R"/device.txt
+}
+
+bench_table() {
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    try: r = json.loads(line)
+    except Exception: continue
+    print("%-44s %8.2f us %7.1f GB/s" % (r["case"], r["us"], r["gbps"]))
+' "$1"
 }

@@ -43,13 +43,7 @@ tests)
 ab)
   timeout 150 $C --runtime cuda bench --family quant --filter " 1x" > $R/bench_quant.jsonl \
     2> $R/bench_quant.err
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    try: r = json.loads(line)
-    except Exception: continue
-    print("%-44s %8.2f us %7.1f GB/s" % (r["case"], r["us"], r["gbps"]))
-' $R/bench_quant.jsonl
+  bench_table $R/bench_quant.jsonl
   wait_model
   for q in w8a8 fp8; do
     for d in codes float float-simt; do bg r1_${q}_$d --quant $q --quant-decode $d; done
