@@ -49,11 +49,10 @@ pub(crate) struct SimtPlan {
     m: u32,
     /// Lanes per plane-sized group: the plane size when plane ops are used, else 32.
     lanes: u32,
-    /// Plane-sized groups per output column, each over an interleaved share of K.
+    /// Plane-sized groups per column group, each over an interleaved share of K.
     splits: u32,
     /// Output columns of each column group (one group is `splits` plane-sized groups): 1 or 2.
-    /// With 2, x's conversions, its norm weight and its squares serve four codes per k (two
-    /// when ungated) instead of two.
+    /// With 2, x's conversions, its norm weight and its squares serve twice as many codes per k.
     cols: u32,
     /// Column groups per cube.
     groups_per_cube: u32,
