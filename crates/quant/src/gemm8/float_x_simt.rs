@@ -571,3 +571,61 @@ pub(crate) fn gemv_float_x_simt<R: Runtime>(
 
 #[cfg(test)]
 mod cuda_source;
+
+#[cfg(test)]
+mod tests {
+    use super::{launch_plan, Shape, SimtDevice};
+    use ops::gemm::EpilogueBlueprint;
+    use ops::matmul::Activation;
+
+    fn shape(m: usize, k: usize, n: usize, gated: bool) -> Shape {
+        let epilogue = if gated {
+            EpilogueBlueprint::gated(Activation::Silu)
+        } else {
+            EpilogueBlueprint::linear(true, true)
+        };
+        Shape {
+            m,
+            k,
+            n,
+            fp8: false,
+            norm: true,
+            epilogue,
+            vector: 8,
+        }
+    }
+
+    /// The 1.5B model's projections at one row on an H100 or H200: gate-up as the bf16 GEMV's
+    /// (one column a plane, 1 120 cubes of 8 planes), the ungated ones two columns a group with
+    /// K split so that about 32 planes per SM stream.
+    #[test]
+    fn model_projections_launch_as_planned() {
+        for (k, n, gated, cols, splits, cubes) in [
+            (1536, 8960, true, 1, 1, 1120),
+            (1536, 2048, false, 2, 2, 256),
+            (1536, 1536, false, 2, 2, 192),
+            (8960, 1536, false, 2, 8, 768),
+        ] {
+            let (plan, dim, count) = launch_plan(shape(1, k, n, gated), SimtDevice::SM90);
+            let what = format!("{k}x{n} gated {gated}");
+            assert_eq!(
+                (plan.cols, plan.splits, count),
+                (cols, splits, cubes),
+                "{what}"
+            );
+            assert_eq!(dim.x * dim.y, 256, "{what}");
+        }
+    }
+
+    /// The kernel tests' shapes take both column counts: two for an ungated product of one or
+    /// two rows (N odd too: a group half past N), one when gated or above two rows.
+    #[test]
+    fn test_shapes_take_both_column_counts() {
+        let cols = |m, n, gated| launch_plan(shape(m, 96, n, gated), SimtDevice::SM90).0.cols;
+        assert_eq!(cols(1, 40, false), 2);
+        assert_eq!(cols(2, 33, false), 2);
+        assert_eq!(cols(1, 40, true), 1);
+        assert_eq!(cols(3, 33, false), 1);
+        assert_eq!(cols(16, 50, false), 1);
+    }
+}

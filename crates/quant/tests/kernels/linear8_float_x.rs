@@ -336,7 +336,8 @@ fn rows_invariant_case<R: Runtime>(client: &ComputeClient<R>) {
 
 /// The SIMT kernel against the f64 reference on every runtime and float dtype: the awkward
 /// shapes (K = 208: 13 weight vectors, fewer than a plane's lanes; N not a multiple of a cube's
-/// columns) in every variant, the 1.5B model's four products as the model runs them (gate-up
+/// columns; two rows of an odd N, whose ungated groups of two columns end half past N) in every
+/// variant, the 1.5B model's four products as the model runs them (gate-up
 /// 8 960 columns of 2 x 1 536, qkv, o; down's K at 16 rows), a long K split over planes at 7
 /// rows, and rows spanning twelve decades (which need no scaling in f32).
 fn simt_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -349,6 +350,16 @@ fn simt_case<R: Runtime>(client: &ComputeClient<R>) {
     let dtypes = float_dtypes(client);
     let rising = rows_of_rising_scale;
     float_x_cases_of(client, SIMT, &SHAPES, &variants, &dtypes, 97, rising);
+    // Two rows, N odd: ungated, two columns a group and the last group half past N.
+    float_x_cases_of(
+        client,
+        SIMT,
+        &[(2, 33, 208)],
+        &variants,
+        &dtypes,
+        100,
+        rising,
+    );
     let model = [
         ((1, 8960, 1536), Variant::NormedGated),
         ((1, 2048, 1536), Variant::Normed),
