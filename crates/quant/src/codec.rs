@@ -81,7 +81,7 @@ pub fn nibble_exact(w: i32, #[comptime] j: u32) -> f32 {
 }
 
 /// Byte `j` (0..4) of `w` as an exact f32 (`-128..=127`), in one bitwise operation and one
-/// subtraction, as [`nibble_exact`] does for nibbles: the byte, its sign bit flipped (offset
+/// subtraction, as [`nibble_exact()`] does for nibbles: the byte, its sign bit flipped (offset
 /// binary, `c + 128`), becomes the low mantissa bits of a float whose exponent makes them its
 /// units (`2^23` for the byte at bits 0..8 of the word's low or high half, `2^15` at bits 8..16),
 /// and subtracting that float's value at `c = 0` leaves `c`. Same value as
