@@ -40,6 +40,7 @@ use ops::norm::sum_squares;
 use ops::reduce::{cube_max, cube_sum, ReducePlan};
 use ops::{caps, DType, DeviceTensor};
 
+use crate::layout::words_arg;
 use crate::tile_sums::{stash_tile_sums, write_tile_sums};
 use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, pack_pair};
 // The int4 GEMV's tile of 16 output columns and shared-memory budget (x staged whole up to
@@ -419,8 +420,7 @@ pub(crate) fn gemv_float_x<R: Runtime>(
     // rows hold `pitch / 16` vectors, every index stays below N rows, or 2N when gated), and
     // `can_run` bounds the shared memory.
     unsafe {
-        let words =
-            BufferArg::from_raw_parts(w.handle().clone(), w.handle().size_in_used() as usize / 4);
+        let words = words_arg(w);
         float_x_kernel::launch_unchecked::<R>(
             client,
             ops::launch::cube_count_1d(client, cubes),

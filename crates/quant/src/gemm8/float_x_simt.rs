@@ -37,6 +37,7 @@ use ops::reduce::{row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
+use crate::layout::words_arg;
 use crate::w4a16_nk::NkEpilogue;
 
 /// Bytes (codes) per weight vector.
@@ -235,6 +236,13 @@ fn accumulate_vector<F: Float, N: Size>(
     }
 }
 
+/// The weight row of output column `col`: a column past N reads row 0 (its sums are never
+/// written).
+#[cube]
+fn column_row(col: usize, n_cols: usize) -> usize {
+    select(col < n_cols, col, 0)
+}
+
 /// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv`.
 #[cube]
 fn load_vectors(
@@ -250,8 +258,7 @@ fn load_vectors(
     let cols = comptime![plan.cols as usize];
     #[unroll]
     for j in 0..cols {
-        // A column past N reads row 0 (its sums are never written).
-        let row = select(col0 + j < n_cols, col0 + j, 0);
+        let row = column_row(col0 + j, n_cols);
         wv[j] = w[row * pitch_vectors + kv];
         if comptime![plan.epilogue.is_gated()] {
             wv[cols + j] = w[(up_offset + row) * pitch_vectors + kv];
@@ -360,6 +367,16 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         plan.groups_per_cube,
         plan.use_plane
     )]);
+    // Each column's weight-row scales (the gate's, then the up row's), read once for all rows.
+    let mut scales = Array::<f32>::new(comptime![2 * plan.cols as usize]);
+    #[unroll]
+    for j in 0..cols {
+        let row = column_row(col0 + j, n_cols);
+        scales[j] = w_scale[row];
+        if gated {
+            scales[cols + j] = w_scale[up_offset + row];
+        }
+    }
     #[unroll]
     for m in 0..m_rows {
         let mut inv_rms = 1f32;
@@ -376,15 +393,14 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         #[unroll]
         for j in 0..cols {
             let col = col0 + j;
-            let row = select(col < n_cols, col, 0);
             let i = m * cols + j;
             let total = row_sum_split_in(acc[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
-                * (w_scale[row] * inv_rms);
+                * (scales[j] * inv_rms);
             let mut total_up = 0f32;
             if gated {
                 total_up =
                     row_sum_split_in(acc_up[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
-                        * (w_scale[up_offset + row] * inv_rms);
+                        * (scales[cols + j] * inv_rms);
             }
             if col < n_cols && UNIT_POS_X == 0 {
                 write_epilogue::<F>(
@@ -543,8 +559,7 @@ pub(crate) fn gemv_float_x_simt<R: Runtime>(
     // rows hold `pitch / 16` vectors, of which the kernel reads the first `K / 16`; every index
     // stays below N rows, or 2N when gated).
     unsafe {
-        let words =
-            BufferArg::from_raw_parts(w.handle().clone(), w.handle().size_in_used() as usize / 4);
+        let words = words_arg(w);
         float_x_simt_kernel::launch_unchecked::<R>(
             client,
             ops::launch::cube_count_1d(client, cubes),

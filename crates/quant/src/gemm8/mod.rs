@@ -173,9 +173,8 @@ pub(crate) fn has_warp_mma<R: Runtime>(
 impl<R: Runtime> Gemm8<'_, R> {
     /// A padded byte matrix as 16-byte vectors (every row pitch is a multiple of 16).
     fn vec_arg(&self, t: &DeviceTensor<R>) -> BufferArg<R> {
-        unsafe {
-            BufferArg::from_raw_parts(t.handle().clone(), t.handle().size_in_used() as usize / 4)
-        }
+        // SAFETY: the operands were checked as padded byte matrices.
+        unsafe { crate::layout::words_arg(t) }
     }
 
     fn epilogue_plan(&self) -> EpiloguePlan {
