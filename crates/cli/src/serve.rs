@@ -69,11 +69,12 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
 
-    if args.model.weights.quant_decode == "float" {
+    let decode = args.model.weights.quant_decode.as_str();
+    if matches!(decode, "float" | "float-simt") {
         eprintln!(
             "note: the server decodes its sequences in batches whose products give each row \
-             the result it gets alone, which the float-activation kernel does not: \
-             --quant-decode float does not apply here (the 8-bit layers decode on quantized \
+             the result it gets alone, which the float-activation kernels do not: \
+             --quant-decode {decode} does not apply here (the 8-bit layers decode on quantized \
              activations)"
         );
     }

@@ -31,8 +31,8 @@ pub struct WeightArgs {
     /// the activation itself on f16 tensor cores (CUDA, bf16/f16; no quantize pass, x rounded
     /// to f16), `float-simt` multiplies them with the activation in f32 on the SIMT cores (any
     /// runtime and dtype; x not rounded), `codes` quantizes the activation per row and
-    /// multiplies 8-bit codes (as prefill does); `auto` is `float` where that kernel runs on
-    /// CUDA, `float-simt` on other runtimes, else `codes`.
+    /// multiplies 8-bit codes (as prefill does); `auto` is `float-simt` where that kernel runs
+    /// (hidden and intermediate sizes multiples of 16), else `codes`.
     #[arg(
         long,
         value_parser = ["auto", "codes", "float", "float-simt"],

@@ -54,13 +54,13 @@ pub enum Compression {
 /// always quantizes the activation and runs the 8-bit tensor-core GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Decode8 {
-    /// On CUDA [`Decode8::Float`] where that kernel runs, else [`Decode8::Codes`]; on other
-    /// runtimes [`Decode8::FloatSimt`] where that kernel runs, else `Codes`; without a notice.
-    /// On an H100 the 1.5B model decoded one sequence faster on the float activation (one
-    /// call: W8A8 845 against 833 tok/s, FP8 841 against 764) and tracked the float model more
-    /// closely; on the software Vulkan device the demo model's W8A8 decode ran 1.8x faster on
-    /// the SIMT kernel than on codes (the portable codes GEMM is a 64x64 tile kernel) and
-    /// tracked the float model at least as closely on every fixture.
+    /// [`Decode8::FloatSimt`] where that kernel runs (hidden and intermediate sizes multiples
+    /// of 16), else [`Decode8::Codes`]; without a notice. On an H100 the 1.5B model decoded one
+    /// sequence fastest that way (one call, two alternating rounds: W8A8 932 and 934 tok/s
+    /// against 844 and 846 on the tensor-core float path and 832 and 834 on codes; FP8 950 and
+    /// 950 against 842 and 839, and 764 and 765) and tracked the float model as closely as the
+    /// tensor-core float path; on the software Vulkan device the demo model's W8A8 decode ran
+    /// 1.8x faster than on codes (the portable codes GEMM is a 64x64 tile kernel).
     #[default]
     Auto,
     /// Quantize the activation per row and multiply 8-bit codes (the arithmetic of prefill).
@@ -78,15 +78,13 @@ pub enum Decode8 {
 }
 
 impl Decode8 {
-    /// The 8-bit layers' kernel choice on `client`'s runtime (a choice whose kernel does not run
-    /// for a product runs the codes path).
-    fn kernel<R: Runtime>(self, client: &ComputeClient<R>) -> quant::KernelChoice {
-        let cuda = ops::caps::runtime_name(client).contains("cuda");
+    /// The 8-bit layers' kernel choice (a choice whose kernel does not run for a product runs the
+    /// codes path).
+    fn kernel(self) -> quant::KernelChoice {
         match self {
             Self::Codes => quant::KernelChoice::Auto,
-            Self::Auto if !cuda => quant::KernelChoice::FloatActivationsSimt,
-            Self::Auto | Self::Float => quant::KernelChoice::FloatActivations,
-            Self::FloatSimt => quant::KernelChoice::FloatActivationsSimt,
+            Self::Float => quant::KernelChoice::FloatActivations,
+            Self::Auto | Self::FloatSimt => quant::KernelChoice::FloatActivationsSimt,
         }
     }
 }
@@ -185,7 +183,7 @@ impl Compression {
             QuantMode::Fp8 => quant::QuantFormat::Fp8E4M3,
             QuantMode::W4A16 { .. } => return None,
         };
-        let choice = decode.kernel(client);
+        let choice = decode.kernel();
         (!quant::gemm8::runs_float_activations(client, choice, format, dtype, 1, hidden)).then(
             || {
                 format!(
@@ -256,11 +254,11 @@ impl Compression {
             Self::Quant { mode, decode, .. } => match mode {
                 QuantMode::W8A8 => Box::new(
                     quant::W8A8Linear::from_dense(client, &w.data, [n, k], dtype)?
-                        .with_kernel(decode.kernel(client)),
+                        .with_kernel(decode.kernel()),
                 ),
                 QuantMode::Fp8 => Box::new(
                     quant::Fp8Linear::from_dense(client, &w.data, [n, k], dtype)?
-                        .with_kernel(decode.kernel(client)),
+                        .with_kernel(decode.kernel()),
                 ),
                 QuantMode::W4A16 { group } => Box::new(quant::W4A16Linear::from_dense(
                     client,

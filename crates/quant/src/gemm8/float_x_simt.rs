@@ -37,6 +37,7 @@ use ops::reduce::{row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
+use crate::launch_bounds::request_cubes_per_sm;
 use crate::layout::words_arg;
 use crate::w4a16_nk::NkEpilogue;
 
@@ -72,6 +73,10 @@ pub(crate) struct SimtPlan {
     trigger: bool,
     /// Load each unit's first weight vectors before `griddepcontrol.wait`.
     early_wait: bool,
+    /// Load a unit's next weight vectors before multiplying its current ones (two buffers).
+    prefetch: bool,
+    /// 256-unit cubes an SM is to hold, asked of the compiler (CUDA; 0: no request).
+    cubes_per_sm: u32,
 }
 
 /// Whether the kernel takes `m` rows of `k` features: M <= 16 and K a whole number of 16-byte
@@ -285,6 +290,9 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     #[comptime] plan: SimtPlan,
     #[define(F)] _dtype: ElemType,
 ) {
+    if comptime![plan.cubes_per_sm > 0] {
+        request_cubes_per_sm(comptime![plan.cubes_per_sm]);
+    }
     let cols = comptime![plan.cols as usize];
     let col0 = (CUBE_POS * plan.groups_per_cube as usize + UNIT_POS_Y as usize) * cols;
     let m_rows = comptime![plan.m as usize];
@@ -304,35 +312,79 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     for m in 0..m_rows {
         squares[m] = 0f32;
     }
-    let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
     let first = UNIT_POS_X as usize;
-    let mut start = first;
+    let mut wa = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
+    if first < k_vectors {
+        load_vectors(
+            w,
+            &mut wa,
+            col0,
+            first,
+            n_cols,
+            pitch_vectors,
+            up_offset,
+            plan,
+        );
+    }
     if comptime![plan.early_wait] {
         // Weights are never written by a kernel: the first vectors load while the kernel before
         // this one finishes; x and the outputs wait for it.
-        #[unroll]
-        for i in 0..comptime![2 * plan.cols as usize] {
-            wv[i] = Vector::<i32, Const<4>>::new(0i32);
-        }
-        let has_first = first < k_vectors;
-        if has_first {
-            load_vectors(
-                w,
-                &mut wv,
-                col0,
-                first,
-                n_cols,
-                pitch_vectors,
-                up_offset,
-                plan,
-            );
-        }
         gpu_asm!("griddepcontrol.wait;");
-        if has_first {
+    }
+    if comptime![plan.prefetch] {
+        // Two buffers: the next vectors load while the current ones are multiplied, so a unit's
+        // few steps along K (three for the 1.5B model's gate-up) wait for memory once instead
+        // of once per step.
+        let mut wb = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
+        for ka in range_stepped(first, k_vectors, 2 * lanes) {
+            let kb = ka + lanes;
+            if kb < k_vectors {
+                load_vectors(w, &mut wb, col0, kb, n_cols, pitch_vectors, up_offset, plan);
+            }
             accumulate_vector::<F, N>(
                 x,
                 norm_w,
-                &wv,
+                &wa,
+                ka,
+                row_vectors,
+                &mut acc,
+                &mut acc_up,
+                &mut squares,
+                plan,
+            );
+            if kb < k_vectors {
+                let next = kb + lanes;
+                if next < k_vectors {
+                    load_vectors(
+                        w,
+                        &mut wa,
+                        col0,
+                        next,
+                        n_cols,
+                        pitch_vectors,
+                        up_offset,
+                        plan,
+                    );
+                }
+                accumulate_vector::<F, N>(
+                    x,
+                    norm_w,
+                    &wb,
+                    kb,
+                    row_vectors,
+                    &mut acc,
+                    &mut acc_up,
+                    &mut squares,
+                    plan,
+                );
+            }
+        }
+    } else {
+        if first < k_vectors {
+            accumulate_vector::<F, N>(
+                x,
+                norm_w,
+                &wa,
                 first,
                 row_vectors,
                 &mut acc,
@@ -341,21 +393,20 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 plan,
             );
         }
-        start = first + lanes;
-    }
-    for kv in range_stepped(start, k_vectors, lanes) {
-        load_vectors(w, &mut wv, col0, kv, n_cols, pitch_vectors, up_offset, plan);
-        accumulate_vector::<F, N>(
-            x,
-            norm_w,
-            &wv,
-            kv,
-            row_vectors,
-            &mut acc,
-            &mut acc_up,
-            &mut squares,
-            plan,
-        );
+        for kv in range_stepped(first + lanes, k_vectors, lanes) {
+            load_vectors(w, &mut wa, col0, kv, n_cols, pitch_vectors, up_offset, plan);
+            accumulate_vector::<F, N>(
+                x,
+                norm_w,
+                &wa,
+                kv,
+                row_vectors,
+                &mut acc,
+                &mut acc_up,
+                &mut squares,
+                plan,
+            );
+        }
     }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
@@ -494,13 +545,31 @@ fn columns(shape: Shape) -> u32 {
 /// The most rows of x that [`columns`] gives two columns (each row adds two accumulators).
 const TWO_COLUMN_ROWS: usize = 2;
 
+/// The most rows of x whose units load their next weight vectors before multiplying the current
+/// ones: above, the second buffer's registers cost more occupancy than the overlap wins (the
+/// products take longer than the loads).
+const PREFETCH_ROWS: usize = TWO_COLUMN_ROWS;
+
+/// 256-unit cubes per SM asked for the one-row gated product: the two buffers take its int8 form
+/// to 64 registers and its e4m3 form to 68 (three cubes); held to 64 neither spills (ptxas 12.9,
+/// sm_90a), while 48 (five cubes) spills both.
+const GATED_CUBES_PER_SM: u32 = 4;
+
 /// The plan, the cube's shape and the cube count of a launch: the bf16 GEMV's (the same splits
 /// of K for the same count of 16-byte weight vectors, 256 units a cube).
 fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
     let lanes = device.lanes;
     let cols = columns(shape);
     let groups = shape.n.div_ceil(cols as usize);
-    let splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
+    let prefetch = shape.m <= PREFETCH_ROWS;
+    let mut splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
+    // The bf16 GEMV's splits fill about 32 planes per SM, rounded up to a power of two; at the
+    // two buffers' registers (up to 64: four 256-unit cubes, 32 planes per SM) rounding up
+    // would start a second wave (the 1.5B model's down: 768 groups in 8 splits, 1.45 waves), so
+    // they are rounded down, each plane taking more steps along K.
+    while prefetch && splits > 1 && groups * splits as usize > 32 * device.sms as usize {
+        splits /= 2;
+    }
     let groups_per_cube = (256 / (lanes * splits)).max(1);
     let plan = SimtPlan {
         m: shape.m as u32,
@@ -517,6 +586,12 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         ptx: device.ptx,
         trigger: device.trigger,
         early_wait: device.early_wait,
+        prefetch,
+        cubes_per_sm: if device.ptx && shape.m == 1 && shape.epilogue.is_gated() {
+            GATED_CUBES_PER_SM
+        } else {
+            0
+        },
     };
     let cubes = groups.div_ceil(groups_per_cube as usize) as u32;
     (
@@ -611,21 +686,23 @@ mod tests {
     }
 
     /// The 1.5B model's projections at one row on an H100 or H200: gate-up as the bf16 GEMV's
-    /// (one column a plane, 1 120 cubes of 8 planes), the ungated ones two columns a group with
-    /// K split so that about 32 planes per SM stream.
+    /// (one column a plane, 1 120 cubes of 8 planes, four cubes per SM asked for), the ungated
+    /// ones two columns a group with K split so that at most 32 planes per SM stream, in one
+    /// wave.
     #[test]
     fn model_projections_launch_as_planned() {
-        for (k, n, gated, cols, splits, cubes) in [
-            (1536, 8960, true, 1, 1, 1120),
-            (1536, 2048, false, 2, 2, 256),
-            (1536, 1536, false, 2, 2, 192),
-            (8960, 1536, false, 2, 8, 768),
+        for (k, n, gated, cols, splits, cubes, per_sm) in [
+            (1536, 8960, true, 1, 1, 1120, 4),
+            (1536, 2048, false, 2, 2, 256, 0),
+            (1536, 1536, false, 2, 2, 192, 0),
+            (8960, 1536, false, 2, 4, 384, 0),
         ] {
             let (plan, dim, count) = launch_plan(shape(1, k, n, gated), SimtDevice::SM90);
             let what = format!("{k}x{n} gated {gated}");
+            assert!(plan.prefetch, "{what}");
             assert_eq!(
-                (plan.cols, plan.splits, count),
-                (cols, splits, cubes),
+                (plan.cols, plan.splits, count, plan.cubes_per_sm),
+                (cols, splits, cubes, per_sm),
                 "{what}"
             );
             assert_eq!(dim.x * dim.y, 256, "{what}");
