@@ -73,8 +73,9 @@ pub(crate) struct SimtPlan {
     trigger: bool,
     /// Load each unit's first weight vectors before `griddepcontrol.wait`.
     early_wait: bool,
-    /// Load a unit's next weight vectors before multiplying its current ones (two buffers).
-    prefetch: bool,
+    /// Steps along K of a unit whose weight vectors all load before the first product (at most
+    /// [`UPFRONT_STEPS`]; 0: one step's vectors at a time).
+    steps: u32,
     /// 256-unit cubes an SM is to hold, asked of the compiler (CUDA; 0: no request).
     cubes_per_sm: u32,
 }
@@ -158,8 +159,8 @@ fn decode_vector(
     }
 }
 
-/// Adds one weight vector of each of the group's columns (`wv[j]`, and the up rows' `wv[cols + j]`
-/// when gated) times every row of x to the accumulators (`acc[m * cols + j]`), x scaled on the
+/// Adds one weight vector of each of the group's columns (`wv[base + j]`, and the up rows'
+/// `wv[base + cols + j]` when gated) times every row of x to the accumulators (`acc[m * cols + j]`), x scaled on the
 /// fly by the norm weight, and x's squares for the norm.
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -167,6 +168,7 @@ fn accumulate_vector<F: Float, N: Size>(
     x: &[Vector<F, N>],
     norm_w: &[Vector<F, N>],
     wv: &Array<Vector<i32, Const<4>>>,
+    #[comptime] base: usize,
     kv: usize,
     row_vectors: usize,
     acc: &mut Array<f32>,
@@ -182,9 +184,9 @@ fn accumulate_vector<F: Float, N: Size>(
     let mut uf = Array::<f32>::new(comptime![CODES * plan.cols as usize]);
     #[unroll]
     for j in 0..cols {
-        decode_vector(wv[j], &mut wf, comptime![j * CODES], plan);
+        decode_vector(wv[base + j], &mut wf, comptime![j * CODES], plan);
         if gated {
-            decode_vector(wv[cols + j], &mut uf, comptime![j * CODES], plan);
+            decode_vector(wv[base + cols + j], &mut uf, comptime![j * CODES], plan);
         }
     }
     let mut gf = Array::<f32>::new(CODES);
@@ -248,11 +250,12 @@ fn column_row(col: usize, n_cols: usize) -> usize {
     select(col < n_cols, col, 0)
 }
 
-/// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv`.
+/// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv[base..]`.
 #[cube]
 fn load_vectors(
     w: &[Vector<i32, Const<4>>],
     wv: &mut Array<Vector<i32, Const<4>>>,
+    #[comptime] base: usize,
     col0: usize,
     kv: usize,
     n_cols: usize,
@@ -264,9 +267,9 @@ fn load_vectors(
     #[unroll]
     for j in 0..cols {
         let row = column_row(col0 + j, n_cols);
-        wv[j] = w[row * pitch_vectors + kv];
+        wv[base + j] = w[row * pitch_vectors + kv];
         if comptime![plan.epilogue.is_gated()] {
-            wv[cols + j] = w[(up_offset + row) * pitch_vectors + kv];
+            wv[base + cols + j] = w[(up_offset + row) * pitch_vectors + kv];
         }
     }
 }
@@ -313,64 +316,45 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         squares[m] = 0f32;
     }
     let first = UNIT_POS_X as usize;
-    let mut wa = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
-    if first < k_vectors {
-        load_vectors(
-            w,
-            &mut wa,
-            col0,
-            first,
-            n_cols,
-            pitch_vectors,
-            up_offset,
-            plan,
-        );
-    }
-    if comptime![plan.early_wait] {
-        // Weights are never written by a kernel: the first vectors load while the kernel before
-        // this one finishes; x and the outputs wait for it.
-        gpu_asm!("griddepcontrol.wait;");
-    }
-    if comptime![plan.prefetch] {
-        // Two buffers: the next vectors load while the current ones are multiplied, so a unit's
-        // few steps along K (three for the 1.5B model's gate-up) wait for memory once instead
-        // of once per step.
-        let mut wb = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
-        for ka in range_stepped(first, k_vectors, 2 * lanes) {
-            let kb = ka + lanes;
-            if kb < k_vectors {
-                load_vectors(w, &mut wb, col0, kb, n_cols, pitch_vectors, up_offset, plan);
+    // A group's vectors per step along K (two buffers' worth when gated).
+    let per_step = comptime![2 * plan.cols as usize];
+    if comptime![plan.steps > 0] {
+        // All of the unit's weight vectors (at most `plan.steps` each) load first, before the
+        // wait for the kernel before this one where there is one: a unit waits for memory once,
+        // not once per step, and the loads stream while that kernel finishes.
+        let steps = comptime![plan.steps as usize];
+        let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![plan.steps as usize * per_step]);
+        #[unroll]
+        for s in 0..steps {
+            let kv = first + s * lanes;
+            if kv < k_vectors {
+                let base = comptime![s * per_step];
+                load_vectors(
+                    w,
+                    &mut wv,
+                    base,
+                    col0,
+                    kv,
+                    n_cols,
+                    pitch_vectors,
+                    up_offset,
+                    plan,
+                );
             }
-            accumulate_vector::<F, N>(
-                x,
-                norm_w,
-                &wa,
-                ka,
-                row_vectors,
-                &mut acc,
-                &mut acc_up,
-                &mut squares,
-                plan,
-            );
-            if kb < k_vectors {
-                let next = kb + lanes;
-                if next < k_vectors {
-                    load_vectors(
-                        w,
-                        &mut wa,
-                        col0,
-                        next,
-                        n_cols,
-                        pitch_vectors,
-                        up_offset,
-                        plan,
-                    );
-                }
+        }
+        if comptime![plan.early_wait] {
+            gpu_asm!("griddepcontrol.wait;");
+        }
+        #[unroll]
+        for s in 0..steps {
+            let kv = first + s * lanes;
+            if kv < k_vectors {
                 accumulate_vector::<F, N>(
                     x,
                     norm_w,
-                    &wb,
-                    kb,
+                    &wv,
+                    comptime![s * per_step],
+                    kv,
                     row_vectors,
                     &mut acc,
                     &mut acc_up,
@@ -380,11 +364,31 @@ fn float_x_simt_kernel<F: Float, N: Size>(
             }
         }
     } else {
+        let mut wv = Array::<Vector<i32, Const<4>>>::new(per_step);
+        if first < k_vectors {
+            load_vectors(
+                w,
+                &mut wv,
+                0usize,
+                col0,
+                first,
+                n_cols,
+                pitch_vectors,
+                up_offset,
+                plan,
+            );
+        }
+        if comptime![plan.early_wait] {
+            // Weights are never written by a kernel: the first vectors load while the kernel
+            // before this one finishes; x and the outputs wait for it.
+            gpu_asm!("griddepcontrol.wait;");
+        }
         if first < k_vectors {
             accumulate_vector::<F, N>(
                 x,
                 norm_w,
-                &wa,
+                &wv,
+                0usize,
                 first,
                 row_vectors,
                 &mut acc,
@@ -394,11 +398,22 @@ fn float_x_simt_kernel<F: Float, N: Size>(
             );
         }
         for kv in range_stepped(first + lanes, k_vectors, lanes) {
-            load_vectors(w, &mut wa, col0, kv, n_cols, pitch_vectors, up_offset, plan);
+            load_vectors(
+                w,
+                &mut wv,
+                0usize,
+                col0,
+                kv,
+                n_cols,
+                pitch_vectors,
+                up_offset,
+                plan,
+            );
             accumulate_vector::<F, N>(
                 x,
                 norm_w,
-                &wa,
+                &wv,
+                0usize,
                 kv,
                 row_vectors,
                 &mut acc,
@@ -545,10 +560,13 @@ fn columns(shape: Shape) -> u32 {
 /// The most rows of x that [`columns`] gives two columns (each row adds two accumulators).
 const TWO_COLUMN_ROWS: usize = 2;
 
-/// The most rows of x whose units load their next weight vectors before multiplying the current
-/// ones: above, the second buffer's registers cost more occupancy than the overlap wins (the
-/// products take longer than the loads).
-const PREFETCH_ROWS: usize = TWO_COLUMN_ROWS;
+/// The most rows of x whose units load all their weight vectors first: above, the vectors'
+/// registers cost more occupancy than the overlap wins (the products take longer than the loads).
+const UPFRONT_ROWS: usize = TWO_COLUMN_ROWS;
+
+/// The most steps along K whose weight vectors a unit loads first (four 16-byte vectors of
+/// registers each, times the group's rows of weights: up to 32 registers for two columns).
+const UPFRONT_STEPS: usize = 4;
 
 /// 256-unit cubes per SM asked for the one-row gated product: the two buffers take its int8 form
 /// to 64 registers and its e4m3 form to 68 (three cubes); held to 64 neither spills (ptxas 12.9,
@@ -561,15 +579,9 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
     let lanes = device.lanes;
     let cols = columns(shape);
     let groups = shape.n.div_ceil(cols as usize);
-    let prefetch = shape.m <= PREFETCH_ROWS;
-    let mut splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
-    // The bf16 GEMV's splits fill about 32 planes per SM, rounded up to a power of two; at the
-    // two buffers' registers (up to 64: four 256-unit cubes, 32 planes per SM) rounding up
-    // would start a second wave (the 1.5B model's down: 768 groups in 8 splits, 1.45 waves), so
-    // they are rounded down, each plane taking more steps along K.
-    while prefetch && splits > 1 && groups * splits as usize > 32 * device.sms as usize {
-        splits /= 2;
-    }
+    let splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
+    let steps = (shape.k / CODES).div_ceil((lanes * splits) as usize);
+    let upfront = shape.m <= UPFRONT_ROWS && steps <= UPFRONT_STEPS;
     let groups_per_cube = (256 / (lanes * splits)).max(1);
     let plan = SimtPlan {
         m: shape.m as u32,
@@ -586,8 +598,8 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         ptx: device.ptx,
         trigger: device.trigger,
         early_wait: device.early_wait,
-        prefetch,
-        cubes_per_sm: if device.ptx && shape.m == 1 && shape.epilogue.is_gated() {
+        steps: if upfront { steps as u32 } else { 0 },
+        cubes_per_sm: if upfront && device.ptx && shape.m == 1 && shape.epilogue.is_gated() {
             GATED_CUBES_PER_SM
         } else {
             0
@@ -691,18 +703,17 @@ mod tests {
     /// wave.
     #[test]
     fn model_projections_launch_as_planned() {
-        for (k, n, gated, cols, splits, cubes, per_sm) in [
-            (1536, 8960, true, 1, 1, 1120, 4),
-            (1536, 2048, false, 2, 2, 256, 0),
-            (1536, 1536, false, 2, 2, 192, 0),
-            (8960, 1536, false, 2, 4, 384, 0),
+        for (k, n, gated, cols, splits, cubes, steps, per_sm) in [
+            (1536, 8960, true, 1, 1, 1120, 3, 4),
+            (1536, 2048, false, 2, 2, 256, 2, 0),
+            (1536, 1536, false, 2, 2, 192, 2, 0),
+            (8960, 1536, false, 2, 8, 768, 3, 0),
         ] {
             let (plan, dim, count) = launch_plan(shape(1, k, n, gated), SimtDevice::SM90);
             let what = format!("{k}x{n} gated {gated}");
-            assert!(plan.prefetch, "{what}");
             assert_eq!(
-                (plan.cols, plan.splits, count, plan.cubes_per_sm),
-                (cols, splits, cubes, per_sm),
+                (plan.cols, plan.splits, count, plan.steps, plan.cubes_per_sm),
+                (cols, splits, cubes, steps, per_sm),
                 "{what}"
             );
             assert_eq!(dim.x * dim.y, 256, "{what}");
