@@ -731,4 +731,15 @@ mod tests {
         assert_eq!(cols(3, 33, false), 1);
         assert_eq!(cols(16, 50, false), 1);
     }
+
+    /// One or two rows load a unit's weight vectors first up to four steps along K (the short
+    /// test shapes), and stream them past that (1 025 vectors in 8 x 32 lanes) or above two rows.
+    #[test]
+    fn test_shapes_take_both_weight_loops() {
+        let steps = |m, k, n| launch_plan(shape(m, k, n, false), SimtDevice::SM90).0.steps;
+        assert_eq!(steps(1, 1552, 40), 2);
+        assert_eq!(steps(2, 208, 33), 1);
+        assert_eq!(steps(1, 16400, 20), 0);
+        assert_eq!(steps(3, 640, 33), 0);
+    }
 }
