@@ -13,7 +13,6 @@ pub mod format;
 pub mod fp8;
 pub mod gemm8;
 pub mod host;
-mod launch_bounds;
 pub mod layout;
 pub mod linear8;
 pub mod reference;

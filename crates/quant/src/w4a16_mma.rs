@@ -36,7 +36,6 @@ use ops::norm::{cube_inv_rms, row_inv_rms, scale_by_weight, sum_squares};
 use ops::reduce::ReducePlan;
 use ops::{caps, DType, DeviceTensor, Result};
 
-use crate::launch_bounds::request_cubes_per_sm;
 use crate::tile_sums::{stash_tile_sums, write_tile_sums, TileSums};
 use crate::w4a16_fragments::{has_mma16, mma_m16n8k16, nibble_pair, pack_pair};
 use crate::w4a16_nk::NkEpilogue;
@@ -167,6 +166,24 @@ fn resident_cubes(units: usize, m: usize) -> usize {
     (SM_REGISTERS / (units * registers))
         .min(SM_UNITS / units)
         .max(1)
+}
+
+/// Asks that `n` cubes fit one SM (2 to 6; one always fits): the patched CUDA runtime reads this
+/// PTX comment and gives the entry point `__launch_bounds__(units, n)`, so ptxas caps the
+/// registers per unit to fit.
+#[cube]
+fn request_cubes_per_sm(#[comptime] n: u32) {
+    if comptime![n == 2] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 2");
+    } else if comptime![n == 3] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 3");
+    } else if comptime![n == 4] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 4");
+    } else if comptime![n == 5] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 5");
+    } else if comptime![n == 6] {
+        gpu_asm!("// cubellm.min_cubes_per_sm 6");
+    }
 }
 
 /// Whether [`gemv_mma`] takes `x[m, k]` of `dtype` with scale groups of `group` along K: a

@@ -37,7 +37,6 @@ use ops::reduce::{row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
-use crate::launch_bounds::request_cubes_per_sm;
 use crate::layout::words_arg;
 use crate::w4a16_nk::NkEpilogue;
 
@@ -73,11 +72,6 @@ pub(crate) struct SimtPlan {
     trigger: bool,
     /// Load each unit's first weight vectors before `griddepcontrol.wait`.
     early_wait: bool,
-    /// Steps along K of a unit whose weight vectors all load before the first product (at most
-    /// [`UPFRONT_STEPS`]; 0: one step's vectors at a time).
-    steps: u32,
-    /// 256-unit cubes an SM is to hold, asked of the compiler (CUDA; 0: no request).
-    cubes_per_sm: u32,
 }
 
 /// Whether the kernel takes `m` rows of `k` features: M <= 16 and K a whole number of 16-byte
@@ -159,8 +153,8 @@ fn decode_vector(
     }
 }
 
-/// Adds one weight vector of each of the group's columns (`wv[base + j]`, and the up rows'
-/// `wv[base + cols + j]` when gated) times every row of x to the accumulators (`acc[m * cols + j]`), x scaled on the
+/// Adds one weight vector of each of the group's columns (`wv[j]`, and the up rows' `wv[cols + j]`
+/// when gated) times every row of x to the accumulators (`acc[m * cols + j]`), x scaled on the
 /// fly by the norm weight, and x's squares for the norm.
 #[cube]
 #[allow(clippy::too_many_arguments)]
@@ -168,7 +162,6 @@ fn accumulate_vector<F: Float, N: Size>(
     x: &[Vector<F, N>],
     norm_w: &[Vector<F, N>],
     wv: &Array<Vector<i32, Const<4>>>,
-    #[comptime] base: usize,
     kv: usize,
     row_vectors: usize,
     acc: &mut Array<f32>,
@@ -184,9 +177,9 @@ fn accumulate_vector<F: Float, N: Size>(
     let mut uf = Array::<f32>::new(comptime![CODES * plan.cols as usize]);
     #[unroll]
     for j in 0..cols {
-        decode_vector(wv[base + j], &mut wf, comptime![j * CODES], plan);
+        decode_vector(wv[j], &mut wf, comptime![j * CODES], plan);
         if gated {
-            decode_vector(wv[base + cols + j], &mut uf, comptime![j * CODES], plan);
+            decode_vector(wv[cols + j], &mut uf, comptime![j * CODES], plan);
         }
     }
     let mut gf = Array::<f32>::new(CODES);
@@ -250,12 +243,11 @@ fn column_row(col: usize, n_cols: usize) -> usize {
     select(col < n_cols, col, 0)
 }
 
-/// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv[base..]`.
+/// The weight vectors `kv` of the group's rows (and up rows when gated) into `wv`.
 #[cube]
 fn load_vectors(
     w: &[Vector<i32, Const<4>>],
     wv: &mut Array<Vector<i32, Const<4>>>,
-    #[comptime] base: usize,
     col0: usize,
     kv: usize,
     n_cols: usize,
@@ -267,9 +259,9 @@ fn load_vectors(
     #[unroll]
     for j in 0..cols {
         let row = column_row(col0 + j, n_cols);
-        wv[base + j] = w[row * pitch_vectors + kv];
+        wv[j] = w[row * pitch_vectors + kv];
         if comptime![plan.epilogue.is_gated()] {
-            wv[base + cols + j] = w[(up_offset + row) * pitch_vectors + kv];
+            wv[cols + j] = w[(up_offset + row) * pitch_vectors + kv];
         }
     }
 }
@@ -293,9 +285,6 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     #[comptime] plan: SimtPlan,
     #[define(F)] _dtype: ElemType,
 ) {
-    if comptime![plan.cubes_per_sm > 0] {
-        request_cubes_per_sm(comptime![plan.cubes_per_sm]);
-    }
     let cols = comptime![plan.cols as usize];
     let col0 = (CUBE_POS * plan.groups_per_cube as usize + UNIT_POS_Y as usize) * cols;
     let m_rows = comptime![plan.m as usize];
@@ -315,61 +304,21 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     for m in 0..m_rows {
         squares[m] = 0f32;
     }
+    let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
     let first = UNIT_POS_X as usize;
-    // A group's vectors per step along K (two buffers' worth when gated).
-    let per_step = comptime![2 * plan.cols as usize];
-    if comptime![plan.steps > 0] {
-        // All of the unit's weight vectors (at most `plan.steps` each) load first, before the
-        // wait for the kernel before this one where there is one: a unit waits for memory once,
-        // not once per step, and the loads stream while that kernel finishes.
-        let steps = comptime![plan.steps as usize];
-        let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![plan.steps as usize * per_step]);
+    let mut start = first;
+    if comptime![plan.early_wait] {
+        // Weights are never written by a kernel: the first vectors load while the kernel before
+        // this one finishes; x and the outputs wait for it.
         #[unroll]
-        for s in 0..steps {
-            let kv = first + s * lanes;
-            if kv < k_vectors {
-                let base = comptime![s * per_step];
-                load_vectors(
-                    w,
-                    &mut wv,
-                    base,
-                    col0,
-                    kv,
-                    n_cols,
-                    pitch_vectors,
-                    up_offset,
-                    plan,
-                );
-            }
+        for i in 0..comptime![2 * plan.cols as usize] {
+            wv[i] = Vector::<i32, Const<4>>::new(0i32);
         }
-        if comptime![plan.early_wait] {
-            gpu_asm!("griddepcontrol.wait;");
-        }
-        #[unroll]
-        for s in 0..steps {
-            let kv = first + s * lanes;
-            if kv < k_vectors {
-                accumulate_vector::<F, N>(
-                    x,
-                    norm_w,
-                    &wv,
-                    comptime![s * per_step],
-                    kv,
-                    row_vectors,
-                    &mut acc,
-                    &mut acc_up,
-                    &mut squares,
-                    plan,
-                );
-            }
-        }
-    } else {
-        let mut wv = Array::<Vector<i32, Const<4>>>::new(per_step);
-        if first < k_vectors {
+        let has_first = first < k_vectors;
+        if has_first {
             load_vectors(
                 w,
                 &mut wv,
-                0usize,
                 col0,
                 first,
                 n_cols,
@@ -378,17 +327,12 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 plan,
             );
         }
-        if comptime![plan.early_wait] {
-            // Weights are never written by a kernel: the first vectors load while the kernel
-            // before this one finishes; x and the outputs wait for it.
-            gpu_asm!("griddepcontrol.wait;");
-        }
-        if first < k_vectors {
+        gpu_asm!("griddepcontrol.wait;");
+        if has_first {
             accumulate_vector::<F, N>(
                 x,
                 norm_w,
                 &wv,
-                0usize,
                 first,
                 row_vectors,
                 &mut acc,
@@ -397,31 +341,21 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 plan,
             );
         }
-        for kv in range_stepped(first + lanes, k_vectors, lanes) {
-            load_vectors(
-                w,
-                &mut wv,
-                0usize,
-                col0,
-                kv,
-                n_cols,
-                pitch_vectors,
-                up_offset,
-                plan,
-            );
-            accumulate_vector::<F, N>(
-                x,
-                norm_w,
-                &wv,
-                0usize,
-                kv,
-                row_vectors,
-                &mut acc,
-                &mut acc_up,
-                &mut squares,
-                plan,
-            );
-        }
+        start = first + lanes;
+    }
+    for kv in range_stepped(start, k_vectors, lanes) {
+        load_vectors(w, &mut wv, col0, kv, n_cols, pitch_vectors, up_offset, plan);
+        accumulate_vector::<F, N>(
+            x,
+            norm_w,
+            &wv,
+            kv,
+            row_vectors,
+            &mut acc,
+            &mut acc_up,
+            &mut squares,
+            plan,
+        );
     }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
@@ -560,19 +494,6 @@ fn columns(shape: Shape) -> u32 {
 /// The most rows of x that [`columns`] gives two columns (each row adds two accumulators).
 const TWO_COLUMN_ROWS: usize = 2;
 
-/// The most rows of x whose units load all their weight vectors first: above, the vectors'
-/// registers cost more occupancy than the overlap wins (the products take longer than the loads).
-const UPFRONT_ROWS: usize = TWO_COLUMN_ROWS;
-
-/// The most steps along K whose weight vectors a unit loads first (four 16-byte vectors of
-/// registers each, times the group's rows of weights: up to 32 registers for two columns).
-const UPFRONT_STEPS: usize = 4;
-
-/// 256-unit cubes per SM asked for the one-row gated product: the two buffers take its int8 form
-/// to 64 registers and its e4m3 form to 68 (three cubes); held to 64 neither spills (ptxas 12.9,
-/// sm_90a), while 48 (five cubes) spills both.
-const GATED_CUBES_PER_SM: u32 = 4;
-
 /// The plan, the cube's shape and the cube count of a launch: the bf16 GEMV's (the same splits
 /// of K for the same count of 16-byte weight vectors, 256 units a cube).
 fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
@@ -580,8 +501,6 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
     let cols = columns(shape);
     let groups = shape.n.div_ceil(cols as usize);
     let splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
-    let steps = (shape.k / CODES).div_ceil((lanes * splits) as usize);
-    let upfront = shape.m <= UPFRONT_ROWS && steps <= UPFRONT_STEPS;
     let groups_per_cube = (256 / (lanes * splits)).max(1);
     let plan = SimtPlan {
         m: shape.m as u32,
@@ -598,12 +517,6 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         ptx: device.ptx,
         trigger: device.trigger,
         early_wait: device.early_wait,
-        steps: if upfront { steps as u32 } else { 0 },
-        cubes_per_sm: if upfront && device.ptx && shape.m == 1 && shape.epilogue.is_gated() {
-            GATED_CUBES_PER_SM
-        } else {
-            0
-        },
     };
     let cubes = groups.div_ceil(groups_per_cube as usize) as u32;
     (
@@ -698,22 +611,21 @@ mod tests {
     }
 
     /// The 1.5B model's projections at one row on an H100 or H200: gate-up as the bf16 GEMV's
-    /// (one column a plane, 1 120 cubes of 8 planes, four cubes per SM asked for), the ungated
-    /// ones two columns a group with K split so that at most 32 planes per SM stream, in one
-    /// wave.
+    /// (one column a plane, 1 120 cubes of 8 planes), the ungated ones two columns a group with
+    /// K split so that about 32 planes per SM stream.
     #[test]
     fn model_projections_launch_as_planned() {
-        for (k, n, gated, cols, splits, cubes, steps, per_sm) in [
-            (1536, 8960, true, 1, 1, 1120, 3, 4),
-            (1536, 2048, false, 2, 2, 256, 2, 0),
-            (1536, 1536, false, 2, 2, 192, 2, 0),
-            (8960, 1536, false, 2, 8, 768, 3, 0),
+        for (k, n, gated, cols, splits, cubes) in [
+            (1536, 8960, true, 1, 1, 1120),
+            (1536, 2048, false, 2, 2, 256),
+            (1536, 1536, false, 2, 2, 192),
+            (8960, 1536, false, 2, 8, 768),
         ] {
             let (plan, dim, count) = launch_plan(shape(1, k, n, gated), SimtDevice::SM90);
             let what = format!("{k}x{n} gated {gated}");
             assert_eq!(
-                (plan.cols, plan.splits, count, plan.steps, plan.cubes_per_sm),
-                (cols, splits, cubes, steps, per_sm),
+                (plan.cols, plan.splits, count),
+                (cols, splits, cubes),
                 "{what}"
             );
             assert_eq!(dim.x * dim.y, 256, "{what}");
@@ -730,16 +642,5 @@ mod tests {
         assert_eq!(cols(1, 40, true), 1);
         assert_eq!(cols(3, 33, false), 1);
         assert_eq!(cols(16, 50, false), 1);
-    }
-
-    /// One or two rows load a unit's weight vectors first up to four steps along K (the short
-    /// test shapes), and stream them past that (1 025 vectors in 8 x 32 lanes) or above two rows.
-    #[test]
-    fn test_shapes_take_both_weight_loops() {
-        let steps = |m, k, n| launch_plan(shape(m, k, n, false), SimtDevice::SM90).0.steps;
-        assert_eq!(steps(1, 1552, 40), 2);
-        assert_eq!(steps(2, 208, 33), 1);
-        assert_eq!(steps(1, 16400, 20), 0);
-        assert_eq!(steps(3, 640, 33), 0);
     }
 }

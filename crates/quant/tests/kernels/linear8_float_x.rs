@@ -339,8 +339,7 @@ fn rows_invariant_case<R: Runtime>(client: &ComputeClient<R>) {
 /// columns; two rows of an odd N, whose ungated groups of two columns end half past N) in every
 /// variant, the 1.5B model's four products as the model runs them (gate-up
 /// 8 960 columns of 2 x 1 536, qkv, o; down's K at 16 rows), a long K split over planes at 7
-/// rows and at one row past the steps a unit loads first, and rows spanning twelve decades
-/// (which need no scaling in f32).
+/// rows and at one row, and rows spanning twelve decades (which need no scaling in f32).
 fn simt_case<R: Runtime>(client: &ComputeClient<R>) {
     let variants = [
         Variant::Plain,
@@ -371,8 +370,7 @@ fn simt_case<R: Runtime>(client: &ComputeClient<R>) {
     for (shape, variant) in model {
         float_x_cases_of(client, SIMT, &[shape], &[variant], &dtypes[..1], 98, rising);
     }
-    // One row over more steps along K than a unit loads up front (1 025 weight vectors, at
-    // most 8 x 32 lanes each): the streaming loop at one row.
+    // One row over a long K (1 025 weight vectors over 8 x 32 lanes: five steps a lane).
     let shapes = [(1, 40, 1552), (3, 33, 640), (1, 20, 16400)];
     float_x_cases_of(
         client,
