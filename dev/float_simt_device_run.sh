@@ -21,7 +21,7 @@
 #                                                 kernels, and bf16
 # .devs/ as `dev/pack_device.sh` leaves it (cubellm, quant-test, model-test). Results under $OUT/r
 # (r.tgz). The recorded end-to-end run follows with scripts/bench_e2e.sh, MODES chosen from
-# these A/Bs (e.g. `none w4a16 w8a8+float-simt fp8+float-simt`).
+# these A/Bs (e.g. `none w4a16 w8a8 fp8`: the 8-bit formats' default is now float-simt).
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
@@ -62,7 +62,7 @@ ab2)
   ;;
 e2e)
   wait_model
-  MODES=${MODES:-none w8a8 w8a8+float-simt fp8 fp8+float-simt} RUNS=2 timeout 560 \
+  MODES=${MODES:-none w8a8 w8a8+float fp8 fp8+float} RUNS=2 timeout 560 \
     bash scripts/bench_e2e.sh $C /tmp/big $R/e2e.jsonl 512 > $R/e2e.out 2> $R/e2e.err
   grep -h "decode\|peer" $R/e2e.out $R/e2e.err | tail -12
   ;;

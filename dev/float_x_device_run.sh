@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The 8-bit decode on the float activation (the CLI's default on CUDA) against codes, on the GPU
-# machine from the repository root, in one call of about 5 minutes: the kernel's CUDA tests (the
-# model's shapes, gated launches of several waves, a long K on few tiles) and the model's
-# float-decode test, then CUPTI per-kernel tables of the graph-replayed decode step
-# (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside them, on the
+# The 8-bit decode on the float activation (f16 tensor cores, `--quant-decode float`) against
+# codes, on the GPU machine from the repository root, in one call of about 5 minutes: the
+# kernel's CUDA tests (the model's shapes, gated launches of several waves, a long K on few
+# tiles) and the model's float-decode test, then CUPTI per-kernel tables of the graph-replayed
+# decode step (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside them, on the
 # 1.5B shape with 6 decoder layers (`make_hf_fixtures.py --big --big-layers 6`: the per-layer
 # times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
 # PART=e2e instead builds the 28-layer model and runs the recorded end-to-end comparison
@@ -31,7 +31,7 @@ timeout 150 .devs/quant-test --test-threads=8 float_activations_gated_past_one_w
   --nocapture) > $R/model-test.log 2>&1; echo "rc=$?" >> $R/model-test.log
 grep -h "test result\|rc=\|FAILED\|panicked" $R/*-test.log | head -20
 wait_model
-for mode in ${MODES:-w8a8 w8a8+codes fp8 none fp8+codes}; do
+for mode in ${MODES:-w8a8+float w8a8+codes fp8+float none fp8+codes}; do
   TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
     $R/prof "$mode" >> $R/profile.out 2>&1
   echo "== $mode"; grep -h "^per layer\|^step" "$R/prof/table_$mode.md" 2>/dev/null

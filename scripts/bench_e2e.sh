@@ -10,9 +10,9 @@
 # CLI is a cubellm binary, MODEL_DIR a checkpoint (`scripts/make_hf_fixtures.py --big` builds the
 # 1.5B shape). MODES ("none w8a8 fp8 w4a16"; a format with `+head`, e.g. `w4a16+head`, also
 # quantizes the LM head: --quant-lm-head; the 8-bit formats decode as the CLI's default, on the
-# float activation on CUDA, and with `+codes`, e.g. `w8a8+codes`, on quantized activations:
-# --quant-decode codes; `+float` asks for the float activation explicitly, `+float-simt` for it on
-# the SIMT cores: --quant-decode float-simt), NEW_TOKENS (128) and
+# float activation on the SIMT cores, and with `+codes`, e.g. `w8a8+codes`, on quantized
+# activations: --quant-decode codes; `+float` asks for the float activation on f16 tensor cores:
+# --quant-decode float, `+float-simt` for the default explicitly), NEW_TOKENS (128) and
 # RUNS (3) set the runs; the prompt is CONTEXT tokens, so the last decode step attends over
 # CONTEXT + NEW_TOKENS - 1 keys.
 set -euo pipefail

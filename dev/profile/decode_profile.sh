@@ -6,9 +6,10 @@
 #   dev/profile/decode_profile.sh CLI MODEL_DIR OUT_DIR [modes...]     (modes: none w8a8 fp8 w4a16)
 #
 # The 8-bit formats decode as the CLI's default (`--quant-decode auto`: the float activation on
-# CUDA); a mode with `+codes` (w8a8+codes, fp8+codes) decodes on quantized activations
-# (--quant-decode codes), one with `+float` asks for the float activation explicitly (with
-# `+float-simt` on the SIMT cores), one with `+head` quantizes the LM head too (--quant-lm-head).
+# the SIMT cores); a mode with `+codes` (w8a8+codes, fp8+codes) decodes on quantized activations
+# (--quant-decode codes), one with `+float` on the float activation through f16 tensor cores
+# (with `+float-simt` the default explicitly), one with `+head` quantizes the LM head too
+# (--quant-lm-head).
 #
 # CLI is a cubellm binary (or the `cli` binary of builds before commit 533fe89: same flags); libkernel_trace.so is looked for
 # beside this script or in $TRACE_LIB (build: see kernel_trace.c). PROMPT_LEN (512) and
