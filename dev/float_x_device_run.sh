@@ -5,7 +5,8 @@
 # tiles) and the model's float-decode test, then CUPTI per-kernel tables of the graph-replayed
 # decode step (dev/profile) for W8A8 and FP8 on the float activation and on codes, bf16 beside
 # them, on the 1.5B shape with 6 decoder layers (`make_hf_fixtures.py --big --big-layers 6`:
-# the per-layer times of the 28-layer model at a quarter of its load time). MODES picks the profiled modes.
+# the per-layer times of the 28-layer model at a quarter of its load time). MODES picks the
+# profiled modes.
 # PART=e2e instead builds the 28-layer model and runs the recorded end-to-end comparison
 # (scripts/bench_e2e.sh beside the PyTorch peer, E2E_MODES, two runs each) into $OUT/r/e2e.jsonl.
 # .devs/ as `dev/pack_device.sh` leaves it; results under $OUT/r (r.tgz).
