@@ -19,6 +19,7 @@ pub mod linear;
 pub mod matmul;
 pub mod norm;
 pub mod online_softmax;
+pub mod pdl;
 pub mod qkv;
 pub mod reduce;
 pub mod reference;

@@ -33,6 +33,7 @@
 use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
 use ops::norm::sum_squares;
+use ops::pdl::wait_after;
 use ops::reduce::{row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
@@ -327,7 +328,15 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 plan,
             );
         }
-        gpu_asm!("griddepcontrol.wait;");
+        // Pinned below the loads: ptxas scheduled a bare wait above them (see `wait_after`).
+        let mut dep = 0u32;
+        #[unroll]
+        for i in 0..comptime![2 * plan.cols as usize] {
+            dep ^= u32::reinterpret(wv[i].extract(0usize));
+        }
+        // An immutable value: inline PTX takes a mutable variable by its address.
+        let dep = dep ^ 0u32;
+        wait_after(dep);
         if has_first {
             accumulate_vector::<F, N>(
                 x,

@@ -1,0 +1,25 @@
+//! Programmatic dependent launch inside a kernel: the wait for the kernel before this one.
+//!
+//! A decode GEMV launched early (see [`crate::caps::has_pdl`]) issues its first weight loads,
+//! which no kernel writes, and only then runs `griddepcontrol.wait`, so that those loads stream
+//! while the kernel before it finishes. The PTX order alone does not hold: ptxas treats the wait
+//! as an instruction without operands and may schedule it above loads that come before it in
+//! the PTX. In ptxas 12.9's SASS of the 8-bit SIMT gate-up (sm_90a) the wait (`ACQBULK`) was the
+//! kernel's first instruction, above even the loads of the launch's scalars, so its weights only
+//! started to load once the kernel before it had finished.
+
+use cubecl::prelude::*;
+
+/// `griddepcontrol.wait` once `dep` is known: `dep` is computed from the loads that must be in
+/// flight before the wait (e.g. the XOR of one word of each loaded vector). The wait is split
+/// into two complementary predicated waits on a predicate of `dep`, so exactly one of them runs
+/// and neither can be scheduled before the loads that produce `dep` return.
+///
+/// CUDA only (inline PTX); the caller launches it where [`crate::caps::has_pdl`] holds.
+#[cube]
+pub fn wait_after(dep: u32) {
+    gpu_asm!(
+        "{{ .reg .pred p; setp.eq.u32 p, {d}, 0; @p griddepcontrol.wait; @!p griddepcontrol.wait; }}",
+        d = in(_) dep,
+    );
+}
