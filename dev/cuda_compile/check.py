@@ -43,7 +43,18 @@ def sass_counts(ptxas, cubin_from, arch):
     open(cubin_from[:-4] + ".sass", "w").write(sass)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     counts = {c: sum(1 for o in ops if o == c or o.startswith(c + "_")) for c in SASS_CLASSES}
-    return len(ops), counts
+    return len(ops), counts, wide_loads_before_wait(sass)
+
+
+def wide_loads_before_wait(sass):
+    """16-byte global loads issued before the first `griddepcontrol.wait` (`ACQBULK`), or None
+    where the kernel has no wait: a decode GEMV's early weight loads, which ptxas may schedule
+    after a bare wait."""
+    lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    for i, line in enumerate(lines):
+        if re.search(r"\bACQBULK\b", line):
+            return sum(1 for l in lines[:i] if re.search(r"\bLDG\.E\.128\b", l))
+    return None
 
 
 def toolkit():
@@ -107,9 +118,11 @@ def main():
               f"{spill.group(1) if spill else '?'} B spilled, "
               f"{smem.group(1) if smem else '0'} B static shared")
         if args.sass:
-            total, counts = sass_counts(ptxas, ptx_path, args.arch)
+            total, counts, early = sass_counts(ptxas, ptx_path, args.arch)
             print(f"    {total} instructions: " + ", ".join(
                 f"{c} {n}" for c, n in counts.items() if n))
+            if early is not None:
+                print(f"    {early} 16-byte loads before the first griddepcontrol.wait (ACQBULK)")
     print(f"{len(sources) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 
