@@ -47,13 +47,13 @@ def sass_counts(ptxas, cubin_from, arch):
 
 
 def wide_loads_before_wait(sass):
-    """16-byte global loads issued before the first `griddepcontrol.wait` (`ACQBULK`), or None
-    where the kernel has no wait: a decode GEMV's early weight loads, which ptxas may schedule
-    after a bare wait."""
+    """16-byte global loads (`LDG`, `LDGSTS`) issued before the first `griddepcontrol.wait`
+    (`ACQBULK`), or None where the kernel has no wait: a decode kernel's early loads, which ptxas
+    may schedule after a bare wait."""
     lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
     for i, line in enumerate(lines):
         if re.search(r"\bACQBULK\b", line):
-            return sum(1 for l in lines[:i] if re.search(r"\bLDG\.E\.128\b", l))
+            return sum(1 for l in lines[:i] if re.search(r"\bLDG(STS)?\.E(\.\w+)*\.128\b", l))
     return None
 
 
