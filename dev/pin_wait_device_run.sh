@@ -2,8 +2,9 @@
 # The decode GEMVs' `griddepcontrol.wait` pinned below their first weight loads
 # (`ops::pdl::wait_after`), on the GPU machine from the repository root, in one call of under
 # 10 minutes. ptxas 12.9 scheduled the bare wait above those loads in the bf16 tensor-core GEMV
-# (every 1.5B projection and the LM head) and in the 8-bit SIMT gate-up, so their weights only
-# started to load once the kernel before had finished.
+# (batched decode's; one sequence's bf16 products run on the SIMT bf16 GEMV) and in the 8-bit
+# SIMT gate-up and qkv, so their weights only started to load once the kernel before had
+# finished.
 #   .devs/  cubellm.xz of the commit under test (the SIMT GEMV's wait pinned), recorded first
 #           with scripts/bench_e2e.sh beside the peer
 #   .devl/  the same commit with dev/attempts/pin-wait-lab-switches.patch (dev/pack_device.sh:
