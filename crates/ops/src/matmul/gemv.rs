@@ -43,6 +43,9 @@ use crate::gemm::{write_epilogue, EpilogueBlueprint};
 use crate::norm::sum_squares;
 use crate::reduce::{row_sum_shared_len, row_sum_split_in};
 
+#[cfg(test)]
+mod cuda_source;
+
 /// Comptime shape of a GEMV launch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemvBlueprint {

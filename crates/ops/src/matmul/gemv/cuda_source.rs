@@ -1,0 +1,106 @@
+//! The SIMT GEMV's CUDA C++ for an sm_90 device, built on any machine (`testkit::cuda_source`):
+//! the 1.5B model's projections and LM head as single-sequence bf16 decode runs them (this
+//! kernel, not the tensor-core GEMV, at one row) and a 16-row gated one must compile.
+
+use cubecl::prelude::*;
+use testkit::cuda_source;
+
+use super::{gemv_kernel, gemv_splits, GemvBlueprint};
+use crate::gemm::{Activation, EpilogueBlueprint};
+use crate::DType;
+
+/// SMs of an sm_90 device as the CUDA runtime reports an H100 or H200.
+const SM90_SMS: u32 = 132;
+/// Lanes of a plane on CUDA, and bf16 elements per 16-byte vector.
+const LANES: u32 = 32;
+const VEC: usize = 8;
+
+/// Checks the CUDA C++ of the bf16 launch for `m` rows, `n` columns over `k` on an sm_90 device
+/// with programmatic dependent launch, expanded with `client`'s runtime (written as `name.cu`
+/// where asked).
+fn source<R: Runtime>(
+    client: &ComputeClient<R>,
+    name: &str,
+    [m, k, n]: [usize; 3],
+    epilogue: EpilogueBlueprint,
+    norm: bool,
+) {
+    let k_vectors = k / VEC;
+    let splits = gemv_splits(SM90_SMS, n, k_vectors, LANES);
+    let cols_per_cube = (256 / (LANES * splits)).max(1);
+    let plan = GemvBlueprint {
+        m: m as u32,
+        lanes: LANES,
+        splits,
+        cols_per_cube,
+        use_plane: true,
+        norm,
+        epilogue,
+        trigger: true,
+        early_wait: true,
+    };
+    let elem = DType::BF16.elem_type();
+    let cube_dim = CubeDim::new_2d(LANES * splits, cols_per_cube);
+    let (settings, mut launcher) = cuda_source::launcher_of(client, cube_dim);
+    launcher.with_scope(|scope| {
+        scope.register_size::<DynamicSize<gemv_kernel::_N>>(VEC);
+        scope.register_type::<DynamicScalar<gemv_kernel::_F>>(elem);
+    });
+    use gemv_kernel::{F, N};
+    let buffer = || cuda_source::buffer(client);
+    let x = <[Vector<F, N>] as LaunchArg>::register(buffer(), &mut launcher);
+    let w = <[Vector<F, N>] as LaunchArg>::register(buffer(), &mut launcher);
+    let w_up = <[Vector<F, N>] as LaunchArg>::register(buffer(), &mut launcher);
+    let bias = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let residual = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let out = <[F] as LaunchArg>::register(buffer(), &mut launcher);
+    let norm_w = <[Vector<F, N>] as LaunchArg>::register(buffer(), &mut launcher);
+    // Scalars (columns, K in vectors, the up rows' offset; 1 / K, eps) register their values;
+    // their compilation argument is `()`.
+    for v in [n, k_vectors, n] {
+        <usize as LaunchArg>::register(v, &mut launcher);
+    }
+    for v in [1.0 / k as f32, 1e-6] {
+        <f32 as LaunchArg>::register(v, &mut launcher);
+    }
+    let kernel = gemv_kernel::GemvKernel::<R>::new(
+        settings,
+        client.clone(),
+        x,
+        w,
+        w_up,
+        bias,
+        residual,
+        out,
+        norm_w,
+        (),
+        (),
+        (),
+        (),
+        (),
+        VEC,
+        plan,
+        elem,
+    );
+    cuda_source::check(name, kernel.define());
+}
+
+fn case<R: Runtime>(client: &ComputeClient<R>) {
+    let linear = EpilogueBlueprint::linear;
+    let gated = EpilogueBlueprint::gated(Activation::Silu);
+    for (name, mkn, epilogue, norm) in [
+        ("qkv", [1, 1536, 2048], linear(true, false), true),
+        ("o", [1, 1536, 1536], linear(false, true), false),
+        ("gate_up", [1, 1536, 8960], gated, true),
+        ("down", [1, 8960, 1536], linear(false, true), false),
+        ("lm_head", [1, 1536, 151_936], linear(false, false), false),
+        ("gate_up_16rows", [16, 1536, 8960], gated, true),
+    ] {
+        source(client, &format!("gemv_bf16_{name}"), mkn, epilogue, norm);
+    }
+}
+
+#[test]
+fn cuda_sources_build_for_sm90() {
+    testkit::on_first_runtime!(case);
+}
