@@ -18,8 +18,11 @@ use cubecl::prelude::*;
 /// CUDA only (inline PTX); the caller launches it where [`crate::caps::has_pdl`] holds.
 #[cube]
 pub fn wait_after(dep: u32) {
+    // A new immutable value, as inline PTX takes a mutable variable by its address; times an odd
+    // number, so zero exactly where `dep` is and not foldable to a constant.
+    let operand = dep * 3u32;
     gpu_asm!(
         "{{ .reg .pred p; setp.eq.u32 p, {d}, 0; @p griddepcontrol.wait; @!p griddepcontrol.wait; }}",
-        d = in(_) dep,
+        d = in(_) operand,
     );
 }

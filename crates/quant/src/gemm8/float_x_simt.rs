@@ -334,8 +334,6 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         for i in 0..comptime![2 * plan.cols as usize] {
             dep ^= u32::reinterpret(wv[i].extract(0usize));
         }
-        // An immutable value: inline PTX takes a mutable variable by its address.
-        let dep = dep ^ 0u32;
         wait_after(dep);
         if has_first {
             accumulate_vector::<F, N>(
