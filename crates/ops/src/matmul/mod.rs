@@ -45,6 +45,28 @@ mod mma_gemv;
 mod strategy;
 mod tiled;
 
+/// The 1.5B model's decode products (name, `[m, k, n]`, epilogue, input norm) whose CUDA C++ the
+/// GEMVs' source tests build: qkv, o, gate-up, down, the LM head at one row, gate-up at 16.
+#[cfg(test)]
+fn decode_products() -> [(
+    &'static str,
+    [usize; 3],
+    crate::gemm::EpilogueBlueprint,
+    bool,
+); 6] {
+    use crate::gemm::{Activation, EpilogueBlueprint};
+    let linear = EpilogueBlueprint::linear;
+    let gated = EpilogueBlueprint::gated(Activation::Silu);
+    [
+        ("qkv", [1, 1536, 2048], linear(true, false), true),
+        ("o", [1, 1536, 1536], linear(false, true), false),
+        ("gate_up", [1, 1536, 8960], gated, true),
+        ("down", [1, 8960, 1536], linear(false, true), false),
+        ("lm_head", [1, 1536, 151_936], linear(false, false), false),
+        ("gate_up_16rows", [16, 1536, 8960], gated, true),
+    ]
+}
+
 pub use crate::gemm::Activation;
 pub use cmma::{CmmaBlueprint, CmmaTile};
 pub use gemv::{gemv_lanes, gemv_splits, GemvBlueprint};

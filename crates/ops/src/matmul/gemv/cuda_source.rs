@@ -6,7 +6,7 @@ use cubecl::prelude::*;
 use testkit::cuda_source;
 
 use super::{gemv_kernel, gemv_splits, GemvBlueprint};
-use crate::gemm::{Activation, EpilogueBlueprint};
+use crate::gemm::EpilogueBlueprint;
 use crate::DType;
 
 /// SMs of an sm_90 device as the CUDA runtime reports an H100 or H200.
@@ -86,16 +86,7 @@ fn source<R: Runtime>(
 }
 
 fn case<R: Runtime>(client: &ComputeClient<R>) {
-    let linear = EpilogueBlueprint::linear;
-    let gated = EpilogueBlueprint::gated(Activation::Silu);
-    for (name, mkn, epilogue, norm) in [
-        ("qkv", [1, 1536, 2048], linear(true, false), true),
-        ("o", [1, 1536, 1536], linear(false, true), false),
-        ("gate_up", [1, 1536, 8960], gated, true),
-        ("down", [1, 8960, 1536], linear(false, true), false),
-        ("lm_head", [1, 1536, 151_936], linear(false, false), false),
-        ("gate_up_16rows", [16, 1536, 8960], gated, true),
-    ] {
+    for (name, mkn, epilogue, norm) in super::super::decode_products() {
         source(client, &format!("gemv_bf16_{name}"), mkn, epilogue, norm);
     }
 }
