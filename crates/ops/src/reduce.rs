@@ -73,6 +73,19 @@ pub fn row_sum_split(
     row_sum_split_in(value, &mut shared, lanes, splits, use_plane)
 }
 
+/// The sum of `value` over each aligned group of `lanes` consecutive units of a plane (`lanes` a
+/// power of two up to the plane size), returned to every unit of the group: a butterfly of
+/// plane shuffles, so that several GEMV columns can share one plane. Plane ops must be there.
+#[cube]
+pub fn lane_group_sum(value: f32, #[comptime] lanes: u32) -> f32 {
+    let mut v = value;
+    #[unroll]
+    for step in 0..comptime![lanes.trailing_zeros()] {
+        v += plane_shuffle_xor(v, comptime![lanes >> (step + 1)]);
+    }
+    v
+}
+
 /// The shared `f32` elements [`row_sum_split_in()`] needs (at least 1).
 pub fn row_sum_shared_len(lanes: u32, splits: u32, rows: u32, use_plane: bool) -> usize {
     let n = match (use_plane, splits) {

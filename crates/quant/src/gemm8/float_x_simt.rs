@@ -20,9 +20,10 @@
 //!
 //! Layout (the bf16 GEMV's): each group of one or two output columns (weight rows `n`, and rows
 //! `N + n` of the up half when gated; two where the product is ungated, see [`columns`])
-//! belongs to `splits` plane-sized groups of a cube, whose lanes stride over its 16-byte weight
-//! vectors keeping one f32 accumulator per row of x and column (two when gated, and x's sum of
-//! squares with the input norm); a plane reduction and shared memory sum the groups, and lane 0
+//! belongs to `splits` plane-sized groups of a cube (or to a half plane where K is short, see
+//! [`group_lanes`]), whose lanes stride over its 16-byte weight vectors keeping one f32
+//! accumulator per row of x and column (two when gated, and x's sum of squares with the input
+//! norm); a plane reduction (shuffles in a half plane) and shared memory sum the groups, and lane 0
 //! applies the weight row's scale, the norm's `1 / rms` and the epilogue (bias, residual, the
 //! gated activation). Up to two rows of x the launch shape depends on N and K only.
 //!
@@ -34,7 +35,7 @@ use cubecl::prelude::*;
 use ops::gemm::{write_epilogue, EpilogueBlueprint};
 use ops::norm::sum_squares;
 use ops::pdl::wait_after;
-use ops::reduce::{row_sum_shared_len, row_sum_split_in};
+use ops::reduce::{lane_group_sum, row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
@@ -49,7 +50,8 @@ const CODES: usize = 16;
 pub(crate) struct SimtPlan {
     /// Rows of x (1..=16), unrolled into per-row accumulators.
     m: u32,
-    /// Lanes per plane-sized group: the plane size when plane ops are used, else 32.
+    /// Lanes per group: the plane size when plane ops are used, else 32, or fewer where K is
+    /// short and the columns alone fill the device (see [`group_lanes`]).
     lanes: u32,
     /// Plane-sized groups per column group, each over an interleaved share of K.
     splits: u32,
@@ -59,6 +61,9 @@ pub(crate) struct SimtPlan {
     /// Column groups per cube.
     groups_per_cube: u32,
     use_plane: bool,
+    /// Plane ops with `lanes` below the plane size: several column groups share a plane and
+    /// reduce by shuffles ([`lane_group_sum`]); K is then not split.
+    sub_plane: bool,
     /// x vectors per 16-code weight vector (16 over x's vector size).
     x_per_w: u32,
     /// x goes through an RMSNorm first (its statistics summed alongside the products).
@@ -267,6 +272,19 @@ fn load_vectors(
     }
 }
 
+/// The sum of `value` over the units of a column group, valid in its unit with x = 0; every unit
+/// must call it.
+#[cube]
+fn group_sum(value: f32, red: &mut [f32], #[comptime] plan: SimtPlan) -> f32 {
+    let out: f32;
+    if comptime![plan.sub_plane] {
+        out = lane_group_sum(value, plan.lanes);
+    } else {
+        out = row_sum_split_in(value, red, plan.lanes, plan.splits, plan.use_plane);
+    }
+    out
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn float_x_simt_kernel<F: Float, N: Size>(
@@ -388,26 +406,17 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     for m in 0..m_rows {
         let mut inv_rms = 1f32;
         if comptime![plan.norm] {
-            let sq = row_sum_split_in(
-                squares[m],
-                &mut red,
-                plan.lanes,
-                plan.splits,
-                plan.use_plane,
-            );
+            let sq = group_sum(squares[m], &mut red, plan);
             inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
         }
         #[unroll]
         for j in 0..cols {
             let col = col0 + j;
             let i = m * cols + j;
-            let total = row_sum_split_in(acc[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
-                * (scales[j] * inv_rms);
+            let total = group_sum(acc[i], &mut red, plan) * (scales[j] * inv_rms);
             let mut total_up = 0f32;
             if gated {
-                total_up =
-                    row_sum_split_in(acc_up[i], &mut red, plan.lanes, plan.splits, plan.use_plane)
-                        * (scales[cols + j] * inv_rms);
+                total_up = group_sum(acc_up[i], &mut red, plan) * (scales[cols + j] * inv_rms);
             }
             if col < n_cols && UNIT_POS_X == 0 {
                 write_epilogue::<F>(
@@ -488,8 +497,8 @@ struct Shape {
 /// from 9.9 to 6.8 instructions per weight byte and down's from 5.9 to 4.8 in sm_90a SASS, at
 /// 48 and 40 registers and the same count of units in flight (the splits of K follow the number
 /// of column groups). The gated gate-up stays at one: with two its 63 registers leave four
-/// 256-unit cubes per SM, and its 560 cubes would take 1.06 waves (at one column, 48 registers,
-/// 1 120 cubes in 1.7 waves as the bf16 GEMV's).
+/// 256-unit cubes per SM, and its 560 cubes would take 1.06 waves (at one column, 48 registers
+/// and 16 lanes a column, 560 cubes in 0.85 waves).
 fn columns(shape: Shape) -> u32 {
     if shape.epilogue.is_gated() || shape.m > TWO_COLUMN_ROWS {
         1
@@ -501,13 +510,43 @@ fn columns(shape: Shape) -> u32 {
 /// The most rows of x that [`columns`] gives two columns (each row adds two accumulators).
 const TWO_COLUMN_ROWS: usize = 2;
 
+/// Lanes per column group where K is not split: the plane's, halved (down to 8) while a lane
+/// would load fewer than [`MIN_VECTORS_PER_LANE`] weight vectors and the narrower groups still
+/// put at least [`FULL_UNITS_PER_SM`] units on every SM. Each unit then streams more bytes
+/// between the same fixed costs (launch, reduction, epilogue): the bf16 GEMV's lanes load six
+/// 16-byte vectors on the 1.5B model's K of 1 536, this kernel's three at a full plane. On an
+/// H100, 16 lanes a column there (gate-up and the int8 LM head) decoded W8A8 1.3% faster than 32
+/// (967.7 against 954.9 tok/s, with the int8 LM head 1 043.0 against 1 023.6; FP8 +0.5%); 8
+/// lanes (eight 256-unit cubes' worth per SM at most) 12% slower.
+fn group_lanes(device: SimtDevice, groups: usize, k_vectors: usize) -> u32 {
+    let mut lanes = device.lanes;
+    let full = device.sms as usize * FULL_UNITS_PER_SM;
+    while lanes > 8
+        && k_vectors < MIN_VECTORS_PER_LANE * lanes as usize
+        && groups * (lanes / 2) as usize >= full
+    {
+        lanes /= 2;
+    }
+    lanes
+}
+
+/// See [`group_lanes`].
+const MIN_VECTORS_PER_LANE: usize = 4;
+/// See [`group_lanes`]: four 256-unit cubes.
+const FULL_UNITS_PER_SM: usize = 1024;
+
 /// The plan, the cube's shape and the cube count of a launch: the bf16 GEMV's (the same splits
 /// of K for the same count of 16-byte weight vectors, 256 units a cube).
 fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
-    let lanes = device.lanes;
     let cols = columns(shape);
     let groups = shape.n.div_ceil(cols as usize);
-    let splits = ops::matmul::gemv_splits(device.sms, groups, shape.k / CODES, lanes);
+    let k_vectors = shape.k / CODES;
+    let splits = ops::matmul::gemv_splits(device.sms, groups, k_vectors, device.lanes);
+    let lanes = if splits == 1 {
+        group_lanes(device, groups, k_vectors)
+    } else {
+        device.lanes
+    };
     let groups_per_cube = (256 / (lanes * splits)).max(1);
     let plan = SimtPlan {
         m: shape.m as u32,
@@ -516,6 +555,7 @@ fn launch_plan(shape: Shape, device: SimtDevice) -> (SimtPlan, CubeDim, u32) {
         cols,
         groups_per_cube,
         use_plane: device.use_plane,
+        sub_plane: device.use_plane && lanes < device.lanes,
         x_per_w: (CODES / shape.vector) as u32,
         norm: shape.norm,
         epilogue: shape.epilogue,
@@ -617,24 +657,27 @@ mod tests {
         }
     }
 
-    /// The 1.5B model's projections at one row on an H100 or H200: gate-up as the bf16 GEMV's
-    /// (one column a plane, 1 120 cubes of 8 planes), the ungated ones two columns a group with
-    /// K split so that about 32 planes per SM stream.
+    /// The 1.5B model's projections at one row on an H100 or H200: gate-up one column per
+    /// 16 lanes (six weight vectors a lane, 560 cubes of 16 columns), qkv, o and down two
+    /// columns a group with K split so that about 32 planes per SM stream, the int8 LM head two
+    /// columns per 16 lanes.
     #[test]
     fn model_projections_launch_as_planned() {
-        for (k, n, gated, cols, splits, cubes) in [
-            (1536, 8960, true, 1, 1, 1120),
-            (1536, 2048, false, 2, 2, 256),
-            (1536, 1536, false, 2, 2, 192),
-            (8960, 1536, false, 2, 8, 768),
+        for (k, n, gated, cols, lanes, splits, cubes) in [
+            (1536, 8960, true, 1, 16, 1, 560),
+            (1536, 2048, false, 2, 32, 2, 256),
+            (1536, 1536, false, 2, 32, 2, 192),
+            (8960, 1536, false, 2, 32, 8, 768),
+            (1536, 151936, false, 2, 16, 1, 4748),
         ] {
             let (plan, dim, count) = launch_plan(shape(1, k, n, gated), SimtDevice::SM90);
             let what = format!("{k}x{n} gated {gated}");
             assert_eq!(
-                (plan.cols, plan.splits, count),
-                (cols, splits, cubes),
+                (plan.cols, plan.lanes, plan.splits, count),
+                (cols, lanes, splits, cubes),
                 "{what}"
             );
+            assert_eq!(plan.sub_plane, lanes < 32, "{what}");
             assert_eq!(dim.x * dim.y, 256, "{what}");
         }
     }
