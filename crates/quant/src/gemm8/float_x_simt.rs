@@ -276,13 +276,11 @@ fn load_vectors(
 /// must call it.
 #[cube]
 fn group_sum(value: f32, red: &mut [f32], #[comptime] plan: SimtPlan) -> f32 {
-    let out: f32;
     if comptime![plan.sub_plane] {
-        out = lane_group_sum(value, plan.lanes);
+        lane_group_sum(value, plan.lanes)
     } else {
-        out = row_sum_split_in(value, red, plan.lanes, plan.splits, plan.use_plane);
+        row_sum_split_in(value, red, plan.lanes, plan.splits, plan.use_plane)
     }
-    out
 }
 
 #[cube(launch_unchecked)]
