@@ -510,12 +510,12 @@ const TWO_COLUMN_ROWS: usize = 2;
 
 /// Lanes per column group where K is not split: the plane's, halved (down to 8) while a lane
 /// would load fewer than [`MIN_VECTORS_PER_LANE`] weight vectors and the narrower groups still
-/// put at least [`FULL_UNITS_PER_SM`] units on every SM. Each unit then streams more bytes
-/// between the same fixed costs (launch, reduction, epilogue): the bf16 GEMV's lanes load six
-/// 16-byte vectors on the 1.5B model's K of 1 536, this kernel's three at a full plane. On an
-/// H100, 16 lanes a column there (gate-up and the int8 LM head) decoded W8A8 1.3% faster than 32
-/// (967.7 against 954.9 tok/s, with the int8 LM head 1 043.0 against 1 023.6; FP8 +0.5%); 8
-/// lanes (eight 256-unit cubes' worth per SM at most) 12% slower.
+/// put at least [`FULL_UNITS_PER_SM`] units on every SM. On the 1.5B model's K of 1 536 a full
+/// plane gives a lane three 16-byte vectors of a row and the gate-up launch 1.7 waves of cubes;
+/// 16 lanes give six vectors (as the bf16 GEMV's lanes load there) in 0.85 waves. On an H100 that
+/// (gate-up and the int8 LM head) decoded W8A8 1.3% faster than 32 lanes (967.7 against 954.9
+/// tok/s, with the int8 LM head 1 043.0 against 1 023.6; FP8 +0.5%); 8 lanes (twelve vectors a
+/// lane, 0.42 waves) 12% slower, as 16 lanes (twelve vectors) were in the bf16 GEMV.
 fn group_lanes(device: SimtDevice, groups: usize, k_vectors: usize) -> u32 {
     let mut lanes = device.lanes;
     let full = device.sms as usize * FULL_UNITS_PER_SM;
