@@ -283,6 +283,59 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     }
 }
 
+/// What a GEMV launch plan takes from the device.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GemvDevice {
+    pub sms: u32,
+    /// Lanes per plane-sized group, and whether they reduce through plane operations
+    /// ([`gemv_lanes`]).
+    pub lanes: u32,
+    pub use_plane: bool,
+    pub trigger: bool,
+    pub early_wait: bool,
+}
+
+impl GemvDevice {
+    pub fn of<R: Runtime>(client: &ComputeClient<R>) -> Self {
+        let (lanes, use_plane) = gemv_lanes(client);
+        Self {
+            sms: caps::num_sms(client),
+            lanes,
+            use_plane,
+            trigger: caps::has_launch_dependents(client),
+            early_wait: caps::has_pdl(client),
+        }
+    }
+}
+
+/// The blueprint, the cube's shape and the cube count of a launch of `m` rows and `n` columns
+/// over `k_vectors` vectors, with `splits` groups per column or, for `None`, [`gemv_splits`]'s
+/// choice.
+pub(super) fn launch_plan(
+    [m, n, k_vectors]: [usize; 3],
+    splits: Option<u32>,
+    norm: bool,
+    epilogue: EpilogueBlueprint,
+    device: GemvDevice,
+) -> (GemvBlueprint, CubeDim, u32) {
+    let lanes = device.lanes;
+    let splits = splits.unwrap_or_else(|| gemv_splits(device.sms, n, k_vectors, lanes));
+    let cols_per_cube = (256 / (lanes * splits)).max(1);
+    let bp = GemvBlueprint {
+        m: m as u32,
+        lanes,
+        splits,
+        cols_per_cube,
+        use_plane: device.use_plane,
+        norm,
+        epilogue,
+        trigger: device.trigger,
+        early_wait: device.early_wait,
+    };
+    let cubes = n.div_ceil(cols_per_cube as usize) as u32;
+    (bp, CubeDim::new_2d(lanes * splits, cols_per_cube), cubes)
+}
+
 /// Launches the GEMV on a validated problem (M <= 16), with `splits` groups per column (1, 2, 4
 /// or 8) or, for `None`, [`gemv_splits`]'s choice.
 pub(super) fn launch<R: Runtime>(
@@ -291,33 +344,22 @@ pub(super) fn launch<R: Runtime>(
     splits: Option<u32>,
 ) {
     let vector = caps::vector_size_for(client, p.x.dtype(), p.k);
-    let (lanes, use_plane) = gemv_lanes(client);
     let k_vectors = p.k / vector;
-    let sms = caps::num_sms(client);
-    let splits = splits.unwrap_or_else(|| gemv_splits(sms, p.n, k_vectors, lanes));
-    let trigger = caps::has_launch_dependents(client);
-    let early_wait = caps::has_pdl(client);
-    let cols_per_cube = (256 / (lanes * splits)).max(1);
-    let bp = GemvBlueprint {
-        m: p.m as u32,
-        lanes,
+    let (bp, cube_dim, cubes) = launch_plan(
+        [p.m, p.n, k_vectors],
         splits,
-        cols_per_cube,
-        use_plane,
-        norm: p.norm.is_some(),
-        epilogue: p.epilogue(),
-        trigger,
-        early_wait,
-    };
+        p.norm.is_some(),
+        p.epilogue(),
+        GemvDevice::of(client),
+    );
     let (norm_weight, eps) = match p.norm {
         Some(n) => (n.weight, n.eps),
         None => (p.x, 0.0),
     };
-    let cubes = p.n.div_ceil(cols_per_cube as usize) as u32;
     launch_dense!(gemv_kernel::<R>(
         client,
         crate::launch::cube_count_1d(client, cubes),
-        CubeDim::new_2d(lanes * splits, cols_per_cube),
+        cube_dim,
         p,
         [vector],
         [

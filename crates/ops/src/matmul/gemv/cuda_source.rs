@@ -5,14 +5,20 @@
 use cubecl::prelude::*;
 use testkit::cuda_source;
 
-use super::{gemv_kernel, gemv_splits, GemvBlueprint};
+use super::{gemv_kernel, launch_plan, GemvDevice};
 use crate::gemm::EpilogueBlueprint;
 use crate::DType;
 
-/// SMs of an sm_90 device as the CUDA runtime reports an H100 or H200.
-const SM90_SMS: u32 = 132;
-/// Lanes of a plane on CUDA, and bf16 elements per 16-byte vector.
-const LANES: u32 = 32;
+/// An H100 or H200 as the CUDA runtime reports it: 132 SMs, 32-lane planes, programmatic
+/// dependent launch.
+const SM90: GemvDevice = GemvDevice {
+    sms: 132,
+    lanes: 32,
+    use_plane: true,
+    trigger: true,
+    early_wait: true,
+};
+/// bf16 elements per 16-byte vector.
 const VEC: usize = 8;
 
 /// Checks the CUDA C++ of the bf16 launch for `m` rows, `n` columns over `k` on an sm_90 device
@@ -26,21 +32,8 @@ fn source<R: Runtime>(
     norm: bool,
 ) {
     let k_vectors = k / VEC;
-    let splits = gemv_splits(SM90_SMS, n, k_vectors, LANES);
-    let cols_per_cube = (256 / (LANES * splits)).max(1);
-    let plan = GemvBlueprint {
-        m: m as u32,
-        lanes: LANES,
-        splits,
-        cols_per_cube,
-        use_plane: true,
-        norm,
-        epilogue,
-        trigger: true,
-        early_wait: true,
-    };
+    let (plan, cube_dim, _) = launch_plan([m, n, k_vectors], None, norm, epilogue, SM90);
     let elem = DType::BF16.elem_type();
-    let cube_dim = CubeDim::new_2d(LANES * splits, cols_per_cube);
     let (settings, mut launcher) = cuda_source::launcher_of(client, cube_dim);
     launcher.with_scope(|scope| {
         scope.register_size::<DynamicSize<gemv_kernel::_N>>(VEC);
