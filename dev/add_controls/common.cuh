@@ -1,5 +1,6 @@
-// Shared by cache_hints.cu and pdl.cu: the f16 add of one 16-byte vector, random operands, the
-// bit-for-bit check of every variant against the first, and event timing of a launch loop.
+// Shared by cache_hints.cu and pdl.cu (boundary.cu uses the timing and statistics): the f16
+// add of one 16-byte vector, random operands, the bit-for-bit check of every variant against the
+// first, and event timing of a launch loop.
 #pragma once
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
