@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Lab A/B of one binary under environment switches, on the GPU machine from the repository
+# root: CUPTI per-layer tables of the 6-layer 1.5B-shape model per mode and variant, two rounds
+# in alternating order, then (with BG=1) `bench-generate` on the 28-layer model per variant (or
+# per variant of BG_VARIANTS).
+#   VARIANTS="base: nonorm:CUBELLM_LAB_NONORM=1" MODES="w8a8 fp8" [ROUNDS=2] bash dev/env_ab_prof_run.sh
+# A variant is LABEL:ENV[,ENV...]; .devs/cubellm as dev/pack_device.sh leaves it. Results under
+# $OUT/r (r.tgz).
+set -u
+source dev/device_setup.sh; begin_results
+C=.devs/cubellm
+start_model $C 150 6
+build_trace_lib $R/trace-build.log
+wait_model
+[ "${BG:-0}" = 1 ] && start_model $C 240
+run_variant() { # label envs mode
+  local envs=(${2//,/ })
+  env "${envs[@]}" TRACE_LIB=/tmp/libkernel_trace.so timeout 60 \
+    bash dev/profile/decode_profile.sh $C /tmp/big6 $R/prof_$1 "$3" >> $R/profile.out 2>&1
+  echo "$1 $3: $(grep -h "^per layer" "$R/prof_$1/table_$3.md" 2>/dev/null)"
+}
+list=(${VARIANTS:-base:})
+for round in $(seq 1 ${ROUNDS:-2}); do
+  order=("${list[@]}")
+  [ $round = 2 ] && order=($(printf '%s\n' "${list[@]}" | tac))
+  for v in "${order[@]}"; do
+    for mode in ${MODES:-w8a8}; do
+      label=${v%%:*}; envs=${v#*:}
+      run_variant "${label}_r$round" "$envs" "$mode"
+    done
+  done
+done
+rm -f $R/prof_*/copies_*.csv; gzip -f $R/prof_*/trace_*.csv 2>/dev/null
+if [ "${BG:-0}" = 1 ]; then
+  wait_model
+  bg_list=(${BG_VARIANTS:-${list[@]}})
+  for v in "${bg_list[@]}" ; do
+    label=${v%%:*}; envs=${v#*:}; envs=(${envs//,/ })
+    for mode in ${MODES:-w8a8}; do
+      q=(); [ "$mode" != none ] && q=(--quant "$mode")
+      env "${envs[@]}" timeout 60 $C --runtime cuda bench-generate --model /tmp/big \
+        --prompt-len 512 --new-tokens 128 --runs 2 --max-len 704 "${q[@]}" \
+        > $R/bg_${label}_$mode.out 2>&1
+      echo "$label $mode: $(grep -h decode $R/bg_${label}_$mode.out | tail -1)"
+    done
+  done
+fi
