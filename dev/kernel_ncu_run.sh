@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nsight Compute on single decode-step kernels inside the captured graph (layer 3 of a 6-layer
 # model of the 1.5B shape, caches as the step leaves them), on the GPU machine from the
-# repository root: per entry of KERNELS ("label:regex:launches-to-skip:quant-mode[:ENV=v]"),
+# repository root: per entry of KERNELS ("label:regex:launches-to-skip:quant-mode[:ENV=v[:FLAGS]]",
+# FLAGS extra `bench-generate` flags with commas for spaces, e.g. `--quant-decode,codes`),
 #   $OUT/r/ncu_<label>.txt   speed of light, memory, warp states, occupancy, launch, instructions
 #   $OUT/r/sass_<label>.txt  warp-stall samples per SASS line (dev/profile/sass_hotspots.py)
 # Default: the decode attention (one launch a layer: skip 3) in bf16, and the SIMT 8-bit
@@ -11,8 +12,9 @@ source dev/device_setup.sh; begin_results
 C=.devs/cubellm
 ensure_big_model $C $R/setup.log 150 6; echo "model rc=$?" >> $R/setup.log
 for entry in ${KERNELS:-attention:split_kv_mma_cluster:3:none gateup8:float_x_simt_kernel:14:w8a8}; do
-  IFS=: read -r label regex skip mode envs <<< "$entry"
+  IFS=: read -r label regex skip mode envs flags <<< "$entry"
   q=(); [ "$mode" != none ] && q=(--quant "$mode")
+  [ -n "$flags" ] && q+=(${flags//,/ })
   run=("$C" --runtime cuda bench-generate --model /tmp/big6 --prompt-len 512 --new-tokens 4
        --runs 1 "${q[@]}")
   env $envs timeout 150 ncu --graph-profiling node --cache-control none --clock-control none \
