@@ -12,6 +12,9 @@
 #                                log's last lines
 #   build_trace_lib LOG          builds the CUPTI kernel tracer of dev/profile (kernel_trace.c)
 #                                as /tmp/libkernel_trace.so, compiler output in LOG
+#   profile_layers CLI DIR MODE  the CUPTI table of CLI's decode step on the 6-layer model
+#                                (/tmp/big6) in DIR (dev/profile/decode_profile.sh, the tracer
+#                                built) and its per-layer line; pack_traces DIR gzips DIR's traces
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
 #                                unpacked, the build's commit and the device's name written there
 #   bench_table JSONL            one line per case of a `cubellm bench` record: name, µs, GB/s
@@ -48,6 +51,17 @@ build_trace_lib() {
   gcc -O2 -shared -fPIC -I"$cu13/include" \
     -I"$(dirname "$(dirname "$(command -v nvcc)")")/include" dev/profile/kernel_trace.c \
     -L"$cu13/lib" -l:libcupti.so.13 -o /tmp/libkernel_trace.so > "$1" 2>&1
+}
+
+profile_layers() {
+  TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh "$1" /tmp/big6 \
+    "$2" "$3" >> "$R/profile.out" 2>&1
+  grep -h "^per layer\|^step" "$2/table_$3.md" 2>/dev/null
+}
+
+pack_traces() {
+  rm -f "$1"/copies_*.csv; gzip -f "$1"/trace_*.csv 2>/dev/null
+  return 0
 }
 
 begin_results() {

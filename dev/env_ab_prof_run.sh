@@ -14,10 +14,9 @@ build_trace_lib $R/trace-build.log
 wait_model
 [ "${BG:-0}" = 1 ] && start_model $C 240
 run_variant() { # label envs mode
-  local envs=(${2//,/ })
-  env "${envs[@]}" TRACE_LIB=/tmp/libkernel_trace.so timeout 60 \
-    bash dev/profile/decode_profile.sh $C /tmp/big6 $R/prof_$1 "$3" >> $R/profile.out 2>&1
-  echo "$1 $3: $(grep -h "^per layer" "$R/prof_$1/table_$3.md" 2>/dev/null)"
+  local envs=(${2//,/ }) out
+  out=$( ([ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; profile_layers $C $R/prof_$1 "$3") )
+  echo "$1 $3: $(grep "^per layer" <<< "$out")"
 }
 list=(${VARIANTS:-base:})
 for round in $(seq 1 ${ROUNDS:-2}); do
@@ -30,7 +29,7 @@ for round in $(seq 1 ${ROUNDS:-2}); do
     done
   done
 done
-rm -f $R/prof_*/copies_*.csv; gzip -f $R/prof_*/trace_*.csv 2>/dev/null
+for d in $R/prof_*; do pack_traces $d; done
 if [ "${BG:-0}" = 1 ]; then
   wait_model
   bg_list=(${BG_VARIANTS:-${list[@]}})

@@ -70,10 +70,8 @@ prof)
   build_trace_lib $R/trace-build.log
   wait_model
   for mode in w8a8+float w8a8+float-simt fp8+float fp8+float-simt none; do
-    TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh $C /tmp/big6 \
-      $R/prof "$mode" >> $R/profile.out 2>&1
-    echo "== $mode"; grep -h "^per layer\|^step" "$R/prof/table_$mode.md" 2>/dev/null
+    echo "== $mode"; profile_layers $C $R/prof "$mode"
   done
-  rm -f $R/prof/copies_*.csv; gzip -f $R/prof/trace_*.csv 2>/dev/null
+  pack_traces $R/prof
   ;;
 esac
