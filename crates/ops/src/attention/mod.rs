@@ -45,6 +45,7 @@
 //! [`OpsError::InvalidArgument`] if too small; `None` allocates per call). The model's decode step
 //! passes one, so that it allocates nothing and can be captured as a CUDA graph.
 
+mod cluster_merge;
 mod flash;
 mod flash_step;
 mod geometry;

@@ -5,6 +5,10 @@ use cubecl::cmma::{MatrixIdent, MmaDefinition};
 use cubecl::prelude::barrier::{copy_async, Barrier};
 use cubecl::prelude::*;
 
+use super::cluster_merge::{
+    exchange_begin, exchange_combine, exchange_len, exchange_ready, exchange_wait, send_element,
+    send_stats, window_address,
+};
 use super::flash_step::{
     exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
     next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
@@ -13,7 +17,7 @@ use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry
 use super::plan::Problem;
 use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
-use crate::online_softmax::{exp_or_zero, EMPTY_MAX};
+use crate::online_softmax::EMPTY_MAX;
 use crate::{DeviceTensor, Result};
 
 #[cfg(test)]
@@ -46,6 +50,9 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// `len - 1`) and writes that key and its value to row `len - 1` of the cache itself, where
     /// a separate kernel (`crate::qkv`) would have done both and ended before this one's wait.
     pub rope: bool,
+    /// Set for the clustered launch: the partials go to the cubes of the cluster through
+    /// distributed shared memory (`super::cluster_merge`), not to the global partial buffers.
+    pub exchange: bool,
 }
 
 /// The operands a [`SplitKvMmaBlueprint::rope`] launch reads beside the problem's: the QKV row
@@ -77,6 +84,7 @@ impl SplitKvMmaBlueprint {
             trigger: false,
             early: false,
             rope: false,
+            exchange: false,
         }
     }
 
@@ -98,11 +106,15 @@ impl SplitKvMmaBlueprint {
         }
     }
 
+    /// Shared memory of a launch (with the clustered launch's receive buffer and mbarrier,
+    /// which the plain launch does not declare).
     pub fn shared_bytes(&self, elem: usize) -> usize {
         (16 + 4 * self.bk) * self.stride() * elem
             + self.warps * 16 * (self.d + 3) * 4
             + 16 * 2 * 4
             + 64
+            + exchange_len(self.d, 32 * self.warps) * 4
+            + 8
     }
 }
 
@@ -123,14 +135,16 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
-    split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, blueprint);
+    split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, 0u32, 0u32, blueprint);
 }
 
 /// [`split_kv_mma_kernel`] on clusters of [`CLUSTER_SPLITS`] cubes along the key split (the whole
-/// split of one KV head and row block), which then merge their partials themselves: each cube
-/// writes its partials, the cluster barrier (release, then acquire, at cluster scope) makes them
-/// visible to the other cubes, and the cluster's units each combine one output element over the
-/// splits. No merge kernel follows, so the output projection waits for one kernel less.
+/// split of one KV head and row block), which then merge their partials themselves: the block's
+/// output elements are dealt out over the cluster's cubes, each cube sends its partials of every
+/// element into the shared memory of the cube that owns it (`st.async`, completing bytes of that
+/// cube's mbarrier), and each cube combines the elements it owns (`super::cluster_merge`). No
+/// merge kernel follows, so the output projection waits for one kernel less, and the partials
+/// make no round trip through global memory.
 #[cube(launch_unchecked, cluster_dim = CubeDim::new_3d(CLUSTER_SPLITS as u32, 1, 1))]
 pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
@@ -140,77 +154,16 @@ pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
     #[define(F)] _dtype: ElemType,
 ) {
     let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
-    let rows_here = split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, blueprint);
-    merge_in_cluster::<F>(
-        &io.part_acc,
-        &io.part_stats,
-        &mut io.out,
-        &orow_sh,
-        rows_here,
-        &geo,
-        comptime![blueprint.d],
-    );
-}
-
-/// Combines the [`CLUSTER_SPLITS`] partials of the cube's (sequence, KV head, row block) into
-/// the output, one element per unit of the cluster (the merge kernel's formula: weights
-/// `exp(max_s - max)`, splits that saw no key weigh 0), after the cluster barrier. Every split's
-/// loads are issued together, and the output rows come from `orow_sh` (the cube's own block, the
-/// same in every cube of the cluster), so no index arithmetic waits behind the barrier.
-#[cube]
-fn merge_in_cluster<F: Float>(
-    part_acc: &[f32],
-    part_stats: &[f32],
-    out: &mut [F],
-    orow_sh: &[u32],
-    rows_here: u32,
-    geo: &Geometry,
-    #[comptime] d: usize,
-) {
-    let splits = comptime![CLUSTER_SPLITS];
-    let rows_out = partial_rows(geo);
-    let first = CUBE_POS_X as usize * CUBE_DIM as usize + UNIT_POS as usize;
-    let units = splits * CUBE_DIM as usize;
-    // The cluster barrier: every unit of every cube of the cluster arrives (release), then waits
-    // (acquire), so the partials each cube wrote are visible to all.
-    gpu_asm!("barrier.cluster.arrive.release.aligned;");
-    gpu_asm!("barrier.cluster.wait.acquire.aligned;");
-    for e in range_stepped(first, rows_here as usize * d, units) {
-        // The cubes of a cluster share their rows, so the cube's own output rows serve.
-        let orow = orow_sh[e / d] as usize;
-        let dd = e % d;
-        let mut ms = Array::<f32>::new(splits);
-        let mut ls = Array::<f32>::new(splits);
-        let mut accs = Array::<f32>::new(splits);
-        #[unroll]
-        for s in 0..splits {
-            let prow = s * rows_out + orow;
-            ms[s] = part_stats[prow * 2];
-            ls[s] = part_stats[prow * 2 + 1];
-            accs[s] = part_acc[prow * d + dd];
-        }
-        out[orow * d + dd] = F::cast_from(combine_splits(&ms, &ls, &accs));
-    }
-}
-
-/// One output element from the [`CLUSTER_SPLITS`] splits' `(max, sum, acc)`.
-#[cube]
-fn combine_splits(ms: &Array<f32>, ls: &Array<f32>, accs: &Array<f32>) -> f32 {
-    let splits = comptime![CLUSTER_SPLITS];
-    let mut m = f32::new(EMPTY_MAX);
-    #[unroll]
-    for s in 0..splits {
-        m = max(m, ms[s]);
-    }
-    let mut l = 0f32;
-    let mut acc = 0f32;
-    #[unroll]
-    for s in 0..splits {
-        let w = exp_or_zero(ms[s], m);
-        l += ls[s] * w;
-        acc += accs[s] * w;
-    }
-    select(l > 0f32, acc / l, 0f32)
+    let d = comptime![blueprint.d];
+    let units = comptime![32 * blueprint.warps];
+    let recv_sh = Shared::<[f32]>::new_slice(comptime![exchange_len(d, units)]);
+    let bar_sh = Shared::<[u64]>::new_slice(1usize);
+    let recv = window_address::<f32>(&recv_sh);
+    let bar = window_address::<u64>(&bar_sh);
+    exchange_begin(bar, &geo, d, units);
+    let rows_here = split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, recv, bar, blueprint);
+    exchange_wait(&bar_sh);
+    exchange_combine::<F>(&recv_sh, &mut io.out, &orow_sh, rows_here, d, units);
 }
 
 /// The body of both decode kernels: one cube's split, written as partials (or, with one split,
@@ -222,6 +175,8 @@ fn split_kv_mma<F: Float>(
     geo: &Geometry,
     rope: &RopeTables,
     orow_sh: &mut [u32],
+    recv: u32,
+    bar: u32,
     #[comptime] blueprint: SplitKvMmaBlueprint,
 ) -> u32 {
     if comptime![blueprint.trigger] {
@@ -495,7 +450,7 @@ fn split_kv_mma<F: Float>(
     }
     sync_cube();
     merge_planes::<F>(
-        io, &o_sh, &st_sh, orow_sh, geo, first_rho, rows_here, c, blueprint,
+        io, &o_sh, &st_sh, orow_sh, geo, first_rho, rows_here, c, recv, bar, blueprint,
     );
     rows_here
 }
@@ -516,9 +471,15 @@ fn merge_planes<F: Float>(
     first_rho: u32,
     rows_here: u32,
     c: f32,
+    recv: u32,
+    bar: u32,
     #[comptime] blueprint: SplitKvMmaBlueprint,
 ) {
     let d = comptime![blueprint.d];
+    let units = comptime![32 * blueprint.warps];
+    if comptime![blueprint.exchange] {
+        exchange_ready();
+    }
     let warps = comptime![blueprint.warps];
     let empty = f32::new(EMPTY_MAX);
     let b = CUBE_POS_Z / geo.row_blocks;
@@ -545,14 +506,17 @@ fn merge_planes<F: Float>(
         let orow =
             (b * geo.lq + rho / geo.group) * geo.hq + CUBE_POS_Y * geo.group + rho % geo.group;
         orow_sh[r] = orow;
-        if comptime![blueprint.partial] {
+        // The merge works in natural units of the scaled scores.
+        let m_nat = select(
+            mm == empty,
+            empty,
+            mm * c * f32::new(core::f32::consts::LN_2),
+        );
+        if comptime![blueprint.exchange] {
+            send_stats(recv, bar, UNIT_POS, m_nat, ll, d, units);
+        } else if comptime![blueprint.partial] {
             let prow = split_rows + orow as usize;
-            // The merge works in natural units of the scaled scores.
-            io.part_stats[prow * 2] = select(
-                mm == empty,
-                empty,
-                mm * c * f32::new(core::f32::consts::LN_2),
-            );
+            io.part_stats[prow * 2] = m_nat;
             io.part_stats[prow * 2 + 1] = ll;
         } else {
             inv_sh[r] = select(ll > 0f32, 1f32 / ll, 0f32);
@@ -569,7 +533,9 @@ fn merge_planes<F: Float>(
             acc += o_sh[(w * 16 + r) * d + dd] * w_sh[r * warps + w];
         }
         let orow = orow_sh[r] as usize;
-        if comptime![blueprint.partial] {
+        if comptime![blueprint.exchange] {
+            send_element(recv, bar, e as u32, acc, d, units);
+        } else if comptime![blueprint.partial] {
             io.part_acc[(split_rows + orow) * d + dd] = acc;
         } else {
             io.out[orow * d + dd] = F::cast_from(acc * inv_sh[r]);
@@ -738,6 +704,7 @@ pub(crate) fn launch<R: Runtime>(
     let cluster = crate::caps::has_clusters(client);
     let split = Split::new(client, op, p, 16, blueprint.bk, target, cluster)?;
     blueprint.partial = split.partial();
+    blueprint.exchange = split.clustered;
     let cubes = split.splits * p.hkv * p.batch * split.row_blocks;
     blueprint.trigger = crate::caps::has_launch_dependents(client)
         && cubes <= crate::caps::num_sms(client) as usize;

@@ -90,10 +90,14 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
         ..SplitKvMmaBlueprint::new(128, wide, true, true)
     };
     // 1 024 cache rows over the cluster's splits; 32 768 rows over 64 splits.
+    let cluster = SplitKvMmaBlueprint {
+        exchange: true,
+        ..blueprint
+    };
     source(
         client,
         "attention_decode_cluster",
-        blueprint,
+        cluster,
         [1024, CLUSTER_SPLITS],
         true,
     );
