@@ -2,12 +2,14 @@
 # The clustered decode attention's two hand-overs of its split partials (global memory and the
 # cluster barrier's release, or `st.async` into the owning cube's shared memory:
 # crates/ops/src/attention/cluster_merge.rs), on the GPU machine from the repository root, one
-# binary under the lab switch CUBELLM_LAB_EXCHANGE (0 = global memory):
+# binary under the lab switch CUBELLM_LAB_EXCHANGE (0 = global memory), built with
+# dev/attempts/cluster-exchange-lab-switch.patch applied (the library keeps the exchange only):
 #   bash dev/exchange_device_run.sh
 # runs the attention's CUDA tests and the model's device tests (the transformers fixtures) with
-# the exchange, then CUPTI per-layer tables of the 6-layer 1.5B-shape model (MODES, default bf16
-# and W8A8) for both hand-overs, after `bench-generate` on the 28-layer model for both (two
-# rounds each, in alternating order). .devs/ as dev/pack_device.sh leaves it. Results under $OUT/r (r.tgz).
+# the exchange, then `bench-generate` on the 28-layer model for both hand-overs, then CUPTI
+# per-layer tables of the 6-layer 1.5B-shape model (MODES, default bf16 and W8A8) for both (two
+# rounds each, in alternating order). .devs/ as dev/pack_device.sh leaves it. Results under
+# $OUT/r (r.tgz).
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm

@@ -29,7 +29,8 @@
 //! `mma`, the online-softmax update on `ex2`, P repacked in registers, O += P·V); split launches
 //! end with `merge.rs`, which combines the per-split partials. On GPUs with thread-block clusters
 //! (CUDA sm_90+), a tensor-core decode whose keys fit 8 cubes of one tile each runs on clusters of
-//! those 8 cubes, which merge their partials themselves after a cluster barrier: no merge kernel.
+//! those 8 cubes, which merge their partials themselves through distributed shared memory
+//! (`cluster_merge.rs`): no merge kernel.
 //!
 //! **Tuning.** The tensor-core tile shapes are the caller's: [`AttentionStrategy::Auto`] uses
 //! [`FlashTiling::default`] and [`SplitKvTiling::default`] (measured best on an H100; for a
