@@ -167,8 +167,9 @@ pub(crate) fn split_kv_mma_cluster_kernel<F: Float>(
 }
 
 /// The body of both decode kernels: one cube's split, written as partials (or, with one split,
-/// as the output). Returns the rows of the cube's 16-row block that exist; `orow_sh` then holds
-/// their output rows.
+/// as the output; in the clustered launch sent to the cluster's cubes from `recv` and `bar`, its
+/// receive buffer's and mbarrier's shared-window addresses, the same in every cube). Returns
+/// the rows of the cube's 16-row block that exist; `orow_sh` then holds their output rows.
 #[cube]
 fn split_kv_mma<F: Float>(
     io: &mut SplitBuffers<F, f32>,
@@ -456,10 +457,11 @@ fn split_kv_mma<F: Float>(
 }
 
 /// Combines the planes' `(max, sum, acc)` of the block's `rows_here` rows into the cube's
-/// output (or partials): one unit per row first finds the row's maximum, each plane's weight
-/// `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in `orow_sh` for the
-/// cluster's merge), then every unit combines output elements with those weights, so that no
-/// element recomputes the row's statistics.
+/// output (or partials, or with [`SplitKvMmaBlueprint::exchange`] the partials sent to the
+/// cubes of the cluster that own them): one unit per row first finds the row's maximum, each
+/// plane's weight `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in
+/// `orow_sh` for the cluster's merge), then every unit combines output elements with those
+/// weights, so that no element recomputes the row's statistics.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 fn merge_planes<F: Float>(
