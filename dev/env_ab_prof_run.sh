@@ -2,7 +2,7 @@
 # Lab A/B of one binary under environment switches, on the GPU machine from the repository
 # root: CUPTI per-layer tables of the 6-layer 1.5B-shape model per mode and variant, two rounds
 # in alternating order, then (with BG=1) `bench-generate` on the 28-layer model per variant (or
-# per variant of BG_VARIANTS).
+# per variant of BG_VARIANTS), in BG_ROUNDS rounds of alternating order (default 1).
 #   VARIANTS="base: nonorm:CUBELLM_LAB_NONORM=1" MODES="w8a8 fp8" [ROUNDS=2] bash dev/env_ab_prof_run.sh
 # A variant is LABEL:ENV[,ENV...]; .devs/cubellm as dev/pack_device.sh leaves it. Results under
 # $OUT/r (r.tgz).
@@ -33,14 +33,20 @@ for d in $R/prof_*; do pack_traces $d; done
 if [ "${BG:-0}" = 1 ]; then
   wait_model
   bg_list=(${BG_VARIANTS:-${list[@]}})
-  for v in "${bg_list[@]}" ; do
-    label=${v%%:*}; envs=${v#*:}; envs=(${envs//,/ })
-    for mode in ${MODES:-w8a8}; do
-      q=(); [ "$mode" != none ] && q=(--quant "$mode")
-      env "${envs[@]}" timeout 60 $C --runtime cuda bench-generate --model /tmp/big \
-        --prompt-len 512 --new-tokens 128 --runs 2 --max-len 704 "${q[@]}" \
-        > $R/bg_${label}_$mode.out 2>&1
-      echo "$label $mode: $(grep -h decode $R/bg_${label}_$mode.out | tail -1)"
+  rounds=${BG_ROUNDS:-1}
+  for round in $(seq 1 $rounds); do
+    order=("${bg_list[@]}")
+    [ $((round % 2)) = 0 ] && order=($(printf '%s\n' "${bg_list[@]}" | tac))
+    suffix=; [ "$rounds" -gt 1 ] && suffix=_r$round
+    for v in "${order[@]}" ; do
+      label=${v%%:*}; envs=${v#*:}; envs=(${envs//,/ })
+      for mode in ${MODES:-w8a8}; do
+        q=(); [ "$mode" != none ] && q=(--quant "$mode")
+        out=$R/bg_${label}_$mode$suffix.out
+        env "${envs[@]}" timeout 60 $C --runtime cuda bench-generate --model /tmp/big \
+          --prompt-len 512 --new-tokens 128 --runs 2 --max-len 704 "${q[@]}" > $out 2>&1
+        echo "$label$suffix $mode: $(grep -h decode $out | tail -1)"
+      done
     done
   done
 fi

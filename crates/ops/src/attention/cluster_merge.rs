@@ -69,7 +69,8 @@ pub(crate) fn window_address<T: CubePrimitive>(slice: &[T]) -> u32 {
     address + 0u32
 }
 
-/// The rows of the cube's 16-row block that exist (the same in every cube of a cluster).
+/// The rows of the cube's 16-row block that exist (the same in every cube of a cluster): what
+/// a split's partials hold and what the exchange sends.
 #[cube]
 pub(crate) fn block_rows(geo: &Geometry) -> u32 {
     let first_rho = (CUBE_POS_Z % geo.row_blocks) * 16;
@@ -89,11 +90,12 @@ pub(crate) fn exchange_begin(
     #[comptime] units: usize,
 ) {
     let per_pass = comptime![(CLUSTER_SPLITS * units) as u32];
-    let total = block_rows(geo) * d as u32;
+    let rows = block_rows(geo);
+    let total = rows * d as u32;
     let lead = CUBE_POS_X * units as u32;
     let owned = total / per_pass * units as u32
         + min((total % per_pass).saturating_sub(lead), units as u32);
-    let bytes = (owned + 2 * block_rows(geo)) * comptime![4 * CLUSTER_SPLITS as u32];
+    let bytes = (owned + 2 * rows) * comptime![4 * CLUSTER_SPLITS as u32];
     if UNIT_POS == 0 {
         gpu_asm!(
             "mbarrier.init.shared::cta.b64 [{b}], 1; mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n}; fence.mbarrier_init.release.cluster;",

@@ -6,8 +6,8 @@ use cubecl::prelude::barrier::{copy_async, Barrier};
 use cubecl::prelude::*;
 
 use super::cluster_merge::{
-    exchange_begin, exchange_combine, exchange_len, exchange_ready, exchange_wait, send_element,
-    send_stats, window_address,
+    block_rows, exchange_begin, exchange_combine, exchange_len, exchange_ready, exchange_wait,
+    send_element, send_stats, window_address,
 };
 use super::flash_step::{
     exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
@@ -422,7 +422,7 @@ fn split_kv_mma<F: Float>(
     let l1 = quad_sum(rows.l1);
     let mut o_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * d]);
     let mut st_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * 2]);
-    let rows_here = min(rows_total - first_rho, 16);
+    let rows_here = block_rows(geo);
     let wrow = warp as usize * 16;
     let col = (2 * t) as usize;
     if g < rows_here {
