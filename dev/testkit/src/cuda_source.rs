@@ -41,6 +41,7 @@ pub fn sm90_reduce(cube_dim: u32) -> ops::reduce::ReducePlan {
         cube_dim,
         use_plane: true,
         plane_size_min: 32,
+        plane_size_fixed: true,
     }
 }
 
