@@ -19,10 +19,13 @@ run_variant() { # label envs mode
   out=$( ([ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; profile_layers $C $R/prof_$1 "$3") )
   echo "$1 $3: $(grep "^per layer" <<< "$out")"
 }
+in_round_order() { # round variant...: the variants, reversed in even rounds
+  local round=$1; shift
+  if [ $((round % 2)) = 0 ]; then printf '%s\n' "$@" | tac; else printf '%s\n' "$@"; fi
+}
 list=(${VARIANTS:-base:})
 for round in $(seq 1 ${ROUNDS:-2}); do
-  order=("${list[@]}")
-  [ $round = 2 ] && order=($(printf '%s\n' "${list[@]}" | tac))
+  order=($(in_round_order $round "${list[@]}"))
   for v in "${order[@]}"; do
     for mode in ${MODES:-w8a8}; do
       label=${v%%:*}; envs=${v#*:}
@@ -36,8 +39,7 @@ if [ "${BG:-0}" = 1 ]; then
   bg_list=(${BG_VARIANTS:-${list[@]}})
   rounds=${BG_ROUNDS:-1}
   for round in $(seq 1 $rounds); do
-    order=("${bg_list[@]}")
-    [ $((round % 2)) = 0 ] && order=($(printf '%s\n' "${bg_list[@]}" | tac))
+    order=($(in_round_order $round "${bg_list[@]}"))
     suffix=; [ "$rounds" -gt 1 ] && suffix=_r$round
     for v in "${order[@]}" ; do
       label=${v%%:*}; envs=${v#*:}; envs=(${envs//,/ })
