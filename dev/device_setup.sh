@@ -12,9 +12,15 @@
 #                                log's last lines
 #   build_trace_lib LOG          builds the CUPTI kernel tracer of dev/profile (kernel_trace.c)
 #                                as /tmp/libkernel_trace.so, compiler output in LOG
-#   profile_layers CLI DIR MODE  the CUPTI table of CLI's decode step on the 6-layer model
-#                                (/tmp/big6) in DIR (dev/profile/decode_profile.sh, the tracer
-#                                built) and its per-layer line; pack_traces DIR gzips DIR's traces
+#   profile_layers CLI DIR MODE [MODEL]
+#                                the CUPTI table of CLI's decode step on MODEL (default the
+#                                6-layer /tmp/big6; PROMPT_LEN as decode_profile.sh takes it,
+#                                PROFILE_TIMEOUT seconds, default 60) in DIR
+#                                (dev/profile/decode_profile.sh, the tracer built) and its
+#                                per-layer and step lines; pack_traces DIR gzips DIR's traces
+#   quant_args MODE              the `bench-generate` flags of a mode as decode_profile.sh and
+#                                scripts/bench_e2e.sh read it (w8a8, w8a8+head, fp8+codes, ...),
+#                                one per line
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
 #                                unpacked, the build's commit and the device's name written there
 #   bench_table JSONL            one line per case of a `cubellm bench` record: name, µs, GB/s
@@ -54,9 +60,19 @@ build_trace_lib() {
 }
 
 profile_layers() {
-  TRACE_LIB=/tmp/libkernel_trace.so timeout 60 bash dev/profile/decode_profile.sh "$1" /tmp/big6 \
-    "$2" "$3" >> "$R/profile.out" 2>&1
+  TRACE_LIB=/tmp/libkernel_trace.so timeout "${PROFILE_TIMEOUT:-60}" \
+    bash dev/profile/decode_profile.sh "$1" "${4:-/tmp/big6}" "$2" "$3" >> "$R/profile.out" 2>&1
   grep -h "^per layer\|^step" "$2/table_$3.md" 2>/dev/null
+}
+
+quant_args() {
+  local mode=$1
+  [ "${mode%%+*}" != none ] && printf '%s\n' --quant "${mode%%+*}"
+  case "+$mode+" in *+head+*) printf '%s\n' --quant-lm-head ;; esac
+  case "+$mode+" in *+float+*) printf '%s\n' --quant-decode float ;; esac
+  case "+$mode+" in *+codes+*) printf '%s\n' --quant-decode codes ;; esac
+  case "+$mode+" in *+float-simt+*) printf '%s\n' --quant-decode float-simt ;; esac
+  return 0
 }
 
 pack_traces() {

@@ -2,8 +2,8 @@
 # Lab A/B of one binary under environment switches, on the GPU machine from the repository
 # root: CUPTI per-layer tables of the 6-layer 1.5B-shape model per mode and variant, two rounds
 # in alternating order, then (with BG=1) `bench-generate` on the 28-layer model per variant (or
-# per variant of BG_VARIANTS), in BG_ROUNDS rounds of alternating order (default 1). A mode
-# with `+head` (w8a8+head) quantizes the LM head too, as in dev/profile/decode_profile.sh.
+# per variant of BG_VARIANTS), in BG_ROUNDS rounds of alternating order (default 1). Modes are
+# read as dev/profile/decode_profile.sh reads them (w8a8+head quantizes the LM head too).
 #   VARIANTS="base: nonorm:CUBELLM_LAB_NONORM=1" MODES="w8a8 fp8" [ROUNDS=2] bash dev/env_ab_prof_run.sh
 # A variant is LABEL:ENV[,ENV...]; .devs/cubellm as dev/pack_device.sh leaves it. Results under
 # $OUT/r (r.tgz).
@@ -44,8 +44,7 @@ if [ "${BG:-0}" = 1 ]; then
     for v in "${order[@]}" ; do
       label=${v%%:*}; envs=${v#*:}; envs=(${envs//,/ })
       for mode in ${MODES:-w8a8}; do
-        q=(); [ "${mode%%+*}" != none ] && q=(--quant "${mode%%+*}")
-        case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
+        mapfile -t q < <(quant_args "$mode")
         out=$R/bg_${label}_$mode$suffix.out
         env "${envs[@]}" timeout 60 $C --runtime cuda bench-generate --model /tmp/big \
           --prompt-len 512 --new-tokens 128 --runs 2 --max-len 704 "${q[@]}" > $out 2>&1

@@ -12,9 +12,8 @@ start_model $C 240
 build_trace_lib $R/trace-build.log
 wait_model
 for mode in ${PROFILE_MODES:-none}; do
-  PROMPT_LEN=${PROFILE_LEN:-32640} TRACE_LIB=/tmp/libkernel_trace.so timeout 120 \
-    bash dev/profile/decode_profile.sh $C /tmp/big $R/prof_long $mode >> $R/profile.out 2>&1
-  echo "$mode: $(grep -h "^per layer\|^step" $R/prof_long/table_$mode.md 2>/dev/null)"
+  echo "$mode: $(PROMPT_LEN=${PROFILE_LEN:-32640} PROFILE_TIMEOUT=120 \
+    profile_layers $C $R/prof_long $mode /tmp/big)"
 done
 pack_traces $R/prof_long
 MODES=${MODES:-"none w8a8 fp8 w4a16"} RUNS=${RUNS:-2} \
