@@ -17,70 +17,9 @@
 // every cube that spins on it has passed (the first kernel resets the last two).
 // BOUNDARY_ONLY=S,V times only shape S with variant V (for a per-kernel CUPTI trace of it).
 #include "common.cuh"
+#include "chain.cuh"
 #include <cmath>
 #include <cstdlib>
-
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ float dotw(uint4 v, float x) {
-  // Weights as floats in [1, 2): cheap, exact, and the compiler cannot drop the loads.
-  float a = __uint_as_float((v.x & 0x007fffffu) | 0x3f800000u);
-  float b = __uint_as_float((v.y & 0x007fffffu) | 0x3f800000u);
-  float c = __uint_as_float((v.z & 0x007fffffu) | 0x3f800000u);
-  float d = __uint_as_float((v.w & 0x007fffffu) | 0x3f800000u);
-  return (a + b + c + d) * x;
-}
-
-// FLAG: hand-over by counters; FIRST: trigger the dependents at the start.
-template <int FLAG, int FIRST>
-__global__ void __launch_bounds__(256) stage(const uint4* __restrict__ w, unsigned vpt,
-                                             const float* x, unsigned x_len, float* y,
-                                             unsigned* flags, int me, int prev,
-                                             unsigned prev_target, int reset0, int reset1) {
-  if (FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  const uint4* p = w + (size_t)blockIdx.x * vpt * 256 + threadIdx.x;
-  uint4 first = p[0];
-  // A value of the loaded vector, so that neither the wait nor the spin goes above the load.
-  unsigned dep = first.x * 3u;
-  if (FLAG) {
-    if (threadIdx.x == 0) {
-      if (prev >= 0) {
-        asm volatile("" ::"r"(dep) : "memory");
-        while (ld_acquire(flags + prev) < prev_target) {
-        }
-      }
-      if (blockIdx.x == 0) {
-        if (reset0 >= 0) flags[reset0] = 0;
-        if (reset1 >= 0) flags[reset1] = 0;
-      }
-    }
-    __syncthreads();
-  } else {
-    asm volatile("{ .reg .pred q; setp.eq.u32 q, %0, 0; @q griddepcontrol.wait; @!q griddepcontrol.wait; }"
-                 :: "r"(dep) : "memory");
-  }
-  float xv = x[(blockIdx.x * 256 + threadIdx.x) % x_len];
-  float acc = dotw(first, xv);
-  for (unsigned i = 1; i < vpt; i++) acc += dotw(p[(size_t)i * 256], xv);
-  if (!FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ float part[8];
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0;
-    for (int k = 0; k < 8; k++) t += part[k];
-    y[blockIdx.x] = sinf(t * 1e-3f);
-    if (FLAG) {
-      __threadfence();
-      atomicAdd(flags + me, 1u);
-    }
-  }
-}
 
 struct Stage { const char* name; unsigned grid; unsigned vpt; };
 

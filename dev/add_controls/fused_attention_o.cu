@@ -23,52 +23,16 @@
 // launch would take without the replicas' reads; wrong sums, timing only), "fused, clusters of
 // 16" (6 non-portable clusters, 8 cubes a KV head: half the keys a cube).
 #include <cooperative_groups.h>
+#include "chain.cuh"
 namespace cg = cooperative_groups;
 
 #define HEAD_ELEMS 768   // one KV head's query group: 6 heads x 128
 #define ATTN_OUT 1536    // 12 heads x 128
 #define O_ROWS 16        // o rows a fused cube computes (96 cubes x 16 = 1536)
 
-__device__ __forceinline__ float dotw(uint4 v, float x) {
-  // Weights as floats in [1, 2): cheap, exact, and the compiler cannot drop the loads.
-  float a = __uint_as_float((v.x & 0x007fffffu) | 0x3f800000u);
-  float b = __uint_as_float((v.y & 0x007fffffu) | 0x3f800000u);
-  float c = __uint_as_float((v.z & 0x007fffffu) | 0x3f800000u);
-  float d = __uint_as_float((v.w & 0x007fffffu) | 0x3f800000u);
-  return (a + b + c + d) * x;
-}
-
-__device__ __forceinline__ void wait_after(unsigned dep) {
-  asm volatile("{ .reg .pred q; setp.eq.u32 q, %0, 0; @q griddepcontrol.wait; @!q griddepcontrol.wait; }"
-               :: "r"(dep) : "memory");
-}
-
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
   unsigned s = (unsigned)__cvta_generic_to_shared(smem);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-// A GEMV-like stage (boundary.cu's "wait" variant): first weight vector, wait pinned below it,
-// one float of the previous output, the rest of the slice, dependents triggered after the loop,
-// a cube reduction, one float out.
-__global__ void __launch_bounds__(256) stage(const uint4* __restrict__ w, unsigned vpt,
-                                             const float* x, unsigned x_len, float* y) {
-  const uint4* p = w + (size_t)blockIdx.x * vpt * 256 + threadIdx.x;
-  uint4 first = p[0];
-  wait_after(first.x * 3u);
-  float xv = x[(blockIdx.x * 256 + threadIdx.x) % x_len];
-  float acc = dotw(first, xv);
-  for (unsigned i = 1; i < vpt; i++) acc += dotw(p[(size_t)i * 256], xv);
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ float part[8];
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0;
-    for (int k = 0; k < 8; k++) t += part[k];
-    y[blockIdx.x] = sinf(t * 1e-3f);
-  }
 }
 
 // The attention stand-in, separate (FUSED = 0: 2 clusters, G = 8 cubes a KV head, outputs to
@@ -158,6 +122,7 @@ attention(const uint4* __restrict__ kv, unsigned kv_vecs, const uint4* __restric
 template __global__ void attention<0, 8>(const uint4*, unsigned, const uint4*, unsigned, const float*, unsigned, float*);
 template __global__ void attention<1, 8>(const uint4*, unsigned, const uint4*, unsigned, const float*, unsigned, float*);
 template __global__ void attention<1, 16>(const uint4*, unsigned, const uint4*, unsigned, const float*, unsigned, float*);
+template __global__ void stage<0, 0>(const uint4*, unsigned, const float*, unsigned, float*, unsigned*, int, int, unsigned, int, int);
 #else
 #include "common.cuh"
 #include <cstdlib>
@@ -224,7 +189,8 @@ int main() {
       for (int l = 0; l < layers; l++) {
         auto gemv = [&](const Stage& st) {
           float* y = ys + (size_t)(slot++) * 2048;
-          launch(stage, st.grid, 0, 1u, (const uint4*)(w + off), st.vpt, (const float*)prev, prev_len, y);
+          launch(stage<0, 0>, st.grid, 0, 1u, (const uint4*)(w + off), st.vpt, (const float*)prev, prev_len, y,
+                 (unsigned*)nullptr, 0, -1, 0u, -1, -1);
           off += (size_t)st.grid * 256 * st.vpt; prev = y; prev_len = st.grid;
         };
         gemv(qkv[sh]);
