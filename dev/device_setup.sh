@@ -18,9 +18,9 @@
 #                                PROFILE_TIMEOUT seconds, default 60) in DIR
 #                                (dev/profile/decode_profile.sh, the tracer built) and its
 #                                per-layer and step lines; pack_traces DIR gzips DIR's traces
-#   quant_args MODE              the `bench-generate` flags of a mode as decode_profile.sh and
-#                                scripts/bench_e2e.sh read it (w8a8, w8a8+head, fp8+codes, ...),
-#                                one per line
+#   quant_args MODE              the `bench-generate` flags of a mode (w8a8, w8a8+head,
+#                                fp8+codes, ...) as scripts/bench_e2e.sh reads it, one per line;
+#                                dev/profile/decode_profile.sh reads its modes through it
 #   begin_results                results in R=$OUT/r (tarred to $OUT/r.tgz on exit), .devs/
 #                                unpacked, the build's commit and the device's name written there
 #   bench_table JSONL            one line per case of a `cubellm bench` record: name, µs, GB/s

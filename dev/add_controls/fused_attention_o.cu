@@ -81,20 +81,15 @@ attention(const uint4* __restrict__ kv, unsigned kv_vecs, const uint4* __restric
     dst[gr * OWN + e % OWN] = acc * (float)(e + 1) * 1e-6f;
   }
   cluster.sync();
-  if (!FUSED) {
-    if (threadIdx.x < OWN) {
-      float s = 0;
-      for (int g = 0; g < G; g++) s += recv[g * OWN + threadIdx.x];
-      y[hk * HEAD_ELEMS + gr * OWN + threadIdx.x] = s;
-    }
-    return;
-  }
-  // Fused: the owned sums to every cube of the cluster, then o.
+  // The owned sums: to global (separate), or to every cube of the cluster, then o (fused).
   if (threadIdx.x < OWN) {
     float s = 0;
     for (int g = 0; g < G; g++) s += recv[g * OWN + threadIdx.x];
-    for (int c = 0; c < CL; c++) cluster.map_shared_rank(full, c)[hk * HEAD_ELEMS + gr * OWN + threadIdx.x] = s;
+    const unsigned e = hk * HEAD_ELEMS + gr * OWN + threadIdx.x;
+    if (!FUSED) y[e] = s;
+    else for (int c = 0; c < CL; c++) cluster.map_shared_rank(full, c)[e] = s;
   }
+  if (!FUSED) return;
   cluster.sync();
   const unsigned lane = threadIdx.x & 31, plane = threadIdx.x >> 5;
   float r0 = 0, r1 = 0;

@@ -19,6 +19,8 @@ cli=$1 model=$2 out=$3
 shift 3
 modes=${*:-none}
 here=$(cd "$(dirname "$0")" && pwd)
+# quant_args: a mode's flags (the same reading as the dev/*_run.sh scripts').
+source "$here/../device_setup.sh"
 lib=${TRACE_LIB:-$here/libkernel_trace.so}
 cu13=$(python3 -c 'import nvidia.cu13 as m; print(list(m.__path__)[0])' 2>/dev/null)
 [ -n "$cu13" ] && export LD_LIBRARY_PATH="$cu13/lib:${LD_LIBRARY_PATH:-}"
@@ -26,12 +28,7 @@ mkdir -p "$out"
 args=(--runtime cuda bench-generate --model "$model" --prompt-len "${PROMPT_LEN:-512}"
       --new-tokens "${NEW_TOKENS:-64}" --runs 1)
 for mode in $modes; do
-  q=(); base=${mode%%+*}
-  [ "$base" != none ] && q=(--quant "$base")
-  case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
-  case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
-  case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
-  case "+$mode+" in *+float-simt+*) q+=(--quant-decode float-simt) ;; esac
+  mapfile -t q < <(quant_args "$mode")
   CUDA_INJECTION64_PATH=$lib KERNEL_TRACE_OUT="$out/trace_$mode.csv" \
     KERNEL_TRACE_COPIES="$out/copies_$mode.csv" \
     "$cli" "${args[@]}" "${q[@]}" > "$out/run_$mode.json" 2> "$out/run_$mode.log"
