@@ -24,6 +24,51 @@ __device__ __forceinline__ float dotw(uint4 v, float x) {
   return (a + b + c + d) * x;
 }
 
+// v[j] = w[from + j * stride] for the j from J0 on whose index is below `end`, zero past it.
+template <int J0 = 0, int BATCH>
+__device__ __forceinline__ void load_batch(uint4 (&v)[BATCH], const uint4* __restrict__ w,
+                                           size_t from, size_t stride, size_t end) {
+#pragma unroll
+  for (int j = J0; j < BATCH; j++) {
+    size_t i = from + j * stride;
+    v[j] = i < end ? w[i] : make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int BATCH> __device__ __forceinline__ float dot_batch(const uint4 (&v)[BATCH], float x) {
+  float acc = 0;
+#pragma unroll
+  for (int j = 0; j < BATCH; j++) acc += dotw(v[j], x);
+  return acc;
+}
+
+// The products of w[from], w[from + stride], ... below `end` with x, BATCH vectors loaded
+// before any is used.
+template <int BATCH>
+__device__ __forceinline__ float dot_batches(const uint4* __restrict__ w, size_t from,
+                                             size_t stride, size_t end, float x) {
+  float acc = 0;
+  for (; from < end; from += BATCH * stride) {
+    uint4 v[BATCH];
+    load_batch(v, w, from, stride, end);
+    acc += dot_batch(v, x);
+  }
+  return acc;
+}
+
+// The 256-unit cube's sum of `acc`, stored by unit 0 (which gets true) as y[blockIdx.x].
+__device__ __forceinline__ bool cube_sum_store(float acc, float* y) {
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  __shared__ float part[8];
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  if (threadIdx.x != 0) return false;
+  float t = 0;
+  for (int k = 0; k < 8; k++) t += part[k];
+  y[blockIdx.x] = sinf(t * 1e-3f);
+  return true;
+}
+
 // FLAG: hand-over by counters; FIRST: trigger the dependents at the start.
 template <int FLAG, int FIRST>
 __global__ void __launch_bounds__(256) stage(const uint4* __restrict__ w, unsigned vpt,
@@ -55,17 +100,8 @@ __global__ void __launch_bounds__(256) stage(const uint4* __restrict__ w, unsign
   float acc = dotw(first, xv);
   for (unsigned i = 1; i < vpt; i++) acc += dotw(p[(size_t)i * 256], xv);
   if (!FIRST) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-  __shared__ float part[8];
-  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0;
-    for (int k = 0; k < 8; k++) t += part[k];
-    y[blockIdx.x] = sinf(t * 1e-3f);
-    if (FLAG) {
-      __threadfence();
-      atomicAdd(flags + me, 1u);
-    }
+  if (cube_sum_store(acc, y) && FLAG) {
+    __threadfence();
+    atomicAdd(flags + me, 1u);
   }
 }
