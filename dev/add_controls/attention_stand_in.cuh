@@ -1,5 +1,5 @@
 // The clustered decode-attention stand-in of the synthetic chains (fused_attention_o.cu,
-// fused_mlp.cu): device code only, so that NVRTC (dev/cuda_compile/check.py) compiles it too.
+// fused_mlp.cu, carveout.cu): device code only, so that NVRTC (dev/cuda_compile/check.py) compiles it too.
 #pragma once
 #include <cooperative_groups.h>
 #include "chain.cuh"

@@ -1,5 +1,6 @@
-// The GEMV-like stage of the synthetic decode chains (boundary.cu, fused_attention_o.cu): device
-// code only, so that NVRTC (dev/cuda_compile/check.py) compiles it too.
+// The GEMV-like stage of the synthetic decode chains (boundary.cu, fused_attention_o.cu,
+// fused_mlp.cu, carveout.cu) and the batched loads and cube sum that fused_mlp.cu's kernels share
+// with it: device code only, so that NVRTC (dev/cuda_compile/check.py) compiles it too.
 #pragma once
 
 __device__ __forceinline__ void wait_after(unsigned dep) {

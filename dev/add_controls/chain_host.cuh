@@ -1,5 +1,5 @@
 // Host side of the synthetic decode chains with an attention stand-in (fused_attention_o.cu,
-// fused_mlp.cu): the 1.5B step's stage shapes, random weights, launches under programmatic
+// fused_mlp.cu, carveout.cu): the 1.5B step's stage shapes, random weights, launches under programmatic
 // dependent launch, and the variants timed in alternating rounds.
 #pragma once
 #include "common.cuh"
@@ -17,15 +17,14 @@ constexpr int kLayers = 28;
 // 16-byte vectors.
 constexpr size_t kKvLayer = 2 * 640 * 128 * 2 * 2 / 16;
 
-// The weights of both shapes' 28 layers (the larger), filled from one LCG stream, and `extra`
-// vectors more; the keys and values (`kKvLayer` a layer) copied from their start.
-inline void chain_weights(uint4** w, uint4** kv, size_t extra = 0) {
+// The weights of both shapes' 28 layers (the larger), filled from one LCG stream; the keys and
+// values (`kKvLayer` a layer) copied from their start.
+inline void chain_weights(uint4** w, uint4** kv) {
   size_t vecs = 0;
   for (int sh = 0; sh < 2; sh++)
     vecs = std::max(vecs, (size_t)256 * kLayers *
                               (kQkv[sh].grid * kQkv[sh].vpt + kO[sh].grid * kO[sh].vpt +
                                kGateUp[sh].grid * kGateUp[sh].vpt + kDown[sh].grid * kDown[sh].vpt));
-  vecs += extra;
   cudaMalloc(w, vecs * 16); cudaMalloc(kv, kKvLayer * kLayers * 16);
   std::vector<unsigned> h(1 << 24); unsigned st = 7;
   for (auto& e : h) { st = st * 1664525u + 1013904223u; e = st; }
