@@ -3,6 +3,7 @@
 // dependent launch, and the variants timed in alternating rounds.
 #pragma once
 #include "common.cuh"
+#include "chain.cuh"
 #include <cstdlib>
 
 // A GEMV-like stage: cubes of 256 units and 16-byte weight vectors a unit.
@@ -55,6 +56,16 @@ void launch_pdl(cudaStream_t s, K kern, unsigned grid, unsigned units, size_t sm
   at[1].val.clusterDim.x = cluster; at[1].val.clusterDim.y = 1; at[1].val.clusterDim.z = 1;
   cfg.attrs = at; cfg.numAttrs = cluster > 1 ? 2 : 1;
   cudaLaunchKernelEx(&cfg, kern, args...);
+}
+
+// `st` as a plain stage (`stage<0, 0>`: no hand-over counters, the dependents triggered at its
+// end) reading `x` (`x_len` floats) with the weights at `w` into `y`; returns how many weight
+// vectors it reads.
+inline size_t launch_plain_stage(cudaStream_t s, const Stage& st, const uint4* w, const float* x,
+                                 unsigned x_len, float* y) {
+  launch_pdl(s, stage<0, 0>, st.grid, 256u, 0, 1u, w, st.vpt, x, x_len, y, (unsigned*)nullptr, 0, -1,
+             0u, -1, -1);
+  return (size_t)st.grid * 256 * st.vpt;
 }
 
 // Ends the capture on `s` into exec; false (after printing why) where it does not instantiate.

@@ -59,9 +59,8 @@ int main() {
       for (int l = 0; l < kLayers; l++) {
         auto gemv = [&](const Stage& st) {
           float* y = ys + (size_t)(slot++) * 2048;
-          launch_pdl(s, stage<0, 0>, st.grid, 256u, 0, 1u, (const uint4*)(w + off), st.vpt, (const float*)prev,
-                     prev_len, y, (unsigned*)nullptr, 0, -1, 0u, -1, -1);
-          off += (size_t)st.grid * 256 * st.vpt; prev = y; prev_len = st.grid;
+          off += launch_plain_stage(s, st, w + off, prev, prev_len, y);
+          prev = y; prev_len = st.grid;
         };
         gemv(kQkv[sh]);
         const uint4* kvl = kv + (size_t)l * kKvLayer;

@@ -112,8 +112,7 @@ int main() {
           if (v == 1 || v == 2)
             launch_pdl(s, stage_batched<8>, st.grid, 256u, 0, 1u, (const uint4*)(w + off), st.vpt, prev, prev_len, y);
           else
-            launch_pdl(s, stage<0, 0>, st.grid, 256u, 0, 1u, (const uint4*)(w + off), st.vpt, prev, prev_len, y,
-                       (unsigned*)nullptr, 0, -1, 0u, -1, -1);
+            launch_plain_stage(s, st, w + off, prev, prev_len, y);
           off += (size_t)st.grid * 256 * st.vpt; prev = y; prev_len = st.grid;
         };
         gemv(kQkv[sh]);
