@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Whether the decode attention's 206 KB of shared memory delays its start beside the qkv
 # projection, on the GPU machine from the repository root: dev/add_controls/carveout.cu (the
-# synthetic chain with the attention stand-in at 23 KB and 206 KB of shared memory, the stages
+# synthetic chain with the attention stand-in at 43 KB and 206 KB of shared memory, the stages
 # under the driver's carveout and under the largest) in two alternating rounds ($OUT/r/carveout.txt),
 # then, where .devs/cubellm.xz is a lab build with dev/attempts/carveout-lab-switch.patch, the
 # 6-layer CUPTI tables and bench-generate with and without CUBELLM_LAB_CARVEOUT=max

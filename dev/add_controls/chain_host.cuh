@@ -3,7 +3,7 @@
 // dependent launch, and the variants timed in alternating rounds.
 #pragma once
 #include "common.cuh"
-#include "chain.cuh"
+#include "attention_stand_in.cuh"
 #include <cstdlib>
 
 // A GEMV-like stage: cubes of 256 units and 16-byte weight vectors a unit.
@@ -66,6 +66,20 @@ inline size_t launch_plain_stage(cudaStream_t s, const Stage& st, const uint4* w
   launch_pdl(s, stage<0, 0>, st.grid, 256u, 0, 1u, w, st.vpt, x, x_len, y, (unsigned*)nullptr, 0, -1,
              0u, -1, -1);
   return (size_t)st.grid * 256 * st.vpt;
+}
+
+// The separate attention stand-in: 2 clusters of 8 cubes, each a sixteenth of a layer's keys and
+// values, and the shared memory it uses (that share and the merge's receive buffer).
+constexpr unsigned kStandInKvVecs = kKvLayer / 16;
+constexpr size_t kStandInSmem = kStandInKvVecs * 16 + 8 * 96 * 4;
+
+// The separate attention stand-in with `smem` bytes of shared memory a cube (set as its maximum
+// beforehand where over 48 KB) over one layer's keys and values `kv`, reading `x` (`x_len`
+// floats) into `y`.
+inline void launch_attention_stand_in(cudaStream_t s, const uint4* kv, size_t smem, const float* x,
+                                      unsigned x_len, float* y) {
+  launch_pdl(s, attention<0, 8>, 16, 256u, smem, 8u, kv, kStandInKvVecs, (const uint4*)nullptr, 0u, x,
+             x_len, y);
 }
 
 // Ends the capture on `s` into exec; false (after printing why) where it does not instantiate.

@@ -89,15 +89,13 @@ int main() {
   cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   const int NV = 4;
   const char* names[NV] = {"separate", "separate, batched stages", "fused, batched stages", "fused, plain stages"};
-  const unsigned kv_sep = kKvLayer / 16;  // vectors a cube
   uint4 *w, *kv;
   chain_weights(&w, &kv);
   const int per = 5;
   float* ys = ones((size_t)kLayers * per * 2048);
   // The fused launch's accumulators, one a layer, zeroed by the graph's first node.
   float* accs; cudaMalloc(&accs, (size_t)kLayers * MLP_OUT * 4);
-  size_t smem_sep = kv_sep * 16 + 8 * 96 * 4;
-  cudaFuncSetAttribute(attention<0, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_sep);
+  cudaFuncSetAttribute(attention<0, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kStandInSmem);
   for (int sh = 0; sh < 2; sh++) {
     cudaGraphExec_t exec[NV];
     for (int v = 0; v < NV; v++) {
@@ -117,8 +115,7 @@ int main() {
         };
         gemv(kQkv[sh]);
         float* y = ys + (size_t)(slot++) * 2048;
-        launch_pdl(s, attention<0, 8>, 16, 256u, smem_sep, 8u, (const uint4*)(kv + (size_t)l * kKvLayer), kv_sep,
-                   (const uint4*)w, 0u, prev, prev_len, y);
+        launch_attention_stand_in(s, kv + (size_t)l * kKvLayer, kStandInSmem, prev, prev_len, y);
         prev = y; prev_len = ATTN_OUT;
         gemv(kO[sh]);
         if (v < 2) {
