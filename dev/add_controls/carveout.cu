@@ -40,22 +40,13 @@ int main(int argc, char** argv) {
     cudaGraphExec_t exec[NV];
     for (int v = 0; v < NV; v++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-      size_t off = 0; int slot = 0;
-      const float* prev = ys + (size_t)(kLayers * per - 1) * 2048;
-      unsigned prev_len = kDown[sh].grid;
+      ChainCursor c{s, w, ys, ys + (size_t)(kLayers * per - 1) * 2048, kDown[sh].grid};
       for (int l = 0; l < kLayers; l++) {
-        auto gemv = [&](const Stage& st) {
-          float* y = ys + (size_t)(slot++) * 2048;
-          off += launch_plain_stage(s, st, w + off, prev, prev_len, y);
-          prev = y; prev_len = st.grid;
-        };
-        gemv(kQkv[sh]);
-        float* y = ys + (size_t)(slot++) * 2048;
-        launch_attention_stand_in(s, kv + (size_t)l * kKvLayer, smem[v], prev, prev_len, y);
-        prev = y; prev_len = ATTN_OUT;
-        gemv(kO[sh]);
-        gemv(kGateUp[sh]);
-        gemv(kDown[sh]);
+        c.plain(kQkv[sh]);
+        c.attention_stand_in(kv + (size_t)l * kKvLayer, smem[v]);
+        c.plain(kO[sh]);
+        c.plain(kGateUp[sh]);
+        c.plain(kDown[sh]);
       }
       if (!end_capture(s, &exec[v])) return 1;
     }

@@ -82,6 +82,24 @@ inline void launch_attention_stand_in(cudaStream_t s, const uint4* kv, size_t sm
              x_len, y);
 }
 
+// Where a chain being captured on `s` stands: its next weights (`off` vectors into `w`), its next
+// output slot of `ys` (2048 floats each) and the output the next launch reads.
+struct ChainCursor {
+  cudaStream_t s; const uint4* w; float* ys; const float* prev; unsigned prev_len;
+  size_t off = 0; int slot = 0;
+  float* next_out() { return ys + (size_t)(slot++) * 2048; }
+  void plain(const Stage& st) {
+    float* y = next_out();
+    off += launch_plain_stage(s, st, w + off, prev, prev_len, y);
+    prev = y; prev_len = st.grid;
+  }
+  void attention_stand_in(const uint4* kv, size_t smem) {
+    float* y = next_out();
+    launch_attention_stand_in(s, kv, smem, prev, prev_len, y);
+    prev = y; prev_len = ATTN_OUT;
+  }
+};
+
 // Ends the capture on `s` into exec; false (after printing why) where it does not instantiate.
 inline bool end_capture(cudaStream_t s, cudaGraphExec_t* exec) {
   cudaGraph_t g; cudaStreamEndCapture(s, &g);

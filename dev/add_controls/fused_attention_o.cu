@@ -53,31 +53,24 @@ int main() {
     cudaGraphExec_t exec[NV];
     for (int v = 0; v < NV; v++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-      size_t off = 0; int slot = 0;
-      float* prev = ys + (size_t)(kLayers * per - 1) * 2048;
-      unsigned prev_len = kDown[sh].grid;
+      ChainCursor c{s, w, ys, ys + (size_t)(kLayers * per - 1) * 2048, kDown[sh].grid};
       for (int l = 0; l < kLayers; l++) {
-        auto gemv = [&](const Stage& st) {
-          float* y = ys + (size_t)(slot++) * 2048;
-          off += launch_plain_stage(s, st, w + off, prev, prev_len, y);
-          prev = y; prev_len = st.grid;
-        };
-        gemv(kQkv[sh]);
+        c.plain(kQkv[sh]);
         const uint4* kvl = kv + (size_t)l * kKvLayer;
-        float* y = ys + (size_t)(slot++) * 2048;
         if (v == 0) {
-          launch_attention_stand_in(s, kvl, kStandInSmem, prev, prev_len, y);
-          prev = y; prev_len = ATTN_OUT;
-          gemv(kO[sh]);
+          c.attention_stand_in(kvl, kStandInSmem);
+          c.plain(kO[sh]);
         } else {
           // "no KV replica": each cube reads a twelfth of its share (wrong sums, timing only).
           unsigned kvv = v == 2 ? kv_fused / 12 : v == 3 ? kv_fused / 2 : kv_fused;
+          float* y = c.next_out();
           launch_pdl(s, v == 3 ? attention<1, 16> : attention<1, 8>, 96, 256u, smem_fused, v == 3 ? 16u : 8u,
-                     kvl, kvv, (const uint4*)(w + off), fused_o_vpt[sh], (const float*)prev, prev_len, y);
-          off += (size_t)96 * 256 * fused_o_vpt[sh]; prev = y; prev_len = ATTN_OUT; slot++;
+                     kvl, kvv, c.w + c.off, fused_o_vpt[sh], c.prev, c.prev_len, y);
+          // The fused launch takes o's weights and output slot too.
+          c.off += (size_t)96 * 256 * fused_o_vpt[sh]; c.prev = y; c.prev_len = ATTN_OUT; c.slot++;
         }
-        gemv(kGateUp[sh]);
-        gemv(kDown[sh]);
+        c.plain(kGateUp[sh]);
+        c.plain(kDown[sh]);
       }
       if (!end_capture(s, &exec[v])) return 1;
     }
