@@ -1,0 +1,398 @@
+// One persistent kernel for the whole decode step, priced on the synthetic chain.
+//
+// The step launches five kernels a layer under programmatic dependent launch. A kernel can load
+// its weights before its wait only into registers (about one 16-byte vector a lane), so at every
+// boundary the DRAM idles while the grid before drains, completes and flushes and the next
+// cubes read their activation. The weights depend on nothing the step computes: a kernel that
+// stays resident for the whole step can stream every stage's weights through a shared-memory
+// ring, one producer warp issuing `cp.async.bulk` copies as far ahead as the ring holds, across
+// stage and layer ends, while its consumer warps wait on counters for the activations of the
+// stage before. How close does that come to the bytes' floor, against the five-launch chain
+// (carveout.cu's, with the clustered attention stand-in) in the same run?
+//
+// Both compute synthetic products (every weight byte read once, one value a cube handed on);
+// neither has norms, epilogues or the attention's arithmetic: they price the launch structure,
+// not the step.
+//
+// The persistent kernel: one cube per SM (a cooperative launch, so that all are resident), eight
+// consumer warps and one producer warp. Each stage's bytes (the chain's, in the same order) are
+// split evenly over the cubes that work on it: all of them, and 16 for the keys and values, as
+// the real attention's two clusters of eight. A cube's slice goes through the ring in chunks of
+// CH 16-byte vectors. A stage ends with each working cube's sum stored and a release add on the
+// stage's counter; a cube's consumers start the next stage once one of them has read that
+// counter at the stage's cube count (acquire) and all have passed a named barrier. A memset node
+// zeroes the counters before each replay (inside the timing). The sums are u32 (exact in any
+// order) and one replay is checked against a host reference.
+//
+// "with x" variants also hand on activations of the step's widths (2048 qkv outputs, 1536 of
+// the attention, o and down, 8960 of gate-up, as 16-bit values two a word): each working cube
+// stores its share after its sum, and every cube of the next stage reads all of them from L2
+// before it uses its first chunk, as the real projections read x. The chain does not. The
+// "attention +N" variant also makes the keys' cubes take N dependent reads from L2 (a chase
+// through a table) after their sum, standing in for the real attention's chain of latencies
+// (its queries, the exchange between the cubes of a cluster), which the chain's clustered
+// stand-in has and the plain persistent stage lacks.
+#include "chain.cuh"
+
+constexpr int kConsumers = 256;  // eight warps; the producer is a ninth
+constexpr int kMaxSlots = 48;
+constexpr unsigned kActWords = 4480;  // the widest activation (gate-up's 8960 16-bit values)
+constexpr unsigned kChase = 1024;     // entries of the attention's dependent-read table
+
+// One stage of the step for the persistent kernel: `vecs` 16-byte vectors from `ptr`, split
+// over cubes 0 .. `cubes`.
+struct StageDesc {
+  const uint4* ptr;
+  unsigned vecs, cubes, out_words;
+};
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  unsigned ok = 0;
+  while (!ok)
+    asm volatile(
+        "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+        : "=r"(ok)
+        : "r"(bar), "r"(parity)
+        : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+// The producer's arrival on a full barrier, announcing the bytes its copy will complete.
+__device__ __forceinline__ void mbar_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void bulk_load(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// The consumer warps only (named barrier 1): the producer runs ahead.
+__device__ __forceinline__ void consumers_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers) : "memory");
+}
+
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Cube `cube`'s share of a stage: vectors [begin, end).
+__device__ __forceinline__ void stage_slice(const StageDesc& st, unsigned cube, unsigned& begin,
+                                            unsigned& end) {
+  unsigned per = (st.vecs + st.cubes - 1) / st.cubes;
+  begin = min(cube * per, st.vecs);
+  end = min(begin + per, st.vecs);
+}
+
+// y: 1024 u32 a stage, the sum of each cube that worked on it (the previous replay's last stage
+// is the first stage's input); act: kActWords u32 a stage, the activations handed on where
+// `x_read`; counters: one a stage, zero at launch. `slots` chunks of CH vectors of dynamic
+// shared memory.
+template <int CH>
+__global__ void __launch_bounds__(kConsumers + 32, 1)
+persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slots, unsigned x_read,
+                unsigned hops, const unsigned* __restrict__ chase, unsigned* y, unsigned* act,
+                unsigned* counters) {
+  extern __shared__ __align__(128) uint4 ring[];
+  __shared__ __align__(8) unsigned long long full[kMaxSlots], empty[kMaxSlots];
+  __shared__ unsigned part[kConsumers / 32], total;
+  const unsigned cube = blockIdx.x, tid = threadIdx.x;
+  if (tid == 0) {
+    for (unsigned i = 0; i < slots; i++) {
+      mbar_init(smem_addr(&full[i]), 1);
+      mbar_init(smem_addr(&empty[i]), kConsumers / 32);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  unsigned slot = 0, phase = 0;
+  if (tid >= kConsumers) {
+    // The producer: every chunk of every stage this cube works on, in order, as soon as its
+    // slot is free (a fresh barrier counts as freed once: the wait on parity 1 passes).
+    if (tid != kConsumers) return;
+    for (int g = 0; g < n_stages; g++) {
+      const StageDesc st = stages[g];
+      if (cube >= st.cubes) continue;
+      unsigned begin, end;
+      stage_slice(st, cube, begin, end);
+      for (unsigned v = begin; v < end; v += CH) {
+        const unsigned n = min((unsigned)CH, end - v);
+        mbar_wait(smem_addr(&empty[slot]), phase ^ 1);
+        mbar_expect(smem_addr(&full[slot]), n * 16);
+        bulk_load(smem_addr(ring + (size_t)slot * CH), st.ptr + v, n * 16, smem_addr(&full[slot]));
+        if (++slot == slots) { slot = 0; phase ^= 1; }
+      }
+    }
+    return;
+  }
+  unsigned prev_cubes = stages[n_stages - 1].cubes, prev_words = stages[n_stages - 1].out_words;
+  const unsigned* x = y + (size_t)(n_stages - 1) * 1024;
+  const unsigned* x_act = act + (size_t)(n_stages - 1) * kActWords;
+  for (int g = 0; g < n_stages; g++) {
+    const StageDesc st = stages[g];
+    if (g > 0) {
+      if (tid == 0)
+        while (ld_acquire(counters + g - 1) < prev_cubes) {
+        }
+      consumers_sync();
+    }
+    unsigned xv = __ldcg(x + tid % prev_cubes);
+    if (x_read)
+      for (unsigned j = tid; j < prev_words; j += kConsumers) xv ^= __ldcg(x_act + j);
+    xv |= 1u;
+    if (cube < st.cubes) {
+      unsigned begin, end, acc = 0;
+      stage_slice(st, cube, begin, end);
+      for (unsigned v = begin; v < end; v += CH) {
+        const unsigned n = min((unsigned)CH, end - v);
+        mbar_wait(smem_addr(&full[slot]), phase);
+        const uint4* c = ring + (size_t)slot * CH;
+#pragma unroll
+        for (unsigned j = tid; j < CH; j += kConsumers)
+          if (j < n) {
+            const uint4 q = c[j];
+            acc += (q.x + q.y + q.z + q.w) * xv;
+          }
+        __syncwarp();
+        if ((tid & 31) == 0) mbar_arrive(smem_addr(&empty[slot]));
+        if (++slot == slots) { slot = 0; phase ^= 1; }
+      }
+      for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+      if ((tid & 31) == 0) part[tid >> 5] = acc;
+      consumers_sync();
+      if (tid == 0) {
+        unsigned t = 0;
+        for (int k = 0; k < kConsumers / 32; k++) t += part[k];
+        if (st.cubes < gridDim.x) {
+          unsigned at = t & (kChase - 1);
+          for (unsigned h = 0; h < hops; h++) at = __ldcg(chase + at);
+          t += at;
+        }
+        total = t * 2654435761u + g + cube;
+        y[(size_t)g * 1024 + cube] = total;
+      }
+      if (x_read) {
+        consumers_sync();
+        const unsigned per = (st.out_words + st.cubes - 1) / st.cubes, t = total;
+        unsigned* out = act + (size_t)g * kActWords + cube * per;
+        for (unsigned j = tid; j < per && cube * per + j < st.out_words; j += kConsumers) out[j] = t + j;
+        // The release below is cumulative over the stores this barrier orders before it.
+        consumers_sync();
+      }
+      if (tid == 0) red_release_add(counters + g, 1);
+    }
+    prev_cubes = st.cubes;
+    prev_words = st.out_words;
+    x = y + (size_t)g * 1024;
+    x_act = act + (size_t)g * kActWords;
+  }
+}
+
+#ifdef __CUDACC_RTC__
+// NVRTC (dev/cuda_compile/check.py) compiles the kernels only.
+template __global__ void persistent_step<512>(const StageDesc*, int, unsigned, unsigned, unsigned, const unsigned*, unsigned*, unsigned*, unsigned*);
+template __global__ void persistent_step<1024>(const StageDesc*, int, unsigned, unsigned, unsigned, const unsigned*, unsigned*, unsigned*, unsigned*);
+#else
+#include "chain_host.cuh"
+
+namespace {
+
+// A stage of the persistent launch on the host: where its vectors start (in the weights or in
+// the keys and values), how many, and over how many cubes.
+struct StageHost {
+  bool kv;
+  size_t off;
+  unsigned vecs, cubes, out_words;
+};
+
+// The step's stages for shape `sh`, in the chain's order and at its offsets.
+std::vector<StageHost> step_stages(int sh, unsigned sms) {
+  std::vector<StageHost> v;
+  size_t off = 0;
+  auto plain = [&](const Stage& st, unsigned out_words) {
+    const unsigned vecs = st.grid * 256 * st.vpt;
+    v.push_back({false, off, vecs, sms, out_words});
+    off += vecs;
+  };
+  for (int l = 0; l < kLayers; l++) {
+    plain(kQkv[sh], 1024);
+    v.push_back({true, (size_t)l * kKvLayer, (unsigned)kKvLayer, 16, 768});
+    plain(kO[sh], 768);
+    plain(kGateUp[sh], kActWords);
+    plain(kDown[sh], 768);
+  }
+  return v;
+}
+
+// The persistent kernel's sums for one replay from zeroed outputs and activations, computed on
+// the host from the weights' generator (chain_weights: one LCG stream of 2^24 words, repeated;
+// the keys and values are the weights' first vectors), for the chunk size `ch`.
+std::vector<unsigned> reference(const std::vector<StageHost>& stages, unsigned ch, bool x_read,
+                                unsigned hops, const std::vector<unsigned>& chase, unsigned sms) {
+  const size_t words = 1 << 24, vecs = words / 4;
+  std::vector<unsigned> h(words), vsum(vecs);
+  unsigned st = 7;
+  for (auto& e : h) { st = st * 1664525u + 1013904223u; e = st; }
+  for (size_t i = 0; i < vecs; i++) vsum[i] = h[4 * i] + h[4 * i + 1] + h[4 * i + 2] + h[4 * i + 3];
+  const size_t n = stages.size();
+  std::vector<unsigned> y(n * 1024, 0), act(n * kActWords, 0);
+  for (size_t g = 0; g < n; g++) {
+    const StageHost& s = stages[g];
+    const size_t pg = (g + n - 1) % n;
+    unsigned xv[kConsumers];
+    for (unsigned t = 0; t < kConsumers; t++) {
+      xv[t] = y[pg * 1024 + t % stages[pg].cubes];
+      if (x_read)
+        for (unsigned j = t; j < stages[pg].out_words; j += kConsumers) xv[t] ^= act[pg * kActWords + j];
+      xv[t] |= 1u;
+    }
+    const unsigned per = (s.vecs + s.cubes - 1) / s.cubes;
+    const unsigned out_per = (s.out_words + s.cubes - 1) / s.cubes;
+    for (unsigned c = 0; c < s.cubes; c++) {
+      const unsigned begin = std::min(c * per, s.vecs), end = std::min(begin + per, s.vecs);
+      unsigned acc = 0;
+      for (unsigned v = begin; v < end; v++) acc += vsum[(s.off + v) % vecs] * xv[((v - begin) % ch) % kConsumers];
+      if (s.cubes < sms) {
+        unsigned at = acc & (kChase - 1);
+        for (unsigned h = 0; h < hops; h++) at = chase[at];
+        acc += at;
+      }
+      const unsigned total = acc * 2654435761u + (unsigned)g + c;
+      y[g * 1024 + c] = total;
+      for (unsigned j = 0; j < out_per && c * out_per + j < s.out_words; j++)
+        act[g * kActWords + c * out_per + j] = total + j;
+    }
+  }
+  return y;
+}
+
+// A persistent variant: chunk size, ring slots, and whether activations are handed on.
+struct Ring {
+  unsigned ch, slots;
+  bool x_read;
+  unsigned hops;
+};
+
+// Whether the persistent launch asks to be cooperative (cleared where a graph will not take it).
+bool g_cooperative = true;
+
+template <int CH>
+void launch_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r,
+                       const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(sms); cfg.blockDim = dim3(kConsumers + 32);
+  cfg.dynamicSmemBytes = (size_t)r.slots * CH * 16; cfg.stream = s;
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeCooperative; at[0].val.cooperative = 1;
+  cfg.attrs = at; cfg.numAttrs = g_cooperative ? 1 : 0;
+  cudaLaunchKernelEx(&cfg, persistent_step<CH>, stages, n, r.slots, (unsigned)r.x_read, r.hops, chase, y, act,
+                     counters);
+}
+
+void capture_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r,
+                        const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
+  cudaMemsetAsync(counters, 0, (size_t)n * 4, s);
+  if (r.ch == 512) launch_persistent<512>(s, sms, stages, n, r, chase, y, act, counters);
+  else launch_persistent<1024>(s, sms, stages, n, r, chase, y, act, counters);
+}
+
+}  // namespace
+
+int main() {
+  cudaStream_t s; cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  int sms_i = 0;
+  cudaDeviceGetAttribute(&sms_i, cudaDevAttrMultiProcessorCount, 0);
+  const unsigned sms = (unsigned)sms_i;
+  const Ring rings[] = {{512, 24, false, 0}, {1024, 12, false, 0}, {512, 8, false, 0}, {512, 2, false, 0},
+                        {512, 24, true, 0},  {1024, 12, true, 0},  {512, 24, true, 4}};
+  const int NR = sizeof(rings) / sizeof(rings[0]), NV = NR + 1;
+  char labels[NV][64];
+  const char* names[NV];
+  snprintf(labels[0], 64, "chain of five launches a layer");
+  for (int r = 0; r < NR; r++)
+    snprintf(labels[r + 1], 64, "persistent, %u x %u KB ring%s", rings[r].slots, rings[r].ch * 16 / 1024,
+             rings[r].x_read ? ", with x" : "");
+  for (int r = 0; r < NR; r++)
+    if (rings[r].hops)
+      snprintf(labels[r + 1] + strlen(labels[r + 1]), 24, ", attention +%u", rings[r].hops);
+  for (int v = 0; v < NV; v++) names[v] = labels[v];
+  cudaFuncSetAttribute(persistent_step<512>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  cudaFuncSetAttribute(persistent_step<1024>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  uint4 *w, *kv;
+  chain_weights(&w, &kv);
+  const int per = 5, n = kLayers * per;
+  float* ys = ones((size_t)n * 2048);
+  unsigned *y, *act, *counters;
+  cudaMalloc(&y, (size_t)n * 1024 * 4); cudaMalloc(&counters, (size_t)n * 4);
+  cudaMalloc(&act, (size_t)n * kActWords * 4);
+  // The chase table: one cycle through every entry (i -> i * 389 + 1 mod 1024).
+  std::vector<unsigned> chase_h(kChase);
+  for (unsigned i = 0; i < kChase; i++) chase_h[i] = (i * 389 + 1) % kChase;
+  unsigned* chase; cudaMalloc(&chase, kChase * 4);
+  cudaMemcpy(chase, chase_h.data(), kChase * 4, cudaMemcpyHostToDevice);
+  StageDesc* d_stages; cudaMalloc(&d_stages, n * sizeof(StageDesc));
+  printf("%u SMs\n", sms);
+  for (int sh = 0; sh < 2; sh++) {
+    const std::vector<StageHost> hs = step_stages(sh, sms);
+    std::vector<StageDesc> ds;
+    double bytes = 0;
+    for (const StageHost& h : hs) {
+      ds.push_back({(h.kv ? kv : w) + h.off, h.vecs, h.cubes, h.out_words});
+      bytes += h.vecs * 16.0;
+    }
+    cudaMemcpy(d_stages, ds.data(), n * sizeof(StageDesc), cudaMemcpyHostToDevice);
+    printf("%s: %.1f MB a layer, %.2f us a layer at 3.0 TB/s\n", kShapeNames[sh], bytes / kLayers / 1e6,
+           bytes / kLayers / 3.0e6);
+    // One replay of each ring from zeroed outputs against the host's sums.
+    for (int r = 0; r < NR; r++) {
+      cudaMemsetAsync(y, 0, (size_t)n * 1024 * 4, s);
+      cudaMemsetAsync(act, 0, (size_t)n * kActWords * 4, s);
+      capture_persistent(s, sms, d_stages, n, rings[r], chase, y, act, counters);
+      std::vector<unsigned> got((size_t)n * 1024);
+      cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, s);
+      cudaError_t e = cudaStreamSynchronize(s);
+      const std::vector<unsigned> want = reference(hs, rings[r].ch, rings[r].x_read, rings[r].hops, chase_h, sms);
+      size_t bad = 0;
+      for (int g = 0; g < n; g++)
+        for (unsigned c = 0; c < hs[g].cubes; c++) bad += got[(size_t)g * 1024 + c] != want[(size_t)g * 1024 + c];
+      printf("  check %s: %s, %zu of the stages' sums differ\n", names[r + 1], cudaGetErrorString(e), bad);
+    }
+    cudaGraphExec_t exec[NV];
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    ChainCursor c{s, w, ys, ys + (size_t)(n - 1) * 2048, kDown[sh].grid};
+    for (int l = 0; l < kLayers; l++) {
+      c.plain(kQkv[sh]);
+      c.attention_stand_in(kv + (size_t)l * kKvLayer, kStandInSmem);
+      c.plain(kO[sh]);
+      c.plain(kGateUp[sh]);
+      c.plain(kDown[sh]);
+    }
+    if (!end_capture(s, &exec[0])) return 1;
+    for (int r = 0; r < NR; r++) {
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+      capture_persistent(s, sms, d_stages, n, rings[r], chase, y, act, counters);
+      if (!end_capture(s, &exec[r + 1])) {
+        if (!g_cooperative) return 1;
+        // One cube per SM is resident without the attribute too while nothing else runs.
+        printf("  the graph takes no cooperative launch: launched as a plain one\n");
+        g_cooperative = false;
+        r--;
+      }
+    }
+    time_variants(s, kShapeNames[sh], names, NV, exec, "PERSISTENT_ROUNDS");
+  }
+  printf("err %s\n", cudaGetErrorString(cudaGetLastError()));
+}
+#endif
