@@ -1,6 +1,6 @@
 // Host side of the synthetic decode chains with an attention stand-in (fused_attention_o.cu,
-// fused_mlp.cu, carveout.cu, persistent_step.cu): the 1.5B step's stage shapes, random weights, launches under programmatic
-// dependent launch, and the variants timed in alternating rounds.
+// fused_mlp.cu, carveout.cu, persistent_step.cu): the 1.5B step's stage shapes, random weights,
+// launches under programmatic dependent launch, and the variants timed in alternating rounds.
 #pragma once
 #include "common.cuh"
 #include "attention_stand_in.cuh"
