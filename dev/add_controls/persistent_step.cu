@@ -31,7 +31,11 @@
 // "attention +N" variant also makes the keys' cubes take N dependent reads from L2 (a chase
 // through a table) after their sum, standing in for the real attention's chain of latencies
 // (its queries, the exchange between the cubes of a cluster), which the chain's clustered
-// stand-in has and the plain persistent stage lacks.
+// stand-in has and the plain persistent stage lacks. The "math" variants (MATH 1 for bf16
+// sizes, 2 for 8-bit ones) replace the u32 sums by the products a consumer of real weights
+// issues: each 16-byte vector as 8 bf16 or 16 int8 weights turned into floats (a shift or mask,
+// a byte permute and a subtraction) and multiplied into the sum with x from shared memory;
+// their sums are floats and not checked.
 #include "chain.cuh"
 
 constexpr int kConsumers = 256;  // eight warps; the producer is a ninth
@@ -88,6 +92,33 @@ __device__ __forceinline__ void red_release_add(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// x for the products of the math variants: 2048 floats a cube, indexed by a vector's columns.
+constexpr unsigned kXs = 2048;
+
+// The bf16 products of 8 weights with x[0..8].
+__device__ __forceinline__ float dot_bf16(uint4 q, const float* x, float acc) {
+  const float4 a = *(const float4*)x, b = *(const float4*)(x + 4);
+  acc = fmaf(__uint_as_float(q.x << 16), a.x, acc);
+  acc = fmaf(__uint_as_float(q.x & 0xffff0000u), a.y, acc);
+  acc = fmaf(__uint_as_float(q.y << 16), a.z, acc);
+  acc = fmaf(__uint_as_float(q.y & 0xffff0000u), a.w, acc);
+  acc = fmaf(__uint_as_float(q.z << 16), b.x, acc);
+  acc = fmaf(__uint_as_float(q.z & 0xffff0000u), b.y, acc);
+  acc = fmaf(__uint_as_float(q.w << 16), b.z, acc);
+  return fmaf(__uint_as_float(q.w & 0xffff0000u), b.w, acc);
+}
+
+// The int8 products of one word's 4 weights (each byte into the mantissa of 2^23, less 2^23 + 128)
+// with x[0..4].
+__device__ __forceinline__ float dot_i8_word(unsigned w, const float* x, float acc) {
+  const float4 a = *(const float4*)x;
+  const float k = 8388736.0f;  // 2^23 + 128
+  acc = fmaf(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7650)) - k, a.x, acc);
+  acc = fmaf(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7651)) - k, a.y, acc);
+  acc = fmaf(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7652)) - k, a.z, acc);
+  return fmaf(__uint_as_float(__byte_perm(w, 0x4b000000u, 0x7653)) - k, a.w, acc);
+}
+
 // Cube `cube`'s share of a stage: vectors [begin, end).
 __device__ __forceinline__ void stage_slice(const StageDesc& st, unsigned cube, unsigned& begin,
                                             unsigned& end) {
@@ -99,8 +130,8 @@ __device__ __forceinline__ void stage_slice(const StageDesc& st, unsigned cube, 
 // y: 1024 u32 a stage, the sum of each cube that worked on it (the previous replay's last stage
 // is the first stage's input); act: kActWords u32 a stage, the activations handed on where
 // `x_read`; counters: one a stage, zero at launch. `slots` chunks of CH vectors of dynamic
-// shared memory.
-template <int CH>
+// shared memory. MATH: the products (0 u32 sums, 1 bf16, 2 int8).
+template <int CH, int MATH>
 __global__ void __launch_bounds__(kConsumers + 32, 1)
 persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slots, unsigned x_read,
                 unsigned hops, const unsigned* __restrict__ chase, unsigned* y, unsigned* act,
@@ -108,6 +139,7 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
   extern __shared__ __align__(128) uint4 ring[];
   __shared__ __align__(8) unsigned long long full[kMaxSlots], empty[kMaxSlots];
   __shared__ unsigned part[kConsumers / 32], total;
+  __shared__ __align__(16) float xs[MATH ? kXs : 1];
   const unsigned cube = blockIdx.x, tid = threadIdx.x;
   if (tid == 0) {
     for (unsigned i = 0; i < slots; i++) {
@@ -116,6 +148,8 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  if (MATH)
+    for (unsigned i = tid; i < kXs; i += blockDim.x) xs[i] = 1.0f + i * 1e-3f;
   __syncthreads();
   unsigned slot = 0, phase = 0;
   if (tid >= kConsumers) {
@@ -154,6 +188,7 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
     xv |= 1u;
     if (cube < st.cubes) {
       unsigned begin, end, acc = 0;
+      float facc = 0;
       stage_slice(st, cube, begin, end);
       for (unsigned v = begin; v < end; v += CH) {
         const unsigned n = min((unsigned)CH, end - v);
@@ -163,12 +198,23 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
         for (unsigned j = tid; j < CH; j += kConsumers)
           if (j < n) {
             const uint4 q = c[j];
-            acc += (q.x + q.y + q.z + q.w) * xv;
+            if (MATH == 0) {
+              acc += (q.x + q.y + q.z + q.w) * xv;
+            } else if (MATH == 1) {
+              facc = dot_bf16(q, xs + (((v + j) * 8) & (kXs - 1)), facc);
+            } else {
+              const float* x16 = xs + (((v + j) * 16) & (kXs - 1));
+              facc = dot_i8_word(q.x, x16, facc);
+              facc = dot_i8_word(q.y, x16 + 4, facc);
+              facc = dot_i8_word(q.z, x16 + 8, facc);
+              facc = dot_i8_word(q.w, x16 + 12, facc);
+            }
           }
         __syncwarp();
         if ((tid & 31) == 0) mbar_arrive(smem_addr(&empty[slot]));
         if (++slot == slots) { slot = 0; phase ^= 1; }
       }
+      if (MATH) acc = __float_as_uint(facc) ^ xv;
       for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
       if ((tid & 31) == 0) part[tid >> 5] = acc;
       consumers_sync();
@@ -202,8 +248,13 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
 
 #ifdef __CUDACC_RTC__
 // NVRTC (dev/cuda_compile/check.py) compiles the kernels only.
-template __global__ void persistent_step<512>(const StageDesc*, int, unsigned, unsigned, unsigned, const unsigned*, unsigned*, unsigned*, unsigned*);
-template __global__ void persistent_step<1024>(const StageDesc*, int, unsigned, unsigned, unsigned, const unsigned*, unsigned*, unsigned*, unsigned*);
+#define PERSISTENT_STEP(CH, MATH)                                                                    \
+  template __global__ void persistent_step<CH, MATH>(const StageDesc*, int, unsigned, unsigned, unsigned, \
+                                                     const unsigned*, unsigned*, unsigned*, unsigned*);
+PERSISTENT_STEP(512, 0)
+PERSISTENT_STEP(1024, 0)
+PERSISTENT_STEP(512, 1)
+PERSISTENT_STEP(512, 2)
 #else
 #include "chain_host.cuh"
 
@@ -278,17 +329,19 @@ std::vector<unsigned> reference(const std::vector<StageHost>& stages, unsigned c
   return y;
 }
 
-// A persistent variant: chunk size, ring slots, and whether activations are handed on.
+// A persistent variant: chunk size, ring slots, whether activations are handed on, the keys'
+// cubes' dependent reads, and whether the products are the weights' (bf16 or int8 by shape).
 struct Ring {
   unsigned ch, slots;
   bool x_read;
   unsigned hops;
+  bool math;
 };
 
 // Whether the persistent launch asks to be cooperative (cleared where a graph will not take it).
 bool g_cooperative = true;
 
-template <int CH>
+template <int CH, int MATH>
 void launch_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r,
                        const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
   cudaLaunchConfig_t cfg = {};
@@ -297,15 +350,18 @@ void launch_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, in
   cudaLaunchAttribute at[1];
   at[0].id = cudaLaunchAttributeCooperative; at[0].val.cooperative = 1;
   cfg.attrs = at; cfg.numAttrs = g_cooperative ? 1 : 0;
-  cudaLaunchKernelEx(&cfg, persistent_step<CH>, stages, n, r.slots, (unsigned)r.x_read, r.hops, chase, y, act,
+  cudaLaunchKernelEx(&cfg, persistent_step<CH, MATH>, stages, n, r.slots, (unsigned)r.x_read, r.hops, chase, y, act,
                      counters);
 }
 
-void capture_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r,
+// `sh` picks the products of a math variant: 0 (8-bit sizes) int8, 1 bf16.
+void capture_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r, int sh,
                         const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
   cudaMemsetAsync(counters, 0, (size_t)n * 4, s);
-  if (r.ch == 512) launch_persistent<512>(s, sms, stages, n, r, chase, y, act, counters);
-  else launch_persistent<1024>(s, sms, stages, n, r, chase, y, act, counters);
+  if (r.math && sh == 0) launch_persistent<512, 2>(s, sms, stages, n, r, chase, y, act, counters);
+  else if (r.math) launch_persistent<512, 1>(s, sms, stages, n, r, chase, y, act, counters);
+  else if (r.ch == 512) launch_persistent<512, 0>(s, sms, stages, n, r, chase, y, act, counters);
+  else launch_persistent<1024, 0>(s, sms, stages, n, r, chase, y, act, counters);
 }
 
 }  // namespace
@@ -315,8 +371,9 @@ int main() {
   int sms_i = 0;
   cudaDeviceGetAttribute(&sms_i, cudaDevAttrMultiProcessorCount, 0);
   const unsigned sms = (unsigned)sms_i;
-  const Ring rings[] = {{512, 24, false, 0}, {1024, 12, false, 0}, {512, 8, false, 0}, {512, 2, false, 0},
-                        {512, 24, true, 0},  {1024, 12, true, 0},  {512, 24, true, 4}};
+  const Ring rings[] = {{512, 24, false, 0, false}, {1024, 12, false, 0, false}, {512, 8, false, 0, false},
+                        {512, 2, false, 0, false},   {512, 24, true, 0, false},   {1024, 12, true, 0, false},
+                        {512, 24, true, 4, false},   {512, 24, true, 4, true}};
   const int NR = sizeof(rings) / sizeof(rings[0]), NV = NR + 1;
   char labels[NV][64];
   const char* names[NV];
@@ -324,12 +381,13 @@ int main() {
   for (int r = 0; r < NR; r++)
     snprintf(labels[r + 1], 64, "persistent, %u x %u KB ring%s", rings[r].slots, rings[r].ch * 16 / 1024,
              rings[r].x_read ? ", with x" : "");
-  for (int r = 0; r < NR; r++)
-    if (rings[r].hops)
-      snprintf(labels[r + 1] + strlen(labels[r + 1]), 24, ", attention +%u", rings[r].hops);
+  for (int r = 0; r < NR; r++) {
+    if (rings[r].hops) snprintf(labels[r + 1] + strlen(labels[r + 1]), 24, ", attention +%u", rings[r].hops);
+    if (rings[r].math) strcat(labels[r + 1], ", math");
+  }
   for (int v = 0; v < NV; v++) names[v] = labels[v];
-  cudaFuncSetAttribute(persistent_step<512>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
-  cudaFuncSetAttribute(persistent_step<1024>, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  for (auto k : {persistent_step<512, 0>, persistent_step<1024, 0>, persistent_step<512, 1>, persistent_step<512, 2>})
+    cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
   uint4 *w, *kv;
   chain_weights(&w, &kv);
   const int per = 5, n = kLayers * per;
@@ -359,10 +417,14 @@ int main() {
     for (int r = 0; r < NR; r++) {
       cudaMemsetAsync(y, 0, (size_t)n * 1024 * 4, s);
       cudaMemsetAsync(act, 0, (size_t)n * kActWords * 4, s);
-      capture_persistent(s, sms, d_stages, n, rings[r], chase, y, act, counters);
+      capture_persistent(s, sms, d_stages, n, rings[r], sh, chase, y, act, counters);
       std::vector<unsigned> got((size_t)n * 1024);
       cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, s);
       cudaError_t e = cudaStreamSynchronize(s);
+      if (rings[r].math) {
+        printf("  check %s: %s, float sums not checked\n", names[r + 1], cudaGetErrorString(e));
+        continue;
+      }
       const std::vector<unsigned> want = reference(hs, rings[r].ch, rings[r].x_read, rings[r].hops, chase_h, sms);
       size_t bad = 0;
       for (int g = 0; g < n; g++)
@@ -382,7 +444,7 @@ int main() {
     if (!end_capture(s, &exec[0])) return 1;
     for (int r = 0; r < NR; r++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-      capture_persistent(s, sms, d_stages, n, rings[r], chase, y, act, counters);
+      capture_persistent(s, sms, d_stages, n, rings[r], sh, chase, y, act, counters);
       if (!end_capture(s, &exec[r + 1])) {
         if (!g_cooperative) return 1;
         // One cube per SM is resident without the attribute too while nothing else runs.
