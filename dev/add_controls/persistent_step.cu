@@ -36,6 +36,12 @@
 // issues: each 16-byte vector as 8 bf16 or 16 int8 weights turned into floats (a shift or mask,
 // a byte permute and a subtraction) and multiplied into the sum with x from shared memory;
 // their sums are floats and not checked.
+//
+// The "ring chain" keeps one launch a stage but gives each the same ring: a stage's cubes (one
+// per SM at most, each with about 100 KB of ring, so that two stages' cubes fit an SM) let their
+// dependents launch at once and queue their first chunks before `griddepcontrol.wait`, so that
+// the next stage's weights stream while the stage before still runs. It checks against the same
+// reference.
 #include "chain.cuh"
 
 constexpr int kConsumers = 256;  // eight warps; the producer is a ninth
@@ -43,11 +49,11 @@ constexpr int kMaxSlots = 48;
 constexpr unsigned kActWords = 4480;  // the widest activation (gate-up's 8960 16-bit values)
 constexpr unsigned kChase = 1024;     // entries of the attention's dependent-read table
 
-// One stage of the step for the persistent kernel: `vecs` 16-byte vectors from `ptr`, split
-// over cubes 0 .. `cubes`.
+// One stage of the step: `vecs` 16-byte vectors from `ptr`, split over cubes 0 .. `cubes`, an
+// activation of `out_words` words handed on, and whether it is the keys and values (`keys`).
 struct StageDesc {
   const uint4* ptr;
-  unsigned vecs, cubes, out_words;
+  unsigned vecs, cubes, out_words, keys;
 };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -127,6 +133,122 @@ __device__ __forceinline__ void stage_slice(const StageDesc& st, unsigned cube, 
   end = min(begin + per, st.vecs);
 }
 
+// Where the producer or the consumers stand in a cube's ring: `slots` chunks of CH vectors in
+// dynamic shared memory, a full and an empty mbarrier a slot.
+struct RingPos {
+  unsigned slots, slot = 0, phase = 0;
+  __device__ void advance() {
+    if (++slot == slots) { slot = 0; phase ^= 1; }
+  }
+};
+
+// Unit 0 initialises the ring's barriers (full: the producer's arrival and its bytes; empty: one
+// arrival a consumer warp); the caller syncs the cube after.
+__device__ __forceinline__ void ring_init(unsigned long long* full, unsigned long long* empty, unsigned slots) {
+  if (threadIdx.x != 0) return;
+  for (unsigned i = 0; i < slots; i++) {
+    mbar_init(smem_addr(&full[i]), 1);
+    mbar_init(smem_addr(&empty[i]), kConsumers / 32);
+  }
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// The producer's copies of cube `cube`'s slice of `st`, each as soon as its slot is free (a
+// fresh barrier counts as freed once: the wait on parity 1 passes).
+template <int CH>
+__device__ __forceinline__ void produce_stage(const StageDesc& st, unsigned cube, uint4* ring,
+                                              unsigned long long* full, unsigned long long* empty,
+                                              RingPos& p) {
+  if (cube >= st.cubes) return;
+  unsigned begin, end;
+  stage_slice(st, cube, begin, end);
+  for (unsigned v = begin; v < end; v += CH) {
+    const unsigned n = min((unsigned)CH, end - v);
+    mbar_wait(smem_addr(&empty[p.slot]), p.phase ^ 1);
+    mbar_expect(smem_addr(&full[p.slot]), n * 16);
+    bulk_load(smem_addr(ring + (size_t)p.slot * CH), st.ptr + v, n * 16, smem_addr(&full[p.slot]));
+    p.advance();
+  }
+}
+
+// A consumer unit's x: the previous stage's sum of cube `tid % prev.cubes`, and with `x_read`
+// every word of its activation that falls to this unit (stage `g`'s previous is `pg`).
+__device__ __forceinline__ unsigned read_x(const StageDesc& prev, unsigned pg, unsigned x_read,
+                                           const unsigned* y, const unsigned* act) {
+  const unsigned tid = threadIdx.x;
+  unsigned xv = __ldcg(y + (size_t)pg * 1024 + tid % prev.cubes);
+  if (x_read)
+    for (unsigned j = tid; j < prev.out_words; j += kConsumers) xv ^= __ldcg(act + (size_t)pg * kActWords + j);
+  return xv | 1u;
+}
+
+// Cube `cube`'s consumers through its slice of stage `g` (which it works on): the products, the
+// cube's sum (with the keys' cubes' dependent reads) stored in y, and with `x_read` its share of
+// the activation in act. Returns after a barrier that orders those stores before unit 0's next
+// instruction.
+template <int CH, int MATH>
+__device__ __forceinline__ void consume_stage(const StageDesc& st, unsigned g, unsigned cube, unsigned xv,
+                                              unsigned x_read, unsigned hops, const unsigned* chase,
+                                              const uint4* ring, unsigned long long* full,
+                                              unsigned long long* empty, RingPos& p, const float* xs,
+                                              unsigned* part, unsigned* total, unsigned* y, unsigned* act) {
+  const unsigned tid = threadIdx.x;
+  unsigned begin, end, acc = 0;
+  float facc = 0;
+  stage_slice(st, cube, begin, end);
+  for (unsigned v = begin; v < end; v += CH) {
+    const unsigned n = min((unsigned)CH, end - v);
+    mbar_wait(smem_addr(&full[p.slot]), p.phase);
+    const uint4* c = ring + (size_t)p.slot * CH;
+#pragma unroll
+    for (unsigned j = tid; j < CH; j += kConsumers)
+      if (j < n) {
+        const uint4 q = c[j];
+        if (MATH == 0) {
+          acc += (q.x + q.y + q.z + q.w) * xv;
+        } else if (MATH == 1) {
+          facc = dot_bf16(q, xs + (((v + j) * 8) & (kXs - 1)), facc);
+        } else {
+          const float* x16 = xs + (((v + j) * 16) & (kXs - 1));
+          facc = dot_i8_word(q.x, x16, facc);
+          facc = dot_i8_word(q.y, x16 + 4, facc);
+          facc = dot_i8_word(q.z, x16 + 8, facc);
+          facc = dot_i8_word(q.w, x16 + 12, facc);
+        }
+      }
+    __syncwarp();
+    if ((tid & 31) == 0) mbar_arrive(smem_addr(&empty[p.slot]));
+    p.advance();
+  }
+  if (MATH) acc = __float_as_uint(facc) ^ xv;
+  for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if ((tid & 31) == 0) part[tid >> 5] = acc;
+  consumers_sync();
+  if (tid == 0) {
+    unsigned t = 0;
+    for (int k = 0; k < kConsumers / 32; k++) t += part[k];
+    if (st.keys) {
+      unsigned at = t & (kChase - 1);
+      for (unsigned h = 0; h < hops; h++) at = __ldcg(chase + at);
+      t += at;
+    }
+    *total = t * 2654435761u + g + cube;
+    y[(size_t)g * 1024 + cube] = *total;
+  }
+  if (x_read) {
+    consumers_sync();
+    const unsigned per = (st.out_words + st.cubes - 1) / st.cubes, t = *total;
+    unsigned* out = act + (size_t)g * kActWords + cube * per;
+    for (unsigned j = tid; j < per && cube * per + j < st.out_words; j += kConsumers) out[j] = t + j;
+    consumers_sync();
+  }
+}
+
+// x for the math variants' products.
+__device__ __forceinline__ void fill_xs(float* xs) {
+  for (unsigned i = threadIdx.x; i < kXs; i += blockDim.x) xs[i] = 1.0f + i * 1e-3f;
+}
+
 // y: 1024 u32 a stage, the sum of each cube that worked on it (the previous replay's last stage
 // is the first stage's input); act: kActWords u32 a stage, the activations handed on where
 // `x_read`; counters: one a stage, zero at launch. `slots` chunks of CH vectors of dynamic
@@ -141,109 +263,60 @@ persistent_step(const StageDesc* __restrict__ stages, int n_stages, unsigned slo
   __shared__ unsigned part[kConsumers / 32], total;
   __shared__ __align__(16) float xs[MATH ? kXs : 1];
   const unsigned cube = blockIdx.x, tid = threadIdx.x;
-  if (tid == 0) {
-    for (unsigned i = 0; i < slots; i++) {
-      mbar_init(smem_addr(&full[i]), 1);
-      mbar_init(smem_addr(&empty[i]), kConsumers / 32);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  if (MATH)
-    for (unsigned i = tid; i < kXs; i += blockDim.x) xs[i] = 1.0f + i * 1e-3f;
+  ring_init(full, empty, slots);
+  if (MATH) fill_xs(xs);
   __syncthreads();
-  unsigned slot = 0, phase = 0;
+  RingPos p{slots};
   if (tid >= kConsumers) {
-    // The producer: every chunk of every stage this cube works on, in order, as soon as its
-    // slot is free (a fresh barrier counts as freed once: the wait on parity 1 passes).
+    // The producer: every chunk of every stage this cube works on, in order.
     if (tid != kConsumers) return;
-    for (int g = 0; g < n_stages; g++) {
-      const StageDesc st = stages[g];
-      if (cube >= st.cubes) continue;
-      unsigned begin, end;
-      stage_slice(st, cube, begin, end);
-      for (unsigned v = begin; v < end; v += CH) {
-        const unsigned n = min((unsigned)CH, end - v);
-        mbar_wait(smem_addr(&empty[slot]), phase ^ 1);
-        mbar_expect(smem_addr(&full[slot]), n * 16);
-        bulk_load(smem_addr(ring + (size_t)slot * CH), st.ptr + v, n * 16, smem_addr(&full[slot]));
-        if (++slot == slots) { slot = 0; phase ^= 1; }
-      }
-    }
+    for (int g = 0; g < n_stages; g++) produce_stage<CH>(stages[g], cube, ring, full, empty, p);
     return;
   }
-  unsigned prev_cubes = stages[n_stages - 1].cubes, prev_words = stages[n_stages - 1].out_words;
-  const unsigned* x = y + (size_t)(n_stages - 1) * 1024;
-  const unsigned* x_act = act + (size_t)(n_stages - 1) * kActWords;
   for (int g = 0; g < n_stages; g++) {
     const StageDesc st = stages[g];
+    const unsigned pg = g ? g - 1 : n_stages - 1;
+    const StageDesc prev = stages[pg];
     if (g > 0) {
       if (tid == 0)
-        while (ld_acquire(counters + g - 1) < prev_cubes) {
+        while (ld_acquire(counters + pg) < prev.cubes) {
         }
       consumers_sync();
     }
-    unsigned xv = __ldcg(x + tid % prev_cubes);
-    if (x_read)
-      for (unsigned j = tid; j < prev_words; j += kConsumers) xv ^= __ldcg(x_act + j);
-    xv |= 1u;
+    const unsigned xv = read_x(prev, pg, x_read, y, act);
     if (cube < st.cubes) {
-      unsigned begin, end, acc = 0;
-      float facc = 0;
-      stage_slice(st, cube, begin, end);
-      for (unsigned v = begin; v < end; v += CH) {
-        const unsigned n = min((unsigned)CH, end - v);
-        mbar_wait(smem_addr(&full[slot]), phase);
-        const uint4* c = ring + (size_t)slot * CH;
-#pragma unroll
-        for (unsigned j = tid; j < CH; j += kConsumers)
-          if (j < n) {
-            const uint4 q = c[j];
-            if (MATH == 0) {
-              acc += (q.x + q.y + q.z + q.w) * xv;
-            } else if (MATH == 1) {
-              facc = dot_bf16(q, xs + (((v + j) * 8) & (kXs - 1)), facc);
-            } else {
-              const float* x16 = xs + (((v + j) * 16) & (kXs - 1));
-              facc = dot_i8_word(q.x, x16, facc);
-              facc = dot_i8_word(q.y, x16 + 4, facc);
-              facc = dot_i8_word(q.z, x16 + 8, facc);
-              facc = dot_i8_word(q.w, x16 + 12, facc);
-            }
-          }
-        __syncwarp();
-        if ((tid & 31) == 0) mbar_arrive(smem_addr(&empty[slot]));
-        if (++slot == slots) { slot = 0; phase ^= 1; }
-      }
-      if (MATH) acc = __float_as_uint(facc) ^ xv;
-      for (int o = 16; o; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-      if ((tid & 31) == 0) part[tid >> 5] = acc;
-      consumers_sync();
-      if (tid == 0) {
-        unsigned t = 0;
-        for (int k = 0; k < kConsumers / 32; k++) t += part[k];
-        if (st.cubes < gridDim.x) {
-          unsigned at = t & (kChase - 1);
-          for (unsigned h = 0; h < hops; h++) at = __ldcg(chase + at);
-          t += at;
-        }
-        total = t * 2654435761u + g + cube;
-        y[(size_t)g * 1024 + cube] = total;
-      }
-      if (x_read) {
-        consumers_sync();
-        const unsigned per = (st.out_words + st.cubes - 1) / st.cubes, t = total;
-        unsigned* out = act + (size_t)g * kActWords + cube * per;
-        for (unsigned j = tid; j < per && cube * per + j < st.out_words; j += kConsumers) out[j] = t + j;
-        // The release below is cumulative over the stores this barrier orders before it.
-        consumers_sync();
-      }
+      consume_stage<CH, MATH>(st, g, cube, xv, x_read, hops, chase, ring, full, empty, p, xs, part, &total,
+                              y, act);
+      // Cumulative over the stores the barrier in consume_stage ordered before it.
       if (tid == 0) red_release_add(counters + g, 1);
     }
-    prev_cubes = st.cubes;
-    prev_words = st.out_words;
-    x = y + (size_t)g * 1024;
-    x_act = act + (size_t)g * kActWords;
   }
+}
+
+// One stage of the ring chain: a launch of st.cubes cubes under programmatic dependent launch
+// that lets its dependents launch at once, queues the first `slots` chunks of its slice before
+// its wait for the stage before (stage `pg`), then goes on as the persistent kernel's stage does.
+// Two of its cubes fit an SM with up to about 100 KB of ring each, so a stage's cubes queue
+// their copies while the stage before still streams.
+template <int CH>
+__global__ void __launch_bounds__(kConsumers + 32, 1)
+ring_stage(StageDesc st, StageDesc prev, unsigned g, unsigned pg, unsigned slots, unsigned x_read, unsigned hops,
+           const unsigned* __restrict__ chase, unsigned* y, unsigned* act) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  extern __shared__ __align__(128) uint4 ring[];
+  __shared__ __align__(8) unsigned long long full[kMaxSlots], empty[kMaxSlots];
+  __shared__ unsigned part[kConsumers / 32], total;
+  ring_init(full, empty, slots);
+  __syncthreads();
+  RingPos p{slots};
+  if (threadIdx.x >= kConsumers) {
+    if (threadIdx.x == kConsumers) produce_stage<CH>(st, blockIdx.x, ring, full, empty, p);
+    return;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const unsigned xv = read_x(prev, pg, x_read, y, act);
+  consume_stage<CH, 0>(st, g, blockIdx.x, xv, x_read, hops, chase, ring, full, empty, p, nullptr, part, &total,
+                       y, act);
 }
 
 #ifdef __CUDACC_RTC__
@@ -255,6 +328,8 @@ PERSISTENT_STEP(512, 0)
 PERSISTENT_STEP(1024, 0)
 PERSISTENT_STEP(512, 1)
 PERSISTENT_STEP(512, 2)
+template __global__ void ring_stage<512>(StageDesc, StageDesc, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                         const unsigned*, unsigned*, unsigned*);
 #else
 #include "chain_host.cuh"
 
@@ -315,7 +390,7 @@ std::vector<unsigned> reference(const std::vector<StageHost>& stages, unsigned c
       const unsigned begin = std::min(c * per, s.vecs), end = std::min(begin + per, s.vecs);
       unsigned acc = 0;
       for (unsigned v = begin; v < end; v++) acc += vsum[(s.off + v) % vecs] * xv[((v - begin) % ch) % kConsumers];
-      if (s.cubes < sms) {
+      if (s.kv) {
         unsigned at = acc & (kChase - 1);
         for (unsigned h = 0; h < hops; h++) at = chase[at];
         acc += at;
@@ -329,9 +404,11 @@ std::vector<unsigned> reference(const std::vector<StageHost>& stages, unsigned c
   return y;
 }
 
-// A persistent variant: chunk size, ring slots, whether activations are handed on, the keys'
-// cubes' dependent reads, and whether the products are the weights' (bf16 or int8 by shape).
+// A ring variant: the persistent kernel or the ring chain (`chain`), chunk size, ring slots,
+// whether activations are handed on, the keys' cubes' dependent reads, and whether the products
+// are the weights' (bf16 or int8 by shape; persistent only).
 struct Ring {
+  bool chain;
   unsigned ch, slots;
   bool x_read;
   unsigned hops;
@@ -354,9 +431,20 @@ void launch_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, in
                      counters);
 }
 
-// `sh` picks the products of a math variant: 0 (8-bit sizes) int8, 1 bf16.
-void capture_persistent(cudaStream_t s, unsigned sms, const StageDesc* stages, int n, const Ring& r, int sh,
-                        const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
+// One replay of ring variant `r` on `s`: the persistent kernel (`stages` on the device; `sh` picks
+// the products of a math variant: 0 (8-bit sizes) int8, 1 bf16) or the ring chain (`hs` on the
+// host).
+void launch_ring(cudaStream_t s, unsigned sms, const StageDesc* stages, const std::vector<StageDesc>& hs,
+                 const Ring& r, int sh, const unsigned* chase, unsigned* y, unsigned* act, unsigned* counters) {
+  const int n = (int)hs.size();
+  if (r.chain) {
+    for (int g = 0; g < n; g++) {
+      const int pg = g ? g - 1 : n - 1;
+      launch_pdl(s, ring_stage<512>, hs[g].cubes, kConsumers + 32, (size_t)r.slots * 512 * 16, 1u, hs[g], hs[pg],
+                 (unsigned)g, (unsigned)pg, r.slots, (unsigned)r.x_read, r.hops, chase, y, act);
+    }
+    return;
+  }
   cudaMemsetAsync(counters, 0, (size_t)n * 4, s);
   if (r.math && sh == 0) launch_persistent<512, 2>(s, sms, stages, n, r, chase, y, act, counters);
   else if (r.math) launch_persistent<512, 1>(s, sms, stages, n, r, chase, y, act, counters);
@@ -371,16 +459,18 @@ int main() {
   int sms_i = 0;
   cudaDeviceGetAttribute(&sms_i, cudaDevAttrMultiProcessorCount, 0);
   const unsigned sms = (unsigned)sms_i;
-  const Ring rings[] = {{512, 24, false, 0, false}, {1024, 12, false, 0, false}, {512, 8, false, 0, false},
-                        {512, 2, false, 0, false},   {512, 24, true, 0, false},   {1024, 12, true, 0, false},
-                        {512, 24, true, 4, false},   {512, 24, true, 4, true}};
+  const Ring rings[] = {{false, 512, 24, false, 0, false}, {false, 1024, 12, false, 0, false},
+                        {false, 512, 8, false, 0, false},  {false, 512, 2, false, 0, false},
+                        {false, 512, 24, true, 0, false},  {false, 1024, 12, true, 0, false},
+                        {false, 512, 24, true, 4, false},  {false, 512, 24, true, 4, true},
+                        {true, 512, 12, false, 0, false},  {true, 512, 12, true, 4, false}};
   const int NR = sizeof(rings) / sizeof(rings[0]), NV = NR + 1;
   char labels[NV][64];
   const char* names[NV];
   snprintf(labels[0], 64, "chain of five launches a layer");
   for (int r = 0; r < NR; r++)
-    snprintf(labels[r + 1], 64, "persistent, %u x %u KB ring%s", rings[r].slots, rings[r].ch * 16 / 1024,
-             rings[r].x_read ? ", with x" : "");
+    snprintf(labels[r + 1], 64, "%s, %u x %u KB ring%s", rings[r].chain ? "ring chain" : "persistent",
+             rings[r].slots, rings[r].ch * 16 / 1024, rings[r].x_read ? ", with x" : "");
   for (int r = 0; r < NR; r++) {
     if (rings[r].hops) snprintf(labels[r + 1] + strlen(labels[r + 1]), 24, ", attention +%u", rings[r].hops);
     if (rings[r].math) strcat(labels[r + 1], ", math");
@@ -388,6 +478,7 @@ int main() {
   for (int v = 0; v < NV; v++) names[v] = labels[v];
   for (auto k : {persistent_step<512, 0>, persistent_step<1024, 0>, persistent_step<512, 1>, persistent_step<512, 2>})
     cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024);
+  cudaFuncSetAttribute(ring_stage<512>, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024);
   uint4 *w, *kv;
   chain_weights(&w, &kv);
   const int per = 5, n = kLayers * per;
@@ -407,7 +498,7 @@ int main() {
     std::vector<StageDesc> ds;
     double bytes = 0;
     for (const StageHost& h : hs) {
-      ds.push_back({(h.kv ? kv : w) + h.off, h.vecs, h.cubes, h.out_words});
+      ds.push_back({(h.kv ? kv : w) + h.off, h.vecs, h.cubes, h.out_words, h.kv});
       bytes += h.vecs * 16.0;
     }
     cudaMemcpy(d_stages, ds.data(), n * sizeof(StageDesc), cudaMemcpyHostToDevice);
@@ -417,7 +508,7 @@ int main() {
     for (int r = 0; r < NR; r++) {
       cudaMemsetAsync(y, 0, (size_t)n * 1024 * 4, s);
       cudaMemsetAsync(act, 0, (size_t)n * kActWords * 4, s);
-      capture_persistent(s, sms, d_stages, n, rings[r], sh, chase, y, act, counters);
+      launch_ring(s, sms, d_stages, ds, rings[r], sh, chase, y, act, counters);
       std::vector<unsigned> got((size_t)n * 1024);
       cudaMemcpyAsync(got.data(), y, got.size() * 4, cudaMemcpyDeviceToHost, s);
       cudaError_t e = cudaStreamSynchronize(s);
@@ -444,7 +535,7 @@ int main() {
     if (!end_capture(s, &exec[0])) return 1;
     for (int r = 0; r < NR; r++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
-      capture_persistent(s, sms, d_stages, n, rings[r], sh, chase, y, act, counters);
+      launch_ring(s, sms, d_stages, ds, rings[r], sh, chase, y, act, counters);
       if (!end_capture(s, &exec[r + 1])) {
         if (!g_cooperative) return 1;
         // One cube per SM is resident without the attribute too while nothing else runs.
