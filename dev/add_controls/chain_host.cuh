@@ -18,8 +18,15 @@ constexpr int kLayers = 28;
 // 16-byte vectors.
 constexpr size_t kKvLayer = 2 * 640 * 128 * 2 * 2 / 16;
 
-// The weights of both shapes' 28 layers (the larger), filled from one LCG stream; the keys and
-// values (`kKvLayer` a layer) copied from their start.
+// The words the weights repeat: one LCG stream of 2^24 words.
+inline std::vector<unsigned> weight_words() {
+  std::vector<unsigned> h(1 << 24); unsigned st = 7;
+  for (auto& e : h) { st = st * 1664525u + 1013904223u; e = st; }
+  return h;
+}
+
+// The weights of both shapes' 28 layers (the larger), the words of weight_words repeated; the
+// keys and values (`kKvLayer` a layer) copied from their start.
 inline void chain_weights(uint4** w, uint4** kv) {
   size_t vecs = 0;
   for (int sh = 0; sh < 2; sh++)
@@ -27,8 +34,7 @@ inline void chain_weights(uint4** w, uint4** kv) {
                               (kQkv[sh].grid * kQkv[sh].vpt + kO[sh].grid * kO[sh].vpt +
                                kGateUp[sh].grid * kGateUp[sh].vpt + kDown[sh].grid * kDown[sh].vpt));
   cudaMalloc(w, vecs * 16); cudaMalloc(kv, kKvLayer * kLayers * 16);
-  std::vector<unsigned> h(1 << 24); unsigned st = 7;
-  for (auto& e : h) { st = st * 1664525u + 1013904223u; e = st; }
+  const std::vector<unsigned> h = weight_words();
   for (size_t off = 0; off < vecs * 4; off += h.size())
     cudaMemcpy((unsigned*)*w + off, h.data(), std::min(h.size(), vecs * 4 - off) * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(*kv, *w, kKvLayer * kLayers * 16, cudaMemcpyDeviceToDevice);

@@ -362,16 +362,20 @@ std::vector<StageHost> step_stages(int sh, unsigned sms) {
   return v;
 }
 
+// The u32 sum of each 16-byte vector of the words the weights repeat (weight_words; the keys and
+// values are the weights' first vectors).
+std::vector<unsigned> vector_sums() {
+  const std::vector<unsigned> h = weight_words();
+  std::vector<unsigned> vsum(h.size() / 4);
+  for (size_t i = 0; i < vsum.size(); i++) vsum[i] = h[4 * i] + h[4 * i + 1] + h[4 * i + 2] + h[4 * i + 3];
+  return vsum;
+}
+
 // The persistent kernel's sums for one replay from zeroed outputs and activations, computed on
-// the host from the weights' generator (chain_weights: one LCG stream of 2^24 words, repeated;
-// the keys and values are the weights' first vectors), for the chunk size `ch`.
-std::vector<unsigned> reference(const std::vector<StageHost>& stages, unsigned ch, bool x_read,
-                                unsigned hops, const std::vector<unsigned>& chase, unsigned sms) {
-  const size_t words = 1 << 24, vecs = words / 4;
-  std::vector<unsigned> h(words), vsum(vecs);
-  unsigned st = 7;
-  for (auto& e : h) { st = st * 1664525u + 1013904223u; e = st; }
-  for (size_t i = 0; i < vecs; i++) vsum[i] = h[4 * i] + h[4 * i + 1] + h[4 * i + 2] + h[4 * i + 3];
+// the host from the weights' vector sums `vsum`, for the chunk size `ch`.
+std::vector<unsigned> reference(const std::vector<StageHost>& stages, const std::vector<unsigned>& vsum,
+                                unsigned ch, bool x_read, unsigned hops, const std::vector<unsigned>& chase) {
+  const size_t vecs = vsum.size();
   const size_t n = stages.size();
   std::vector<unsigned> y(n * 1024, 0), act(n * kActWords, 0);
   for (size_t g = 0; g < n; g++) {
@@ -492,6 +496,7 @@ int main() {
   unsigned* chase; cudaMalloc(&chase, kChase * 4);
   cudaMemcpy(chase, chase_h.data(), kChase * 4, cudaMemcpyHostToDevice);
   StageDesc* d_stages; cudaMalloc(&d_stages, n * sizeof(StageDesc));
+  const std::vector<unsigned> vsum = vector_sums();
   printf("%u SMs\n", sms);
   for (int sh = 0; sh < 2; sh++) {
     const std::vector<StageHost> hs = step_stages(sh, sms);
@@ -516,7 +521,7 @@ int main() {
         printf("  check %s: %s, float sums not checked\n", names[r + 1], cudaGetErrorString(e));
         continue;
       }
-      const std::vector<unsigned> want = reference(hs, rings[r].ch, rings[r].x_read, rings[r].hops, chase_h, sms);
+      const std::vector<unsigned> want = reference(hs, vsum, rings[r].ch, rings[r].x_read, rings[r].hops, chase_h);
       size_t bad = 0;
       for (int g = 0; g < n; g++)
         for (unsigned c = 0; c < hs[g].cubes; c++) bad += got[(size_t)g * 1024 + c] != want[(size_t)g * 1024 + c];
