@@ -2,7 +2,10 @@
 # One persistent kernel for the decode step against the five-launch chain, priced by a synthetic
 # (dev/add_controls/persistent_step.cu), on the GPU machine from the repository root, one call of
 # about a minute: built with nvcc, run RUNS times (default 2; 8 alternating rounds each,
-# PERSISTENT_ROUNDS), the SM clocks noted. Results under $OUT/r (r.tgz): persistent.txt.
+# PERSISTENT_ROUNDS), the SM clocks noted. Then, where .devs/lab.xz was carried (the lab binary,
+# `cargo build --release --locked -p cubellm-lab`), the same weight stream written in CubeCL
+# (`lab --runtime cuda persistent`, dev/lab/src/persistent.rs): checked, then timed per step.
+# Results under $OUT/r (r.tgz): persistent.txt, lab-persistent.jsonl and .log.
 set -u
 source dev/device_setup.sh; begin_results
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv > $R/clocks.txt 2>&1
@@ -14,4 +17,17 @@ if nvcc -O3 -arch=sm_90a -o /tmp/persistent_step dev/add_controls/persistent_ste
   cat $R/clocks.txt $R/persistent.txt
 else
   cat $R/persistent-build.log
+fi
+if [ -x .devs/lab ]; then
+  timeout 200 .devs/lab --runtime cuda persistent > $R/lab-persistent.jsonl 2> $R/lab-persistent.log
+  echo "lab rc=$?" >> $R/lab-persistent.log
+  cat $R/lab-persistent.log
+  # A case is a whole step of 28 layers.
+  python3 - $R/lab-persistent.jsonl <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    us = r["us_steady"] or r["us"]
+    print(f"  {r['case']:<45} {us / 28:7.2f} us a layer, {r['bytes'] / us / 1e3:7.0f} GB/s")
+PY
 fi

@@ -7,8 +7,11 @@
 //!   lines, as `cubellm bench` does; `scripts/bench_torch.py --family addlab` times PyTorch's
 //!   counterparts);
 //! - [`samplelab`]: the device sampler's kernels against the argmax and the logits' copy they
-//!   replace.
+//!   replace;
+//! - [`persistent`]: the persistent decode step's weight stream (a shared-memory ring fed by
+//!   bulk copies across stage ends, stages handed on through counters) written in CubeCL.
 
 pub mod add_variants;
 pub mod addlab;
+pub mod persistent;
 pub mod samplelab;

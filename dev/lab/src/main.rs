@@ -4,6 +4,7 @@
 //! lab [--runtime cuda|wgpu|auto] addlab [FILTER]          # the add investigation's cases
 //! lab [--runtime cuda|wgpu|auto] sparse-tune FILTER[,..]  # every launch shape of the BSR cases
 //! lab [--runtime cuda|wgpu|auto] samplelab [FILTER]       # the device sampler's kernels
+//! lab [--runtime cuda] persistent [FILTER]                # the persistent step's weight stream
 //! ```
 //!
 //! `sparse-tune` times every launch shape of the block-sparse benchmark cases whose names
@@ -25,11 +26,15 @@ fn run(args: &[String]) -> Result<(), String> {
             rest.push(a.as_str());
         }
     }
-    let usage = "usage: lab [--runtime cuda|wgpu|auto] addlab [FILTER] | samplelab [FILTER] | sparse-tune FILTER[,FILTER..]";
+    let usage = "usage: lab [--runtime cuda|wgpu|auto] addlab [FILTER] | samplelab [FILTER] | persistent [FILTER] | sparse-tune FILTER[,FILTER..]";
     let (family, filter) = match rest[..] {
         ["addlab"] => ("addlab", ""),
         ["samplelab"] => ("samplelab", ""),
-        ["addlab", filter] | ["samplelab", filter] | ["sparse-tune", filter] => (rest[0], filter),
+        ["persistent"] => ("persistent", ""),
+        ["addlab", filter]
+        | ["samplelab", filter]
+        | ["persistent", filter]
+        | ["sparse-tune", filter] => (rest[0], filter),
         _ => return Err(usage.into()),
     };
     let backend = runtime::resolve(choice).map_err(|e| e.to_string())?;
@@ -38,6 +43,9 @@ fn run(args: &[String]) -> Result<(), String> {
         if family == "addlab" {
             let cases = lab::addlab::cases::<R>(&client);
             bench::measure(&client, "addlab", cases, filter);
+        } else if family == "persistent" {
+            let cases = lab::persistent::cases::<R>(&client);
+            bench::measure(&client, "persistent", cases, filter);
         } else if family == "samplelab" {
             let cases = lab::samplelab::cases::<R>(&client);
             bench::measure(&client, "samplelab", cases, filter);

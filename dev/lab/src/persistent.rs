@@ -1,0 +1,572 @@
+//! The persistent decode step's weight stream written in CubeCL: whether the DSL can express the
+//! kernel that `dev/add_controls/persistent_step.cu` prices in CUDA C, and at what speed.
+//!
+//! One cube per SM stays resident for the whole step. Its last plane is a producer: one unit
+//! issues `cp.async.bulk` copies of the cube's share of every stage's weights, in chunks of
+//! `chunk` 16-byte vectors, into a ring of `slots` chunks of shared memory, each completing the
+//! bytes it announced on the slot's "full" mbarrier; it waits only for a slot's "empty" mbarrier,
+//! so it runs as far ahead as the ring holds, across stage and layer ends. The other eight planes
+//! consume: before a stage they wait until every cube of the stage before has released its
+//! result (a counter per stage, a release add by each finishing cube, an acquire read by unit 0
+//! and a named barrier for the rest), then fold each chunk into u32 sums (exact in any order)
+//! and free its slot. A cube's sum goes to `y` and its counter add follows. The last cube to
+//! finish the step zeroes the counters for the next launch.
+//!
+//! The stage list is the synthetic chain's (per layer qkv, the keys and values of a 640-token
+//! context on 16 cubes, o, gate-up and down, with the 1.5B step's bytes at 8-bit and bf16 sizes),
+//! laid out one after another in one buffer. A replay from zeroed sums is checked against
+//! [`reference`] before anything is timed.
+//!
+//! CUDA (sm_90) only: the copies, mbarriers and counters are inline PTX.
+
+// `x + 0` makes a new immutable value: inline PTX takes a mutable variable, or one an `out`
+// operand wrote, by its address.
+#![allow(clippy::identity_op)]
+
+use bench::{capture, Case};
+use cubecl::prelude::*;
+use ops::{caps, DType, DeviceTensor};
+
+/// The consumer units (eight planes); the producer plane comes after them.
+pub const CONSUMERS: u32 = 256;
+const _: () = assert!(CONSUMERS / 32 == 8, "the empty barriers count eight planes");
+/// Units of a cube: the consumers and one producer plane.
+pub const CUBE_UNITS: u32 = CONSUMERS + 32;
+/// u32 words a stage takes in the stage table: first vector, vectors, cubes, unused.
+pub const STAGE_WORDS: usize = 4;
+/// Sums a stage can hold in `y` (one a cube).
+pub const Y_STRIDE: usize = 1024;
+/// Layers of the synthetic step.
+pub const LAYERS: usize = 28;
+
+/// The shared-window address of byte `offset` of a shared slice (what `mbarrier` and
+/// `cp.async.bulk` take).
+#[cube]
+fn window_at<T: CubePrimitive>(slice: &[T], offset: u32) -> u32 {
+    let ptr = unsafe { slice.as_ptr_unchecked() };
+    let address: u32;
+    gpu_asm!(
+        "{{ .reg .u64 g; .reg .u32 s; cvta.to.shared.u64 g, {p}; cvt.u32.u64 s, g; add.u32 {a}, s, {o}; }}",
+        p = in(_) ptr,
+        o = in(_) offset,
+        a = out(_) address,
+    );
+    // A new immutable value: inline PTX takes a variable an `out` operand wrote by its address.
+    address + 0u32
+}
+
+/// Waits until the mbarrier at `bar` has completed the phase of parity `parity`.
+#[cube]
+fn mbar_wait(bar: u32, parity: u32) {
+    // Immutable copies: inline PTX takes a mutable variable (the ring's phase) by its address.
+    let b = bar + 0u32;
+    let q = parity + 0u32;
+    loop {
+        let ok: u32;
+        gpu_asm!(
+            "{{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [{b}], {q}; selp.u32 {o}, 1, 0, p; }}",
+            b = in(_) b,
+            q = in(_) q,
+            o = out(_) ok,
+        );
+        if ok == 1u32 {
+            break;
+        }
+    }
+}
+
+/// The producer's copy of `vectors` 16-byte vectors from vector `first` of `weights` into the
+/// shared-window address `dst`, announced on and completing the mbarrier `bar`.
+#[cube]
+fn bulk_copy(weights: &[u32], first: u32, vectors: u32, dst: u32, bar: u32) {
+    let src = unsafe { weights.as_ptr_unchecked() };
+    let bytes = vectors * 16u32;
+    gpu_asm!(
+        "{{ .reg .u64 g, o; mbarrier.arrive.expect_tx.shared::cta.b64 _, [{b}], {n}; cvta.to.global.u64 g, {s}; mul.wide.u32 o, {f}, 16; add.u64 g, g, o; cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{d}], [g], {n}, [{b}]; }}",
+        b = in(_) bar,
+        n = in(_) bytes,
+        s = in(_) src,
+        f = in(_) first,
+        d = in(_) dst,
+    );
+}
+
+/// Word `index` of `words` read from L2 (written by other cubes of this launch).
+#[cube]
+fn load_l2(words: &mut [u32], index: u32) -> u32 {
+    let ptr = unsafe { words.as_ptr_unchecked() };
+    let value: u32;
+    gpu_asm!(
+        "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; ld.global.cg.u32 {v}, [g]; }}",
+        p = in(_) ptr,
+        i = in(_) index,
+        v = out(_) value,
+    );
+    value + 0u32
+}
+
+/// Spins until counter `index` of `counters` reads at least `target` (acquire, GPU scope).
+#[cube]
+fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
+    let ptr = unsafe { counters.as_ptr_unchecked() };
+    loop {
+        let seen: u32;
+        gpu_asm!(
+            "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; ld.acquire.gpu.global.u32 {v}, [g]; }}",
+            p = in(_) ptr,
+            i = in(_) index,
+            v = out(_) seen,
+        );
+        if seen >= target {
+            break;
+        }
+    }
+}
+
+/// Adds `value` to counter `index` with release semantics at GPU scope and returns what it
+/// held before.
+#[cube]
+fn add_counter(counters: &mut [u32], index: u32, value: u32) -> u32 {
+    let ptr = unsafe { counters.as_ptr_unchecked() };
+    let old: u32;
+    gpu_asm!(
+        "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; atom.acq_rel.gpu.global.add.u32 {r}, [g], {v}; }}",
+        p = in(_) ptr,
+        i = in(_) index,
+        v = in(_) value,
+        r = out(_) old,
+    );
+    old + 0u32
+}
+
+/// The consumer planes only (named barrier 1): the producer runs ahead.
+#[cube]
+fn consumers_sync() {
+    gpu_asm!("bar.sync 1, 256;");
+}
+
+/// Cube `cube`'s share of a stage of `vectors` vectors over `cubes` cubes: `[begin, end)`.
+#[cube]
+fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
+    let per = vectors.div_ceil(cubes);
+    let begin = min(cube * per, vectors);
+    (begin, min(begin + per, vectors))
+}
+
+/// The step: `stages` ([`STAGE_WORDS`] words a stage) of `weights` (16-byte vectors, as u32
+/// words), one cube per SM. `y` ([`Y_STRIDE`] sums a stage) holds each working cube's sum, the
+/// last stage's being the first stage's input; `counters` one word a stage and one for the cubes
+/// that finished, zero at launch and left zero.
+#[cube(launch_unchecked)]
+pub fn persistent_stream(
+    weights: &[u32],
+    stages: &[u32],
+    y: &mut [u32],
+    counters: &mut [u32],
+    #[comptime] slots: u32,
+    #[comptime] chunk: u32,
+) {
+    let ring =
+        Shared::<[u32]>::new_aligned_slice(comptime![(slots * chunk * 4) as usize], 128usize);
+    let bars = Shared::<[u64]>::new_aligned_slice(comptime![(2 * slots) as usize], 8usize);
+    let mut part = Shared::<[u32]>::new_slice(comptime![(CONSUMERS / 32) as usize]);
+    let slot_bytes = comptime![chunk * 16];
+    let n_stages = (stages.len() / STAGE_WORDS) as u32;
+    let cube = CUBE_POS as u32;
+    let unit = UNIT_POS;
+    if unit == 0 {
+        // Full barriers: the producer's arrival and its bytes; empty: one arrival a consumer plane.
+        for s in 0..slots {
+            let full = window_at::<u64>(&bars, s * 8);
+            let empty = window_at::<u64>(&bars, (slots + s) * 8);
+            gpu_asm!(
+                "mbarrier.init.shared::cta.b64 [{f}], 1; mbarrier.init.shared::cta.b64 [{e}], 8;",
+                f = in(_) full,
+                e = in(_) empty,
+            );
+        }
+        gpu_asm!("fence.mbarrier_init.release.cluster;");
+    }
+    sync_cube();
+    let mut slot = 0u32;
+    let mut phase = 0u32;
+    if unit >= CONSUMERS {
+        if unit == CONSUMERS {
+            for g in 0..n_stages {
+                let at = (g as usize) * STAGE_WORDS;
+                let cubes = stages[at + 2];
+                if cube < cubes {
+                    let (begin, end) = stage_share(stages[at + 1], cubes, cube);
+                    for v in range_stepped(begin, end, chunk) {
+                        // A fresh barrier counts as freed once: the wait on parity 1 passes.
+                        mbar_wait(window_at::<u64>(&bars, (slots + slot) * 8), phase ^ 1u32);
+                        bulk_copy(
+                            weights,
+                            stages[at] + v,
+                            min(chunk, end - v),
+                            window_at::<u32>(&ring, slot * slot_bytes),
+                            window_at::<u64>(&bars, slot * 8),
+                        );
+                        slot += 1;
+                        if slot == slots {
+                            slot = 0;
+                            phase ^= 1u32;
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        for g in 0..n_stages {
+            let at = (g as usize) * STAGE_WORDS;
+            let pg = select(g > 0, g - 1, n_stages - 1);
+            let prev_cubes = stages[(pg as usize) * STAGE_WORDS + 2];
+            if g > 0 {
+                if unit == 0 {
+                    wait_counter(counters, pg, prev_cubes);
+                }
+                consumers_sync();
+            }
+            let xv = load_l2(y, pg * comptime![Y_STRIDE as u32] + unit % prev_cubes) | 1u32;
+            let cubes = stages[at + 2];
+            if cube < cubes {
+                let (begin, end) = stage_share(stages[at + 1], cubes, cube);
+                let mut acc = 0u32;
+                for v in range_stepped(begin, end, chunk) {
+                    let words = min(chunk, end - v) * 4u32;
+                    mbar_wait(window_at::<u64>(&bars, slot * 8), phase);
+                    let base = (slot * chunk * 4) as usize;
+                    for j in range_stepped(unit, words, CONSUMERS) {
+                        acc += ring[base + j as usize] * xv;
+                    }
+                    sync_plane();
+                    if UNIT_POS_PLANE == 0 {
+                        let empty = window_at::<u64>(&bars, (slots + slot) * 8);
+                        gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{e}];", e = in(_) empty);
+                    }
+                    slot += 1;
+                    if slot == slots {
+                        slot = 0;
+                        phase ^= 1u32;
+                    }
+                }
+                let plane = plane_sum(acc);
+                if UNIT_POS_PLANE == 0 {
+                    part[(unit / 32) as usize] = plane;
+                }
+                consumers_sync();
+                if unit == 0 {
+                    let mut total = 0u32;
+                    #[unroll]
+                    for p in 0..CONSUMERS / 32 {
+                        total += part[p as usize];
+                    }
+                    y[(g as usize) * Y_STRIDE + cube as usize] = total * 2654435761u32 + g + cube;
+                    // Cumulative: orders this unit's store of the sum before the add.
+                    add_counter(counters, g, 1u32);
+                }
+            }
+        }
+        if unit == 0 {
+            // Every cube has read every counter it waits on before it counts itself finished.
+            let cubes = CUBE_COUNT as u32;
+            if add_counter(counters, n_stages, 1u32) == cubes - 1 {
+                for i in 0..n_stages + 1 {
+                    counters[i as usize] = 0u32;
+                }
+            }
+        }
+    }
+}
+
+/// One stage of the synthetic step: `vectors` 16-byte vectors from vector `first` of the
+/// weights, over `cubes` cubes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stage {
+    pub first: u32,
+    pub vectors: u32,
+    pub cubes: u32,
+}
+
+/// Weight sizes of the synthetic step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sizes {
+    /// The 8-bit formats' projections.
+    Bits8,
+    /// bf16 projections.
+    Bf16,
+}
+
+impl Sizes {
+    pub fn name(self) -> &'static str {
+        match self {
+            Sizes::Bits8 => "8-bit sizes",
+            Sizes::Bf16 => "bf16 sizes",
+        }
+    }
+}
+
+/// Keys and values of a 640-token context a layer: 2 KV heads x 640 x 128 x (K, V) x 2 bytes,
+/// in 16-byte vectors.
+const KV_VECTORS: u32 = 2 * 640 * 128 * 2 * 2 / 16;
+
+/// The synthetic step's stages on `sms` cubes, laid out one after another from vector 0: per
+/// layer qkv, keys and values (16 cubes, as the decode attention's two clusters of eight), o,
+/// gate-up and down, each projection with the vectors of the chain's GEMV-like stages (grid x
+/// 256 units x vectors a unit).
+pub fn step_stages(sizes: Sizes, sms: u32) -> Vec<Stage> {
+    let wide = match sizes {
+        Sizes::Bits8 => 1,
+        Sizes::Bf16 => 2,
+    };
+    let projections = [(256, 3), (192, 3), (560, 12), (840, 4)]
+        .map(|(grid, per_unit)| grid * 256 * per_unit * wide);
+    let mut out = Vec::with_capacity(LAYERS * 5);
+    let mut first = 0u32;
+    let mut push = |vectors: u32, cubes: u32| {
+        out.push(Stage {
+            first,
+            vectors,
+            cubes,
+        });
+        first += vectors;
+    };
+    for _ in 0..LAYERS {
+        push(projections[0], sms);
+        push(KV_VECTORS, 16);
+        push(projections[1], sms);
+        push(projections[2], sms);
+        push(projections[3], sms);
+    }
+    out
+}
+
+/// The stage table the kernel reads.
+pub fn stage_table(stages: &[Stage]) -> Vec<u32> {
+    stages
+        .iter()
+        .flat_map(|s| [s.first, s.vectors, s.cubes, 0])
+        .collect()
+}
+
+/// 16-byte vectors the stages read.
+pub fn stage_vectors(stages: &[Stage]) -> usize {
+    stages.iter().map(|s| s.vectors as usize).sum()
+}
+
+/// `n` pseudo-random weight words (a 32-bit LCG).
+pub fn weight_words(n: usize) -> Vec<u32> {
+    let mut state = 7u32;
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            state
+        })
+        .collect()
+}
+
+/// The sums [`persistent_stream`] stores in one launch from zeroed `y`, for chunks of `chunk`
+/// vectors: word `j` of a chunk goes to consumer `j % CONSUMERS`, which multiplies it by its x
+/// (the previous stage's sum of cube `unit % cubes`, with its low bit set).
+pub fn reference(stages: &[Stage], weights: &[u32], chunk: u32) -> Vec<u32> {
+    let n = stages.len();
+    let mut y = vec![0u32; n * Y_STRIDE];
+    for (g, s) in stages.iter().enumerate() {
+        let pg = (g + n - 1) % n;
+        let prev_cubes = stages[pg].cubes as usize;
+        let xv: Vec<u32> = (0..CONSUMERS as usize)
+            .map(|u| y[pg * Y_STRIDE + u % prev_cubes] | 1)
+            .collect();
+        let per = s.vectors.div_ceil(s.cubes);
+        for c in 0..s.cubes {
+            let begin = (c * per).min(s.vectors);
+            let end = (begin + per).min(s.vectors);
+            let mut acc = 0u32;
+            for v in begin..end {
+                let local = v - begin;
+                let within = (local % chunk) as usize * 4;
+                let at = (s.first + v) as usize * 4;
+                for w in 0..4 {
+                    let unit = (within + w) % CONSUMERS as usize;
+                    acc = acc.wrapping_add(weights[at + w].wrapping_mul(xv[unit]));
+                }
+            }
+            y[g * Y_STRIDE + c as usize] =
+                acc.wrapping_mul(2_654_435_761).wrapping_add(g as u32 + c);
+        }
+    }
+    y
+}
+
+/// A ring: `slots` chunks of `chunk` vectors.
+#[derive(Clone, Copy, Debug)]
+pub struct Ring {
+    pub slots: u32,
+    pub chunk: u32,
+}
+
+/// The rings timed: deep ones, and a 2-slot one that cannot run ahead of a stage's wait.
+pub const RINGS: [Ring; 4] = [
+    Ring {
+        slots: 24,
+        chunk: 512,
+    },
+    Ring {
+        slots: 12,
+        chunk: 1024,
+    },
+    Ring {
+        slots: 8,
+        chunk: 512,
+    },
+    Ring {
+        slots: 2,
+        chunk: 512,
+    },
+];
+
+/// The device buffers of one stage list.
+pub struct StepBuffers<R: Runtime> {
+    pub stages: Vec<Stage>,
+    pub table: DeviceTensor<R>,
+    pub y: DeviceTensor<R>,
+    pub counters: DeviceTensor<R>,
+}
+
+impl<R: Runtime> StepBuffers<R> {
+    pub fn new(client: &ComputeClient<R>, stages: Vec<Stage>) -> ops::Result<Self> {
+        let table = stage_table(&stages);
+        let n = stages.len();
+        Ok(Self {
+            table: DeviceTensor::from_slice(client, &table, &[table.len()])?,
+            y: DeviceTensor::from_slice(client, &vec![0u32; n * Y_STRIDE], &[n * Y_STRIDE])?,
+            counters: DeviceTensor::from_slice(client, &vec![0u32; n + 1], &[n + 1])?,
+            stages,
+        })
+    }
+}
+
+/// One launch of the step over `weights` (u32 words) with ring `ring`.
+pub fn launch<R: Runtime>(
+    client: &ComputeClient<R>,
+    weights: &DeviceTensor<R>,
+    step: &StepBuffers<R>,
+    ring: Ring,
+) {
+    let sms = step.stages.iter().map(|s| s.cubes).max().unwrap_or(1);
+    // SAFETY: every index stays inside its buffer: the stage table's vectors lie within the
+    // weights, `y` holds `Y_STRIDE` sums a stage (more than the cubes), `counters` one word a
+    // stage and one more.
+    unsafe {
+        persistent_stream::launch_unchecked::<R>(
+            client,
+            CubeCount::Static(sms, 1, 1),
+            CubeDim::new_1d(CUBE_UNITS),
+            weights.as_buffer_arg(),
+            step.table.as_buffer_arg(),
+            step.y.as_buffer_arg(),
+            step.counters.as_buffer_arg(),
+            ring.slots,
+            ring.chunk,
+        );
+    }
+}
+
+/// Launches ring `ring` once on `step` as [`StepBuffers::new`] made it (zeroed sums) and compares every working cube's sum with
+/// [`reference`]; the number of sums that differ.
+pub fn check<R: Runtime>(
+    client: &ComputeClient<R>,
+    weights: &DeviceTensor<R>,
+    host_weights: &[u32],
+    step: &StepBuffers<R>,
+    ring: Ring,
+) -> ops::Result<usize> {
+    launch(client, weights, step, ring);
+    let got: Vec<u32> = bytemuck_u32(&step.y.to_bytes(client)?);
+    let want = reference(&step.stages, host_weights, ring.chunk);
+    let mut bad = 0;
+    for (g, s) in step.stages.iter().enumerate() {
+        for c in 0..s.cubes as usize {
+            bad += usize::from(got[g * Y_STRIDE + c] != want[g * Y_STRIDE + c]);
+        }
+    }
+    Ok(bad)
+}
+
+fn bytemuck_u32(bytes: &[u8]) -> Vec<u32> {
+    bytes
+        .chunks_exact(4)
+        .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+/// The timed cases (CUDA only, none elsewhere): each ring over each size's step, replayed from a
+/// captured graph, after a checked launch (a ring whose sums differ is reported and not timed).
+/// A case's time is a whole step (28 layers); its bytes are the weights streamed.
+pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    let mut out = Vec::new();
+    if !caps::runtime_name(client).contains("cuda") {
+        eprintln!("persistent: CUDA only");
+        return out;
+    }
+    let sms = caps::num_sms(client);
+    let largest = stage_vectors(&step_stages(Sizes::Bf16, sms));
+    let host = weight_words(largest * 4);
+    let weights = match DeviceTensor::from_slice(client, &host, &[host.len()]) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("persistent: weights: {e}");
+            return out;
+        }
+    };
+    for sizes in [Sizes::Bits8, Sizes::Bf16] {
+        let stages = step_stages(sizes, sms);
+        let bytes = stage_vectors(&stages) as f64 * 16.0;
+        eprintln!(
+            "persistent: {}: {:.1} MB a layer, {:.2} us a layer at 3.0 TB/s",
+            sizes.name(),
+            bytes / LAYERS as f64 / 1e6,
+            bytes / LAYERS as f64 / 3.0e6
+        );
+        for ring in RINGS {
+            let name = format!(
+                "persistent {}, {} x {} KB ring",
+                sizes.name(),
+                ring.slots,
+                ring.chunk * 16 / 1024
+            );
+            let step = match StepBuffers::new(client, stages.clone()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("persistent: {name}: {e}");
+                    continue;
+                }
+            };
+            match check(client, &weights, &host, &step, ring) {
+                Ok(0) => eprintln!("persistent: {name}: checked, every sum matches"),
+                Ok(bad) => {
+                    eprintln!("persistent: {name}: {bad} sums differ, not timed");
+                    continue;
+                }
+                Err(e) => {
+                    eprintln!("persistent: {name}: {e}");
+                    continue;
+                }
+            }
+            let w = weights.clone();
+            let Some(graph) = capture(client, move || launch(client, &w, &step, ring)) else {
+                continue;
+            };
+            out.push(Case {
+                name,
+                dtype: DType::U32,
+                bytes,
+                flops: 0.0,
+                // SAFETY: the graph's retained handles keep its buffers alive; nothing
+                // reallocates them.
+                run: Box::new(move || unsafe { graph.replay() }),
+            });
+        }
+    }
+    out
+}

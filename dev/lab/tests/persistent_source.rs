@@ -1,0 +1,46 @@
+//! The CUDA source of the persistent step's weight stream (`lab::persistent`), built without a
+//! GPU: the kernel's ring (mbarriers completed by `cp.async.bulk`), its counters and its named
+//! barrier are inline PTX that only NVRTC and ptxas check. The sources are written to
+//! `$CUBELLM_CUDA_SOURCE_DIR` for `dev/cuda_compile/check.py`; `lab --runtime cuda persistent`
+//! runs and checks the kernel on a GPU.
+
+use cubecl::prelude::*;
+use lab::persistent::{persistent_stream, Ring, CUBE_UNITS, RINGS};
+use testkit::cuda_source;
+
+fn case<R: Runtime>(client: &ComputeClient<R>) {
+    // The deepest ring and the shallowest: the ring's depth and chunk are compile-time.
+    for (name, ring) in [
+        ("persistent_stream_24x8k", RINGS[0]),
+        ("persistent_stream_2x8k", RINGS[3]),
+    ] {
+        let Ring { slots, chunk } = ring;
+        let (settings, mut launcher) = cuda_source::launcher(client, CUBE_UNITS);
+        let mut arg = || <[u32] as LaunchArg>::register(cuda_source::buffer(client), &mut launcher);
+        let (weights, stages, y, counters) = (arg(), arg(), arg(), arg());
+        let kernel = persistent_stream::PersistentStream::<R>::new(
+            settings,
+            client.clone(),
+            weights,
+            stages,
+            y,
+            counters,
+            slots,
+            chunk,
+        );
+        let source = cuda_source::check(name, kernel.define());
+        for needle in [
+            "cp.async.bulk.shared::cluster.global",
+            "mbarrier.try_wait.parity",
+            "ld.acquire.gpu",
+            "bar.sync 1, 256",
+        ] {
+            assert!(source.contains(needle), "{name}: no {needle}: {source}");
+        }
+    }
+}
+
+#[test]
+fn persistent_stream_builds_for_sm90() {
+    testkit::on_first_runtime!(case);
+}
