@@ -153,6 +153,123 @@ fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
     (begin, min(begin + per, vectors))
 }
 
+/// Unit 0 initialises the ring's barriers (`bars`: `slots` full ones, then `slots` empty ones):
+/// a full barrier expects the producer's arrival and its bytes, an empty one an arrival from
+/// each consumer plane. Syncs the cube after.
+#[cube]
+fn ring_init(bars: &[u64], #[comptime] slots: u32) {
+    if UNIT_POS == 0 {
+        for s in 0..slots {
+            let full = window_at::<u64>(bars, s * 8);
+            let empty = window_at::<u64>(bars, (slots + s) * 8);
+            gpu_asm!(
+                "mbarrier.init.shared::cta.b64 [{f}], 1; mbarrier.init.shared::cta.b64 [{e}], 8;",
+                f = in(_) full,
+                e = in(_) empty,
+            );
+        }
+        gpu_asm!("fence.mbarrier_init.release.cluster;");
+    }
+    sync_cube();
+}
+
+/// The ring's next slot and phase after slot `slot` of phase `phase`.
+#[cube]
+fn ring_next(slot: u32, phase: u32, #[comptime] slots: u32) -> (u32, u32) {
+    let next = slot + 1;
+    let wrap = next == slots;
+    (select(wrap, 0u32, next), select(wrap, phase ^ 1u32, phase))
+}
+
+/// The producer's copies of vectors `[begin, end)` of a stage whose vectors start at vector
+/// `first` of `weights`, chunk by chunk into the ring from slot `slot` of phase `phase`, each once
+/// its slot is free (a fresh barrier counts as freed once: the wait on parity 1 passes). Returns
+/// the ring's position after them.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn produce_share(
+    weights: &[u32],
+    ring: &[u32],
+    bars: &[u64],
+    first: u32,
+    begin: u32,
+    end: u32,
+    slot: u32,
+    phase: u32,
+    #[comptime] slots: u32,
+    #[comptime] chunk: u32,
+) -> (u32, u32) {
+    let mut at = (slot, phase);
+    for v in range_stepped(begin, end, chunk) {
+        let (s, p) = at;
+        mbar_wait(window_at::<u64>(bars, (slots + s) * 8), p ^ 1u32);
+        bulk_copy(
+            weights,
+            first + v,
+            min(chunk, end - v),
+            window_at::<u32>(ring, s * comptime![chunk * 16]),
+            window_at::<u64>(bars, s * 8),
+        );
+        at = ring_next(s, p, slots);
+    }
+    at
+}
+
+/// The consumers' pass over vectors `[begin, end)` of a stage, chunk by chunk from the ring's
+/// slot `slot` of phase `phase`: word `j` of a chunk goes to unit `j % CONSUMERS`, which adds it
+/// times `xv` to its sum; each plane frees a slot once its units have read it. Returns the unit's
+/// sum and the ring's position after the share.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn consume_share(
+    ring: &[u32],
+    bars: &[u64],
+    begin: u32,
+    end: u32,
+    xv: u32,
+    slot: u32,
+    phase: u32,
+    #[comptime] slots: u32,
+    #[comptime] chunk: u32,
+) -> (u32, u32, u32) {
+    let mut acc = 0u32;
+    let mut at = (slot, phase);
+    for v in range_stepped(begin, end, chunk) {
+        let (s, p) = at;
+        let words = min(chunk, end - v) * 4u32;
+        mbar_wait(window_at::<u64>(bars, s * 8), p);
+        let base = (s * chunk * 4) as usize;
+        for j in range_stepped(UNIT_POS, words, CONSUMERS) {
+            acc += ring[base + j as usize] * xv;
+        }
+        sync_plane();
+        if UNIT_POS_PLANE == 0 {
+            let empty = window_at::<u64>(bars, (slots + s) * 8);
+            gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{e}];", e = in(_) empty);
+        }
+        at = ring_next(s, p, slots);
+    }
+    let (s, p) = at;
+    (acc, s, p)
+}
+
+/// Stage `g`'s result of cube `cube` from its consumer units' sums `acc`, in unit 0 (the others
+/// get an unspecified value). `part` holds a value a consumer plane.
+#[cube]
+fn stage_result(acc: u32, part: &mut [u32], g: u32, cube: u32) -> u32 {
+    let plane = plane_sum(acc);
+    if UNIT_POS_PLANE == 0 {
+        part[(UNIT_POS / 32) as usize] = plane;
+    }
+    consumers_sync();
+    let mut total = 0u32;
+    #[unroll]
+    for p in 0..CONSUMERS / 32 {
+        total += part[p as usize];
+    }
+    total * 2654435761u32 + g + cube
+}
+
 /// The step: `stages` ([`STAGE_WORDS`] words a stage) of `weights` (16-byte vectors, as u32
 /// words), one cube per SM. `y` ([`Y_STRIDE`] sums a stage) holds each working cube's sum, the
 /// last stage's being the first stage's input; `counters` one word a stage and one for the cubes
@@ -170,55 +287,40 @@ pub fn persistent_stream(
         Shared::<[u32]>::new_aligned_slice(comptime![(slots * chunk * 4) as usize], 128usize);
     let bars = Shared::<[u64]>::new_aligned_slice(comptime![(2 * slots) as usize], 8usize);
     let mut part = Shared::<[u32]>::new_slice(comptime![(CONSUMERS / 32) as usize]);
-    let slot_bytes = comptime![chunk * 16];
     let n_stages = (stages.len() / STAGE_WORDS) as u32;
     let cube = CUBE_POS as u32;
     let unit = UNIT_POS;
-    if unit == 0 {
-        // Full barriers: the producer's arrival and its bytes; empty: one arrival a consumer plane.
-        for s in 0..slots {
-            let full = window_at::<u64>(&bars, s * 8);
-            let empty = window_at::<u64>(&bars, (slots + s) * 8);
-            gpu_asm!(
-                "mbarrier.init.shared::cta.b64 [{f}], 1; mbarrier.init.shared::cta.b64 [{e}], 8;",
-                f = in(_) full,
-                e = in(_) empty,
-            );
-        }
-        gpu_asm!("fence.mbarrier_init.release.cluster;");
-    }
-    sync_cube();
+    ring_init(&bars, slots);
+    // Where this unit stands in the ring: its next slot and that slot's phase.
     let mut slot = 0u32;
     let mut phase = 0u32;
     if unit >= CONSUMERS {
         if unit == CONSUMERS {
             for g in 0..n_stages {
-                let at = (g as usize) * STAGE_WORDS;
-                let cubes = stages[at + 2];
+                let row = (g as usize) * STAGE_WORDS;
+                let cubes = stages[row + 2];
                 if cube < cubes {
-                    let (begin, end) = stage_share(stages[at + 1], cubes, cube);
-                    for v in range_stepped(begin, end, chunk) {
-                        // A fresh barrier counts as freed once: the wait on parity 1 passes.
-                        mbar_wait(window_at::<u64>(&bars, (slots + slot) * 8), phase ^ 1u32);
-                        bulk_copy(
-                            weights,
-                            stages[at] + v,
-                            min(chunk, end - v),
-                            window_at::<u32>(&ring, slot * slot_bytes),
-                            window_at::<u64>(&bars, slot * 8),
-                        );
-                        slot += 1;
-                        if slot == slots {
-                            slot = 0;
-                            phase ^= 1u32;
-                        }
-                    }
+                    let (begin, end) = stage_share(stages[row + 1], cubes, cube);
+                    let (s, p) = produce_share(
+                        weights,
+                        &ring,
+                        &bars,
+                        stages[row],
+                        begin,
+                        end,
+                        slot,
+                        phase,
+                        slots,
+                        chunk,
+                    );
+                    slot = s;
+                    phase = p;
                 }
             }
         }
     } else {
         for g in 0..n_stages {
-            let at = (g as usize) * STAGE_WORDS;
+            let row = (g as usize) * STAGE_WORDS;
             let pg = select(g > 0, g - 1, n_stages - 1);
             let prev_cubes = stages[(pg as usize) * STAGE_WORDS + 2];
             if g > 0 {
@@ -228,40 +330,16 @@ pub fn persistent_stream(
                 consumers_sync();
             }
             let xv = load_l2(y, pg * comptime![Y_STRIDE as u32] + unit % prev_cubes) | 1u32;
-            let cubes = stages[at + 2];
+            let cubes = stages[row + 2];
             if cube < cubes {
-                let (begin, end) = stage_share(stages[at + 1], cubes, cube);
-                let mut acc = 0u32;
-                for v in range_stepped(begin, end, chunk) {
-                    let words = min(chunk, end - v) * 4u32;
-                    mbar_wait(window_at::<u64>(&bars, slot * 8), phase);
-                    let base = (slot * chunk * 4) as usize;
-                    for j in range_stepped(unit, words, CONSUMERS) {
-                        acc += ring[base + j as usize] * xv;
-                    }
-                    sync_plane();
-                    if UNIT_POS_PLANE == 0 {
-                        let empty = window_at::<u64>(&bars, (slots + slot) * 8);
-                        gpu_asm!("mbarrier.arrive.shared::cta.b64 _, [{e}];", e = in(_) empty);
-                    }
-                    slot += 1;
-                    if slot == slots {
-                        slot = 0;
-                        phase ^= 1u32;
-                    }
-                }
-                let plane = plane_sum(acc);
-                if UNIT_POS_PLANE == 0 {
-                    part[(unit / 32) as usize] = plane;
-                }
-                consumers_sync();
+                let (begin, end) = stage_share(stages[row + 1], cubes, cube);
+                let (acc, s, p) =
+                    consume_share(&ring, &bars, begin, end, xv, slot, phase, slots, chunk);
+                slot = s;
+                phase = p;
+                let total = stage_result(acc, &mut part, g, cube);
                 if unit == 0 {
-                    let mut total = 0u32;
-                    #[unroll]
-                    for p in 0..CONSUMERS / 32 {
-                        total += part[p as usize];
-                    }
-                    y[(g as usize) * Y_STRIDE + cube as usize] = total * 2654435761u32 + g + cube;
+                    y[(g as usize) * Y_STRIDE + cube as usize] = total;
                     // Cumulative: orders this unit's store of the sum before the add.
                     add_counter(counters, g, 1u32);
                 }
@@ -275,6 +353,60 @@ pub fn persistent_stream(
                     counters[i as usize] = 0u32;
                 }
             }
+        }
+    }
+}
+
+/// One stage (`g`) of the ring chain: one launch a stage, as the step's kernels are now, each
+/// with a ring of its own. The launch lets its dependents launch at once, and its producer
+/// queues the cube's first chunks before the consumers' `griddepcontrol.wait` for the stage
+/// before, so that two stages' cubes share an SM and the next stage's weights stream while this
+/// one ends. Same sums as [`persistent_stream`].
+#[cube(launch_unchecked)]
+pub fn ring_stage(
+    weights: &[u32],
+    stages: &[u32],
+    y: &mut [u32],
+    g: u32,
+    #[comptime] slots: u32,
+    #[comptime] chunk: u32,
+) {
+    gpu_asm!("griddepcontrol.launch_dependents;");
+    let ring =
+        Shared::<[u32]>::new_aligned_slice(comptime![(slots * chunk * 4) as usize], 128usize);
+    let bars = Shared::<[u64]>::new_aligned_slice(comptime![(2 * slots) as usize], 8usize);
+    let mut part = Shared::<[u32]>::new_slice(comptime![(CONSUMERS / 32) as usize]);
+    let n_stages = (stages.len() / STAGE_WORDS) as u32;
+    let cube = CUBE_POS as u32;
+    let unit = UNIT_POS;
+    let row = (g as usize) * STAGE_WORDS;
+    let (begin, end) = stage_share(stages[row + 1], stages[row + 2], cube);
+    ring_init(&bars, slots);
+    if unit >= CONSUMERS {
+        if unit == CONSUMERS {
+            // The weights: no kernel writes them, so they need no wait.
+            produce_share(
+                weights,
+                &ring,
+                &bars,
+                stages[row],
+                begin,
+                end,
+                0u32,
+                0u32,
+                slots,
+                chunk,
+            );
+        }
+    } else {
+        gpu_asm!("griddepcontrol.wait;");
+        let pg = select(g > 0, g - 1, n_stages - 1);
+        let prev_cubes = stages[(pg as usize) * STAGE_WORDS + 2];
+        let xv = y[(pg as usize) * Y_STRIDE + (unit % prev_cubes) as usize] | 1u32;
+        let (acc, _, _) = consume_share(&ring, &bars, begin, end, xv, 0u32, 0u32, slots, chunk);
+        let total = stage_result(acc, &mut part, g, cube);
+        if unit == 0 {
+            y[(g as usize) * Y_STRIDE + cube as usize] = total;
         }
     }
 }
@@ -405,24 +537,45 @@ pub struct Ring {
     pub chunk: u32,
 }
 
-/// The rings timed: deep ones, and a 2-slot one that cannot run ahead of a stage's wait.
-pub const RINGS: [Ring; 4] = [
-    Ring {
-        slots: 24,
-        chunk: 512,
-    },
-    Ring {
-        slots: 12,
-        chunk: 1024,
-    },
-    Ring {
-        slots: 8,
-        chunk: 512,
-    },
-    Ring {
-        slots: 2,
-        chunk: 512,
-    },
+/// How the step is launched.
+#[derive(Clone, Copy, Debug)]
+pub enum Variant {
+    /// [`persistent_stream`]: one launch for the step.
+    Persistent(Ring),
+    /// [`ring_stage`]: one launch a stage.
+    Chain(Ring),
+}
+
+impl Variant {
+    pub fn ring(self) -> Ring {
+        match self {
+            Variant::Persistent(r) | Variant::Chain(r) => r,
+        }
+    }
+
+    pub fn name(self) -> String {
+        let r = self.ring();
+        let kind = match self {
+            Variant::Persistent(_) => "persistent",
+            Variant::Chain(_) => "ring chain",
+        };
+        format!("{kind}, {} x {} KB ring", r.slots, r.chunk * 16 / 1024)
+    }
+}
+
+const fn ring(slots: u32, chunk: u32) -> Ring {
+    Ring { slots, chunk }
+}
+
+/// The variants timed: the persistent step with deep rings and with a 2-slot one that cannot run
+/// ahead of a stage's wait; the ring chain with rings of 96 KB, so that two stages' cubes fit an
+/// SM.
+pub const VARIANTS: [Variant; 5] = [
+    Variant::Persistent(ring(24, 512)),
+    Variant::Persistent(ring(12, 1024)),
+    Variant::Persistent(ring(8, 512)),
+    Variant::Persistent(ring(2, 512)),
+    Variant::Chain(ring(12, 512)),
 ];
 
 /// The device buffers of one stage list.
@@ -434,6 +587,7 @@ pub struct StepBuffers<R: Runtime> {
 }
 
 impl<R: Runtime> StepBuffers<R> {
+    /// The stage table, zeroed sums and zeroed counters.
     pub fn new(client: &ComputeClient<R>, stages: Vec<Stage>) -> ops::Result<Self> {
         let table = stage_table(&stages);
         let n = stages.len();
@@ -446,44 +600,64 @@ impl<R: Runtime> StepBuffers<R> {
     }
 }
 
-/// One launch of the step over `weights` (u32 words) with ring `ring`.
+/// One step over `weights` (u32 words) as `variant` launches it.
 pub fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     weights: &DeviceTensor<R>,
     step: &StepBuffers<R>,
-    ring: Ring,
+    variant: Variant,
 ) {
-    let sms = step.stages.iter().map(|s| s.cubes).max().unwrap_or(1);
+    let Ring { slots, chunk } = variant.ring();
     // SAFETY: every index stays inside its buffer: the stage table's vectors lie within the
-    // weights, `y` holds `Y_STRIDE` sums a stage (more than the cubes), `counters` one word a
-    // stage and one more.
+    // weights, `y` holds `Y_STRIDE` sums a stage (more than any stage's cubes), `counters` one
+    // word a stage and one more.
     unsafe {
-        persistent_stream::launch_unchecked::<R>(
-            client,
-            CubeCount::Static(sms, 1, 1),
-            CubeDim::new_1d(CUBE_UNITS),
-            weights.as_buffer_arg(),
-            step.table.as_buffer_arg(),
-            step.y.as_buffer_arg(),
-            step.counters.as_buffer_arg(),
-            ring.slots,
-            ring.chunk,
-        );
+        match variant {
+            Variant::Persistent(_) => {
+                let sms = step.stages.iter().map(|s| s.cubes).max().unwrap_or(1);
+                persistent_stream::launch_unchecked::<R>(
+                    client,
+                    CubeCount::Static(sms, 1, 1),
+                    CubeDim::new_1d(CUBE_UNITS),
+                    weights.as_buffer_arg(),
+                    step.table.as_buffer_arg(),
+                    step.y.as_buffer_arg(),
+                    step.counters.as_buffer_arg(),
+                    slots,
+                    chunk,
+                );
+            }
+            Variant::Chain(_) => {
+                for (g, s) in step.stages.iter().enumerate() {
+                    ring_stage::launch_unchecked::<R>(
+                        client,
+                        CubeCount::Static(s.cubes, 1, 1),
+                        CubeDim::new_1d(CUBE_UNITS),
+                        weights.as_buffer_arg(),
+                        step.table.as_buffer_arg(),
+                        step.y.as_buffer_arg(),
+                        g as u32,
+                        slots,
+                        chunk,
+                    );
+                }
+            }
+        }
     }
 }
 
-/// Launches ring `ring` once on `step` as [`StepBuffers::new`] made it (zeroed sums) and compares every working cube's sum with
-/// [`reference`]; the number of sums that differ.
+/// Launches `variant` once on `step` as [`StepBuffers::new`] made it (zeroed sums) and compares
+/// every working cube's sum with [`reference`]; the number of sums that differ.
 pub fn check<R: Runtime>(
     client: &ComputeClient<R>,
     weights: &DeviceTensor<R>,
     host_weights: &[u32],
     step: &StepBuffers<R>,
-    ring: Ring,
+    variant: Variant,
 ) -> ops::Result<usize> {
-    launch(client, weights, step, ring);
-    let got: Vec<u32> = bytemuck_u32(&step.y.to_bytes(client)?);
-    let want = reference(&step.stages, host_weights, ring.chunk);
+    launch(client, weights, step, variant);
+    let got = words(&step.y.to_bytes(client)?);
+    let want = reference(&step.stages, host_weights, variant.ring().chunk);
     let mut bad = 0;
     for (g, s) in step.stages.iter().enumerate() {
         for c in 0..s.cubes as usize {
@@ -493,16 +667,17 @@ pub fn check<R: Runtime>(
     Ok(bad)
 }
 
-fn bytemuck_u32(bytes: &[u8]) -> Vec<u32> {
+/// Little-endian u32 words of `bytes`.
+fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
         .collect()
 }
 
-/// The timed cases (CUDA only, none elsewhere): each ring over each size's step, replayed from a
-/// captured graph, after a checked launch (a ring whose sums differ is reported and not timed).
-/// A case's time is a whole step (28 layers); its bytes are the weights streamed.
+/// The timed cases (CUDA only, none elsewhere): each variant over each size's step, replayed
+/// from a captured graph, after a checked launch (a variant whose sums differ is reported and
+/// not timed). A case's time is a whole step (28 layers); its bytes are the weights streamed.
 pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
     let mut out = Vec::new();
     if !caps::runtime_name(client).contains("cuda") {
@@ -528,13 +703,8 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
             bytes / LAYERS as f64 / 1e6,
             bytes / LAYERS as f64 / 3.0e6
         );
-        for ring in RINGS {
-            let name = format!(
-                "persistent {}, {} x {} KB ring",
-                sizes.name(),
-                ring.slots,
-                ring.chunk * 16 / 1024
-            );
+        for variant in VARIANTS {
+            let name = format!("{} {}", sizes.name(), variant.name());
             let step = match StepBuffers::new(client, stages.clone()) {
                 Ok(s) => s,
                 Err(e) => {
@@ -542,7 +712,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                     continue;
                 }
             };
-            match check(client, &weights, &host, &step, ring) {
+            match check(client, &weights, &host, &step, variant) {
                 Ok(0) => eprintln!("persistent: {name}: checked, every sum matches"),
                 Ok(bad) => {
                     eprintln!("persistent: {name}: {bad} sums differ, not timed");
@@ -554,7 +724,7 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
                 }
             }
             let w = weights.clone();
-            let Some(graph) = capture(client, move || launch(client, &w, &step, ring)) else {
+            let Some(graph) = capture(client, move || launch(client, &w, &step, variant)) else {
                 continue;
             };
             out.push(Case {
