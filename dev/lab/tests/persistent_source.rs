@@ -44,14 +44,15 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
     let (settings, mut launcher) = cuda_source::launcher(client, CUBE_UNITS);
     let mut arg = || <[u32] as LaunchArg>::register(cuda_source::buffer(client), &mut launcher);
     let (weights, stages, y) = (arg(), arg(), arg());
-    let g = <u32 as LaunchArg>::register(3u32, &mut launcher);
+    // The stage index is a scalar: it registers its value; its compilation argument is `()`.
+    <u32 as LaunchArg>::register(3u32, &mut launcher);
     let kernel = ring_stage::RingStage::<R>::new(
         settings,
         client.clone(),
         weights,
         stages,
         y,
-        g,
+        (),
         slots,
         chunk,
     );
