@@ -19,7 +19,7 @@ else
   cat $R/persistent-build.log
 fi
 if [ -x .devs/lab ]; then
-  timeout 200 .devs/lab --runtime cuda persistent > $R/lab-persistent.jsonl 2> $R/lab-persistent.log
+  timeout 150 .devs/lab --runtime cuda persistent > $R/lab-persistent.jsonl 2> $R/lab-persistent.log
   echo "lab rc=$?" >> $R/lab-persistent.log
   cat $R/lab-persistent.log
   # A case is a whole step of 28 layers.
