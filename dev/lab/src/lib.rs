@@ -9,9 +9,11 @@
 //! - [`samplelab`]: the device sampler's kernels against the argmax and the logits' copy they
 //!   replace;
 //! - [`persistent`]: the persistent decode step's weight stream (a shared-memory ring fed by
-//!   bulk copies across stage ends, stages handed on through counters) written in CubeCL.
+//!   bulk copies across stage ends, stages handed on through counters) written in CubeCL;
+//! - [`persistent_gemv`]: the same kernel with real products, a chain of the step's bf16 GEMVs.
 
 pub mod add_variants;
 pub mod addlab;
 pub mod persistent;
+pub mod persistent_gemv;
 pub mod samplelab;

@@ -42,7 +42,7 @@ pub const LAYERS: usize = 28;
 /// The shared-window address of byte `offset` of a shared slice (what `mbarrier` and
 /// `cp.async.bulk` take).
 #[cube]
-fn window_at<T: CubePrimitive>(slice: &[T], offset: u32) -> u32 {
+pub(crate) fn window_at<T: CubePrimitive>(slice: &[T], offset: u32) -> u32 {
     let ptr = unsafe { slice.as_ptr_unchecked() };
     let address: u32;
     gpu_asm!(
@@ -57,7 +57,7 @@ fn window_at<T: CubePrimitive>(slice: &[T], offset: u32) -> u32 {
 
 /// Waits until the mbarrier at `bar` has completed the phase of parity `parity`.
 #[cube]
-fn mbar_wait(bar: u32, parity: u32) {
+pub(crate) fn mbar_wait(bar: u32, parity: u32) {
     // Immutable copies: inline PTX takes a mutable variable (the ring's phase) by its address.
     let b = bar + 0u32;
     let q = parity + 0u32;
@@ -78,7 +78,7 @@ fn mbar_wait(bar: u32, parity: u32) {
 /// The producer's copy of `vectors` 16-byte vectors from vector `first` of `weights` into the
 /// shared-window address `dst`, announced on and completing the mbarrier `bar`.
 #[cube]
-fn bulk_copy(weights: &[u32], first: u32, vectors: u32, dst: u32, bar: u32) {
+pub(crate) fn bulk_copy(weights: &[u32], first: u32, vectors: u32, dst: u32, bar: u32) {
     let src = unsafe { weights.as_ptr_unchecked() };
     let bytes = vectors * 16u32;
     gpu_asm!(
@@ -107,7 +107,7 @@ fn load_l2(words: &mut [u32], index: u32) -> u32 {
 
 /// Spins until counter `index` of `counters` reads at least `target` (acquire, GPU scope).
 #[cube]
-fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
+pub(crate) fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
     let ptr = unsafe { counters.as_ptr_unchecked() };
     loop {
         let seen: u32;
@@ -126,7 +126,7 @@ fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
 /// Adds `value` to counter `index` with release semantics at GPU scope and returns what it
 /// held before.
 #[cube]
-fn add_counter(counters: &mut [u32], index: u32, value: u32) -> u32 {
+pub(crate) fn add_counter(counters: &mut [u32], index: u32, value: u32) -> u32 {
     let ptr = unsafe { counters.as_ptr_unchecked() };
     let old: u32;
     gpu_asm!(
@@ -141,13 +141,13 @@ fn add_counter(counters: &mut [u32], index: u32, value: u32) -> u32 {
 
 /// The consumer planes only (named barrier 1): the producer runs ahead.
 #[cube]
-fn consumers_sync() {
+pub(crate) fn consumers_sync() {
     gpu_asm!("bar.sync 1, 256;");
 }
 
 /// Cube `cube`'s share of a stage of `vectors` vectors over `cubes` cubes: `[begin, end)`.
 #[cube]
-fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
+pub(crate) fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
     let per = vectors.div_ceil(cubes);
     let begin = min(cube * per, vectors);
     (begin, min(begin + per, vectors))
@@ -157,7 +157,7 @@ fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
 /// a full barrier expects the producer's arrival and its bytes, an empty one an arrival from
 /// each consumer plane. Syncs the cube after.
 #[cube]
-fn ring_init(bars: &[u64], #[comptime] slots: u32) {
+pub(crate) fn ring_init(bars: &[u64], #[comptime] slots: u32) {
     if UNIT_POS == 0 {
         for s in 0..slots {
             let full = window_at::<u64>(bars, s * 8);
@@ -175,7 +175,7 @@ fn ring_init(bars: &[u64], #[comptime] slots: u32) {
 
 /// The ring's next slot and phase after slot `slot` of phase `phase`.
 #[cube]
-fn ring_next(slot: u32, phase: u32, #[comptime] slots: u32) -> (u32, u32) {
+pub(crate) fn ring_next(slot: u32, phase: u32, #[comptime] slots: u32) -> (u32, u32) {
     let next = slot + 1;
     let wrap = next == slots;
     (select(wrap, 0u32, next), select(wrap, phase ^ 1u32, phase))
@@ -187,7 +187,7 @@ fn ring_next(slot: u32, phase: u32, #[comptime] slots: u32) -> (u32, u32) {
 /// the ring's position after them.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn produce_share(
+pub(crate) fn produce_share(
     weights: &[u32],
     ring: &[u32],
     bars: &[u64],
@@ -668,7 +668,7 @@ pub fn check<R: Runtime>(
 }
 
 /// Little-endian u32 words of `bytes`.
-fn words(bytes: &[u8]) -> Vec<u32> {
+pub(crate) fn words(bytes: &[u8]) -> Vec<u32> {
     bytes
         .chunks_exact(4)
         .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))

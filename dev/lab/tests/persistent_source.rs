@@ -6,6 +6,7 @@
 
 use cubecl::prelude::*;
 use lab::persistent::{persistent_stream, ring_stage, Ring, Variant, CUBE_UNITS, VARIANTS};
+use lab::persistent_gemv;
 use testkit::cuda_source;
 
 fn case<R: Runtime>(client: &ComputeClient<R>) {
@@ -63,6 +64,28 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
     assert!(
         copy < wait,
         "ring_stage: the wait comes before the copies: {source}"
+    );
+
+    let Ring { slots, chunk } = persistent_gemv::RING;
+    let (settings, mut launcher) = cuda_source::launcher(client, CUBE_UNITS);
+    let mut arg = || <[u32] as LaunchArg>::register(cuda_source::buffer(client), &mut launcher);
+    let (weights, stages) = (arg(), arg());
+    let acts = <[f32] as LaunchArg>::register(cuda_source::buffer(client), &mut launcher);
+    let counters = <[u32] as LaunchArg>::register(cuda_source::buffer(client), &mut launcher);
+    let kernel = persistent_gemv::persistent_gemv::PersistentGemv::<R>::new(
+        settings,
+        client.clone(),
+        weights,
+        stages,
+        acts,
+        counters,
+        slots,
+        chunk,
+    );
+    let source = cuda_source::check("persistent_gemv_20x8k", kernel.define());
+    assert!(
+        source.contains("cp.async.bulk"),
+        "persistent_gemv: {source}"
     );
 }
 
