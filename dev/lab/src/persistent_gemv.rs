@@ -13,11 +13,18 @@
 //!
 //! Per layer, as the step: qkv (2 048 x 1 536), a keys-and-values stand-in on 16 cubes (320 x
 //! 1 024: the bytes of a 640-token context's keys and values), o (1 536 x 1 536), gate-up (17 920
-//! x 1 536) and down (1 536 x 8 960). Each stage waits for the one before; o reads the first 1 536
-//! outputs of qkv and down the first 8 960 of gate-up, standing in for the attention and SwiGLU.
-//! The first qkv reads a fixed input, so every replay computes the same thing. One launch is
-//! checked stage by stage: every output against an f64 product of the stage's weights with the
-//! x that the launch itself read.
+//! x 1 536) and down (1 536 x 8 960); each stage waits for the one before. Two chains:
+//!
+//! - the GEMVs alone ([`gemv_stages`]): o reads the first 1 536 outputs of qkv and down the first
+//!   8 960 of gate-up, standing in for the attention and SwiGLU;
+//! - the layers' dense math ([`layer_stages`]): the RMS norms recomputed by every cube of qkv and
+//!   gate-up from the residual stream, qkv's bias, the residual adds of o and down, and SwiGLU
+//!   from gate-up's (gate, up) row pairs, dealt out whole; o still reads qkv's outputs in place
+//!   of the attention's.
+//!
+//! The first stage reads a fixed input, so every replay computes the same thing. One launch is
+//! checked stage by stage: every output against an f64 reference computed from what the launch
+//! itself read (x, norm weights, bias, residual).
 //!
 //! CUDA (sm_90) only, as [`crate::persistent`].
 
@@ -33,8 +40,22 @@ use crate::persistent::{
 };
 
 /// u32 words a stage takes in the stage table: first weight vector, rows, K in 16-byte vectors,
-/// cubes, x offset, output offset (both in floats of the activations), two unused.
+/// cubes, x offset, output offset (both in floats of the activations), kind, and the kind's
+/// offset into the activations (`aux`).
 pub const STAGE_WORDS: usize = 8;
+
+/// A stage's products only.
+pub const KIND_PLAIN: u32 = 0;
+/// x is RMS-normalised first (eps 1e-6, the norm's weights at `aux`), and a bias (at `aux + K`)
+/// is added to the products: the qkv projection.
+pub const KIND_NORM_BIAS: u32 = 1;
+/// The residual at `aux` is added to the products: o and down.
+pub const KIND_RESIDUAL: u32 = 2;
+/// x is RMS-normalised as for [`KIND_NORM_BIAS`]; rows come in (gate, up) pairs, dealt out
+/// whole, and each pair gives one output, `silu(gate) * up`: gate-up with SwiGLU.
+pub const KIND_NORM_SWIGLU: u32 = 3;
+/// The norms' epsilon.
+pub const NORM_EPS: f32 = 1e-6;
 /// The most row slots a cube holds: (rows of its share) x (K / 256).
 pub const ROW_SLOTS: u32 = 1024;
 /// The widest x, in floats.
@@ -102,6 +123,25 @@ fn consume_rows(
     at
 }
 
+/// Cube `cube`'s rows of a stage of `rows` rows over `cubes` cubes: whole (gate, up) pairs for
+/// [`KIND_NORM_SWIGLU`].
+#[cube]
+fn row_share(rows: u32, cubes: u32, cube: u32, kind: u32) -> (u32, u32) {
+    let paired = kind == KIND_NORM_SWIGLU;
+    let (a, b) = stage_share(select(paired, rows / 2, rows), cubes, cube);
+    (select(paired, 2 * a, a), select(paired, 2 * b, b))
+}
+
+/// Row `r`'s sum from its `runs` slots, in a fixed order.
+#[cube]
+fn row_total(row_slots: &[f32], r: u32, runs: u32) -> f32 {
+    let mut total = 0f32;
+    for q in 0..runs {
+        total += row_slots[(r * runs + q) as usize];
+    }
+    total
+}
+
 /// The chain of GEMVs: `stages` ([`STAGE_WORDS`] words a stage) over `weights` (bf16 pairs as
 /// u32 words, rows of K weights), reading x from and storing outputs to `acts`. One cube per SM;
 /// `counters` as [`crate::persistent::persistent_stream`]'s.
@@ -119,6 +159,7 @@ pub fn persistent_gemv(
     let bars = Shared::<[u64]>::new_aligned_slice(comptime![(2 * slots) as usize], 8usize);
     let mut xs = Shared::<[f32]>::new_aligned_slice(comptime![X_MAX as usize], 16usize);
     let mut row_slots = Shared::<[f32]>::new_slice(comptime![ROW_SLOTS as usize]);
+    let mut part = Shared::<[f32]>::new_slice(comptime![(CONSUMERS / 32) as usize]);
     let n_stages = (stages.len() / STAGE_WORDS) as u32;
     let cube = CUBE_POS as u32;
     let unit = UNIT_POS;
@@ -132,7 +173,7 @@ pub fn persistent_gemv(
                 let cubes = stages[row + 3];
                 if cube < cubes {
                     let k_vectors = stages[row + 2];
-                    let (r0, r1) = stage_share(stages[row + 1], cubes, cube);
+                    let (r0, r1) = row_share(stages[row + 1], cubes, cube, stages[row + 6]);
                     let (s, p) = produce_share(
                         weights,
                         &ring,
@@ -163,14 +204,39 @@ pub fn persistent_gemv(
             let cubes = stages[row + 3];
             if cube < cubes {
                 let k_vectors = stages[row + 2];
+                let k = k_vectors * 8;
                 let x_off = stages[row + 4] as usize;
                 let y_off = stages[row + 5] as usize;
+                let kind = stages[row + 6];
+                let aux = stages[row + 7] as usize;
                 // Ordered after the stage before by unit 0's acquire and the barrier.
-                for i in range_stepped(unit, k_vectors * 8, CONSUMERS) {
+                for i in range_stepped(unit, k, CONSUMERS) {
                     xs[i as usize] = acts[x_off + i as usize];
                 }
+                if kind == KIND_NORM_BIAS || kind == KIND_NORM_SWIGLU {
+                    // Each unit squares the elements it stored; the cube adds the planes' sums.
+                    let mut squares = 0f32;
+                    for i in range_stepped(unit, k, CONSUMERS) {
+                        let v = xs[i as usize];
+                        squares += v * v;
+                    }
+                    let plane = plane_sum(squares);
+                    if UNIT_POS_PLANE == 0 {
+                        part[(unit / 32) as usize] = plane;
+                    }
+                    consumers_sync();
+                    let mut total = 0f32;
+                    #[unroll]
+                    for q in 0..CONSUMERS / 32 {
+                        total += part[q as usize];
+                    }
+                    let inv = 1f32 / f32::sqrt(total / f32::cast_from(k) + NORM_EPS);
+                    for i in range_stepped(unit, k, CONSUMERS) {
+                        xs[i as usize] = xs[i as usize] * inv * acts[aux + i as usize];
+                    }
+                }
                 consumers_sync();
-                let (r0, r1) = stage_share(stages[row + 1], cubes, cube);
+                let (r0, r1) = row_share(stages[row + 1], cubes, cube, kind);
                 let (s, p) = consume_rows(
                     &ring,
                     &bars,
@@ -188,12 +254,23 @@ pub fn persistent_gemv(
                 phase = p;
                 consumers_sync();
                 let runs_per_row = k_vectors / 32;
-                for r in range_stepped(unit, r1 - r0, CONSUMERS) {
-                    let mut total = 0f32;
-                    for q in 0..runs_per_row {
-                        total += row_slots[(r * runs_per_row + q) as usize];
+                if kind == KIND_NORM_SWIGLU {
+                    for pr in range_stepped(unit, (r1 - r0) / 2, CONSUMERS) {
+                        let gate = row_total(&row_slots, 2 * pr, runs_per_row);
+                        let up = row_total(&row_slots, 2 * pr + 1, runs_per_row);
+                        acts[y_off + (r0 / 2 + pr) as usize] = gate / (1f32 + f32::exp(-gate)) * up;
                     }
-                    acts[y_off + (r0 + r) as usize] = total;
+                } else {
+                    for r in range_stepped(unit, r1 - r0, CONSUMERS) {
+                        let mut total = row_total(&row_slots, r, runs_per_row);
+                        if kind == KIND_NORM_BIAS {
+                            total += acts[aux + (k + r0 + r) as usize];
+                        }
+                        if kind == KIND_RESIDUAL {
+                            total += acts[aux + (r0 + r) as usize];
+                        }
+                        acts[y_off + (r0 + r) as usize] = total;
+                    }
                 }
                 // Every unit's stores, and its reads of x and of the row slots, come before the
                 // add (cumulative release); the next stage's x may then overwrite the slots.
@@ -215,7 +292,8 @@ pub fn persistent_gemv(
 }
 
 /// One GEMV stage: `rows` x `k` bf16 weights from vector `first` of the weights, over `cubes`
-/// cubes, reading x at float `x_off` of the activations and storing its outputs at `y_off`.
+/// cubes, reading x at float `x_off` of the activations and storing its outputs at `y_off`, with
+/// the epilogue of `kind` (a `KIND_*`), whose norm weights, bias or residual are at `aux`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemvStage {
     pub first: u32,
@@ -224,57 +302,150 @@ pub struct GemvStage {
     pub cubes: u32,
     pub x_off: u32,
     pub y_off: u32,
+    pub kind: u32,
+    pub aux: u32,
+}
+
+impl GemvStage {
+    /// The outputs it stores: one a (gate, up) pair for [`KIND_NORM_SWIGLU`], one a row
+    /// otherwise.
+    pub fn outputs(&self) -> u32 {
+        if self.kind == KIND_NORM_SWIGLU {
+            self.rows / 2
+        } else {
+            self.rows
+        }
+    }
+
+    /// Rows of the largest cube's share.
+    pub fn rows_per_cube(&self) -> u32 {
+        if self.kind == KIND_NORM_SWIGLU {
+            (self.rows / 2).div_ceil(self.cubes) * 2
+        } else {
+            self.rows.div_ceil(self.cubes)
+        }
+    }
 }
 
 /// Floats of the activations: offsets are rounded up to 32 floats (a 128-byte line), so that no
-/// line holds two stages' outputs.
+/// line holds two regions.
 fn line_up(n: u32) -> u32 {
     n.div_ceil(32) * 32
 }
 
-/// The stages of [`persistent_gemv`] on `sms` cubes and the activations' length in floats (the
-/// input first, then every stage's outputs).
-pub fn gemv_stages(sms: u32) -> (Vec<GemvStage>, u32) {
-    let mut out = Vec::with_capacity(LAYERS * 5);
-    let mut first = 0u32;
-    let mut acts = line_up(1536);
-    let mut x = 0u32;
-    let mut push = |rows: u32, k: u32, cubes: u32, x_off: u32| -> u32 {
-        let y_off = acts;
-        out.push(GemvStage {
-            first,
+/// The activations being laid out: their initial values (inputs and parameters, zeros where
+/// outputs go) and the weights' next vector.
+struct Layout {
+    acts: Vec<f32>,
+    first: u32,
+    stages: Vec<GemvStage>,
+}
+
+impl Layout {
+    fn new() -> Self {
+        Self {
+            acts: Vec::new(),
+            first: 0,
+            stages: Vec::new(),
+        }
+    }
+
+    /// A region of `values`, at a line's start; its offset.
+    fn region(&mut self, values: impl IntoIterator<Item = f32>) -> u32 {
+        let at = self.acts.len() as u32;
+        self.acts.extend(values);
+        let end = line_up(self.acts.len() as u32) as usize;
+        self.acts.resize(end, 0.0);
+        at
+    }
+
+    /// A stage of `rows` x `k` weights; the offset of its outputs.
+    fn stage(&mut self, rows: u32, k: u32, cubes: u32, x_off: u32, kind: u32, aux: u32) -> u32 {
+        let mut stage = GemvStage {
+            first: self.first,
             rows,
             k,
             cubes,
             x_off,
-            y_off,
-        });
-        first += rows * k / 8;
-        acts += line_up(rows);
-        y_off
-    };
-    for _ in 0..LAYERS {
-        let qkv_out = push(2048, 1536, sms, x);
-        push(320, 1024, 16, qkv_out);
-        let o_out = push(1536, 1536, sms, qkv_out);
-        let gate_up = push(17920, 1536, sms, o_out);
-        x = push(1536, 8960, sms, gate_up);
+            y_off: 0,
+            kind,
+            aux,
+        };
+        stage.y_off = self.region(std::iter::repeat_n(0.0, stage.outputs() as usize));
+        self.first += rows * k / 8;
+        self.stages.push(stage);
+        stage.y_off
     }
-    (out, acts)
+}
+
+/// `n` values from `seed` spread over `center` +- `spread`.
+fn spread(n: usize, seed: usize, center: f32, spread: f32) -> impl Iterator<Item = f32> {
+    (0..n).map(move |i| center + spread * (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 50.0)
+}
+
+/// A stage list, the activations' initial values (the first stage's input, the norms' weights
+/// and the biases; zeros where outputs go).
+pub type Chain = (Vec<GemvStage>, Vec<f32>);
+
+/// The GEMVs alone on `sms` cubes: per layer qkv, the keys-and-values stand-in (16 cubes), o,
+/// gate-up and down, each reading the output of the one before it (o the first 1 536 of qkv's,
+/// down the first 8 960 of gate-up's).
+pub fn gemv_stages(sms: u32) -> Chain {
+    let mut l = Layout::new();
+    let mut x = l.region(spread(1536, 0, 0.0, 1.0));
+    for _ in 0..LAYERS {
+        let qkv = l.stage(2048, 1536, sms, x, KIND_PLAIN, 0);
+        l.stage(320, 1024, 16, qkv, KIND_PLAIN, 0);
+        let o = l.stage(1536, 1536, sms, qkv, KIND_PLAIN, 0);
+        let gate_up = l.stage(17920, 1536, sms, o, KIND_PLAIN, 0);
+        x = l.stage(1536, 8960, sms, gate_up, KIND_PLAIN, 0);
+    }
+    (l.stages, l.acts)
+}
+
+/// The layers' dense math on `sms` cubes: per layer the RMS norm and qkv with its bias, the
+/// keys-and-values stand-in (16 cubes), o with the residual (reading the first 1 536 of qkv's
+/// outputs in place of the attention's), the RMS norm and gate-up with SwiGLU, and down with the
+/// residual.
+pub fn layer_stages(sms: u32) -> Chain {
+    let mut l = Layout::new();
+    let mut h = l.region(spread(1536, 0, 0.0, 1.0));
+    for layer in 0..LAYERS {
+        let attn_norm = l.region(spread(1536, 3 * layer + 1, 1.0, 0.5));
+        l.region(spread(2048, 3 * layer + 2, 0.0, 0.2));
+        let mlp_norm = l.region(spread(1536, 3 * layer + 3, 1.0, 0.5));
+        let qkv = l.stage(2048, 1536, sms, h, KIND_NORM_BIAS, attn_norm);
+        l.stage(320, 1024, 16, qkv, KIND_PLAIN, 0);
+        let o = l.stage(1536, 1536, sms, qkv, KIND_RESIDUAL, h);
+        let act = l.stage(17920, 1536, sms, o, KIND_NORM_SWIGLU, mlp_norm);
+        h = l.stage(1536, 8960, sms, act, KIND_RESIDUAL, o);
+    }
+    (l.stages, l.acts)
 }
 
 /// The stage table the kernel reads.
 pub fn gemv_table(stages: &[GemvStage]) -> Vec<u32> {
     stages
         .iter()
-        .flat_map(|s| [s.first, s.rows, s.k / 8, s.cubes, s.x_off, s.y_off, 0, 0])
+        .flat_map(|s| {
+            [
+                s.first,
+                s.rows,
+                s.k / 8,
+                s.cubes,
+                s.x_off,
+                s.y_off,
+                s.kind,
+                s.aux,
+            ]
+        })
         .collect()
 }
 
 /// Why a stage list does not fit the kernel, if it does not.
 pub fn gemv_unfit(stages: &[GemvStage]) -> Option<String> {
     stages.iter().find_map(|s| {
-        let per = s.rows.div_ceil(s.cubes);
+        let per = s.rows_per_cube();
         if s.k % 256 != 0 || s.k > X_MAX {
             Some(format!("K = {} (a multiple of 256 up to {X_MAX})", s.k))
         } else if per * s.k / 256 > ROW_SLOTS {
@@ -282,14 +453,16 @@ pub fn gemv_unfit(stages: &[GemvStage]) -> Option<String> {
                 "{per} rows of {} a cube need more than {ROW_SLOTS} row slots",
                 s.k
             ))
+        } else if s.kind == KIND_NORM_SWIGLU && s.rows % 2 != 0 {
+            Some(format!("{} gate-up rows (pairs)", s.rows))
         } else {
             None
         }
     })
 }
 
-/// `n` bf16 weights (as u32 pairs, low half first) uniform in about +-sqrt(3 / k), so that
-/// every stage's outputs stay of the order of its inputs.
+/// `n_words` words of bf16 weights (as u32 pairs, low half first) uniform in about
+/// +-sqrt(3 / k) for each stage's rows, so that its outputs stay of the order of its inputs.
 pub fn bf16_weight_words(stages: &[GemvStage], n_words: usize) -> Vec<u32> {
     let mut out = vec![0u32; n_words];
     let mut state = 11u32;
@@ -316,25 +489,59 @@ fn bf16_hi(w: u32) -> f64 {
     f32::from_bits(w & 0xffff_0000) as f64
 }
 
-/// Checks one launch's activations stage by stage: each output against the f64 product of the
-/// stage's weights with the x the launch read. The worst relative error over the stages (error
-/// over the largest output of the stage).
+/// What stage `s` should have stored, in f64, from the activations `acts` that a launch left
+/// (its own x, norm weights, bias and residual).
+pub fn stage_reference(s: &GemvStage, weights: &[u32], acts: &[f32]) -> Vec<f64> {
+    let k = s.k as usize;
+    let aux = s.aux as usize;
+    let mut x: Vec<f64> = acts[s.x_off as usize..][..k]
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    if s.kind == KIND_NORM_BIAS || s.kind == KIND_NORM_SWIGLU {
+        let mean = x.iter().map(|v| v * v).sum::<f64>() / k as f64;
+        let inv = 1.0 / (mean + NORM_EPS as f64).sqrt();
+        for (i, v) in x.iter_mut().enumerate() {
+            *v *= inv * acts[aux + i] as f64;
+        }
+    }
+    let products: Vec<f64> = (0..s.rows as usize)
+        .map(|r| {
+            weights[s.first as usize * 4 + r * k / 2..][..k / 2]
+                .iter()
+                .enumerate()
+                .map(|(i, &w)| bf16_lo(w) * x[2 * i] + bf16_hi(w) * x[2 * i + 1])
+                .sum()
+        })
+        .collect();
+    match s.kind {
+        KIND_NORM_BIAS => (0..products.len())
+            .map(|r| products[r] + acts[aux + k + r] as f64)
+            .collect(),
+        KIND_RESIDUAL => (0..products.len())
+            .map(|r| products[r] + acts[aux + r] as f64)
+            .collect(),
+        KIND_NORM_SWIGLU => products
+            .chunks_exact(2)
+            .map(|p| p[0] / (1.0 + (-p[0]).exp()) * p[1])
+            .collect(),
+        _ => products,
+    }
+}
+
+/// Checks one launch's activations stage by stage against [`stage_reference`]: the worst
+/// relative error over the stages (error over the largest expected output of the stage).
 pub fn gemv_check(stages: &[GemvStage], weights: &[u32], acts: &[f32]) -> f64 {
     let mut worst = 0f64;
     for s in stages {
-        let x = &acts[s.x_off as usize..(s.x_off + s.k) as usize];
-        let mut err = 0f64;
-        let mut scale = 0f64;
-        for r in 0..s.rows as usize {
-            let row = &weights[s.first as usize * 4 + r * s.k as usize / 2..][..s.k as usize / 2];
-            let want: f64 = row
-                .iter()
-                .enumerate()
-                .map(|(i, &w)| bf16_lo(w) * x[2 * i] as f64 + bf16_hi(w) * x[2 * i + 1] as f64)
-                .sum();
-            err = err.max((acts[s.y_off as usize + r] as f64 - want).abs());
-            scale = scale.max(want.abs());
-        }
+        let want = stage_reference(s, weights, acts);
+        let got = &acts[s.y_off as usize..][..want.len()];
+        let err = want
+            .iter()
+            .zip(got)
+            .map(|(w, &g)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
+        let scale = want.iter().map(|w| w.abs()).fold(0f64, f64::max);
         worst = worst.max(err / scale.max(1e-30));
     }
     worst
@@ -343,47 +550,36 @@ pub fn gemv_check(stages: &[GemvStage], weights: &[u32], acts: &[f32]) -> f64 {
 /// The largest relative error [`gemv_check`] accepts: f32 sums of up to 8 960 products.
 pub const GEMV_TOLERANCE: f64 = 1e-4;
 
-/// The timed case (CUDA only): the chain replayed from a captured graph after one checked
-/// launch. Its time is a whole step (28 layers); its bytes are the weights streamed.
-pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
-    let mut out = Vec::new();
-    if !caps::runtime_name(client).contains("cuda") {
-        eprintln!("persistent gemv: CUDA only");
-        return out;
-    }
-    let sms = caps::num_sms(client);
-    let (stages, acts_len) = gemv_stages(sms);
+/// The chain `name` (stages and initial activations) as a timed case: replayed from a captured
+/// graph after one launch that [`gemv_check`] accepts. Its time is a whole step (28 layers); its
+/// bytes are the weights streamed.
+fn chain_case<'a, R: Runtime>(
+    client: &'a ComputeClient<R>,
+    name: String,
+    chain: Chain,
+) -> Result<Case<'a>, String> {
+    let (stages, initial) = chain;
+    let sms = stages.iter().map(|s| s.cubes).max().unwrap_or(1);
     if let Some(why) = gemv_unfit(&stages) {
-        eprintln!("persistent gemv: {why}");
-        return out;
+        return Err(why);
     }
     let vectors: usize = stages.iter().map(|s| (s.rows * s.k / 8) as usize).sum();
     let host = bf16_weight_words(&stages, vectors * 4);
     let table = gemv_table(&stages);
-    let mut input = vec![0f32; acts_len as usize];
-    for (i, v) in input.iter_mut().take(1536).enumerate() {
-        *v = ((i * 37 % 101) as f32 - 50.0) / 50.0;
-    }
     let n = stages.len();
-    let buffers = (|| -> ops::Result<_> {
+    let upload = || -> ops::Result<_> {
         Ok((
             DeviceTensor::from_slice(client, &host, &[host.len()])?,
             DeviceTensor::from_slice(client, &table, &[table.len()])?,
-            DeviceTensor::from_slice(client, &input, &[input.len()])?,
+            DeviceTensor::from_slice(client, &initial, &[initial.len()])?,
             DeviceTensor::from_slice(client, &vec![0u32; n + 1], &[n + 1])?,
         ))
-    })();
-    let (weights, table, acts, counters) = match buffers {
-        Ok(b) => b,
-        Err(e) => {
-            eprintln!("persistent gemv: {e}");
-            return out;
-        }
     };
+    let (weights, table, acts, counters) = upload().map_err(|e| e.to_string())?;
     let acts_out = acts.clone();
     let launch = move || {
-        // SAFETY: the table's weights, x and outputs lie inside their buffers (built together
-        // above), `counters` has a word a stage and one more.
+        // SAFETY: the table's weights, x, parameters and outputs lie inside their buffers
+        // (laid out together), `counters` has a word a stage and one more.
         unsafe {
             persistent_gemv::launch_unchecked::<R>(
                 client,
@@ -399,37 +595,47 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         }
     };
     launch();
-    let got = match acts_out.to_bytes(client) {
-        Ok(b) => words(&b)
-            .into_iter()
-            .map(f32::from_bits)
-            .collect::<Vec<_>>(),
-        Err(e) => {
-            eprintln!("persistent gemv: {e}");
-            return out;
-        }
-    };
+    let got: Vec<f32> = words(&acts_out.to_bytes(client).map_err(|e| e.to_string())?)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect();
     let worst = gemv_check(&stages, &host, &got);
-    let name = format!(
-        "persistent gemv bf16, {} x {} KB ring",
-        RING.slots,
-        RING.chunk * 16 / 1024
-    );
     if worst.is_nan() || worst > GEMV_TOLERANCE {
-        eprintln!("persistent gemv: {name}: relative error {worst:.2e} over {GEMV_TOLERANCE:.0e}, not timed");
-        return out;
+        return Err(format!(
+            "relative error {worst:.2e} over {GEMV_TOLERANCE:.0e}, not timed"
+        ));
     }
-    eprintln!("persistent gemv: {name}: checked, worst relative error {worst:.2e}");
-    let Some(graph) = capture(client, launch) else {
-        return out;
-    };
-    out.push(Case {
+    eprintln!("persistent: {name}: checked, worst relative error {worst:.2e}");
+    let graph = capture(client, launch).ok_or("the graph capture failed")?;
+    Ok(Case {
         name,
         dtype: DType::BF16,
         bytes: vectors as f64 * 16.0,
         flops: 2.0 * vectors as f64 * 8.0,
         // SAFETY: the graph's retained handles keep its buffers alive; nothing reallocates them.
         run: Box::new(move || unsafe { graph.replay() }),
-    });
+    })
+}
+
+/// The timed cases (CUDA only): the GEMVs alone and the layers' dense math, each on the ring
+/// [`RING`].
+pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+    let mut out = Vec::new();
+    if !caps::runtime_name(client).contains("cuda") {
+        eprintln!("persistent gemv: CUDA only");
+        return out;
+    }
+    let sms = caps::num_sms(client);
+    let ring = format!("{} x {} KB ring", RING.slots, RING.chunk * 16 / 1024);
+    for (what, chain) in [
+        ("gemv chain", gemv_stages(sms)),
+        ("layer math", layer_stages(sms)),
+    ] {
+        let name = format!("persistent {what} bf16, {ring}");
+        match chain_case(client, name.clone(), chain) {
+            Ok(case) => out.push(case),
+            Err(e) => eprintln!("persistent: {name}: {e}"),
+        }
+    }
     out
 }
