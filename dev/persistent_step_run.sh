@@ -4,7 +4,8 @@
 # about a minute: built with nvcc, run RUNS times (default 2; 8 alternating rounds each,
 # PERSISTENT_ROUNDS), the SM clocks noted. Then, where .devs/lab.xz was carried (the lab binary,
 # `cargo build --release --locked -p cubellm-lab`), the same weight stream written in CubeCL
-# (`lab --runtime cuda persistent`, dev/lab/src/persistent.rs): checked, then timed per step.
+# (`lab --runtime cuda persistent GROUP`, dev/lab/src/persistent*.rs: the u32 stream, the ring
+# chain, the bf16 GEMV chain, the layers' dense math): checked, then timed per step.
 # Results under $OUT/r (r.tgz): persistent.txt, lab-persistent.jsonl and .log.
 set -u
 source dev/device_setup.sh; begin_results
@@ -19,8 +20,11 @@ else
   cat $R/persistent-build.log
 fi
 if [ -x .devs/lab ]; then
-  timeout 150 .devs/lab --runtime cuda persistent > $R/lab-persistent.jsonl 2> $R/lab-persistent.log
-  echo "lab rc=$?" >> $R/lab-persistent.log
+  # One process a group, so that a group that hangs leaves the others their results.
+  for group in "sizes persistent" "ring chain" "gemv chain" "layer math"; do
+    timeout 90 .devs/lab --runtime cuda persistent "$group" >> $R/lab-persistent.jsonl 2>> $R/lab-persistent.log
+    echo "lab $group: rc=$?" >> $R/lab-persistent.log
+  done
   cat $R/lab-persistent.log
   # A case is a whole step of 28 layers.
   python3 - $R/lab-persistent.jsonl <<'PY'

@@ -44,8 +44,8 @@ fn run(args: &[String]) -> Result<(), String> {
             let cases = lab::addlab::cases::<R>(&client);
             bench::measure(&client, "addlab", cases, filter);
         } else if family == "persistent" {
-            let mut cases = lab::persistent::cases::<R>(&client);
-            cases.extend(lab::persistent_gemv::cases::<R>(&client));
+            let mut cases = lab::persistent::cases::<R>(&client, filter);
+            cases.extend(lab::persistent_gemv::cases::<R>(&client, filter));
             bench::measure(&client, "persistent", cases, filter);
         } else if family == "samplelab" {
             let cases = lab::samplelab::cases::<R>(&client);

@@ -675,11 +675,21 @@ pub(crate) fn words(bytes: &[u8]) -> Vec<u32> {
         .collect()
 }
 
-/// The timed cases (CUDA only, none elsewhere): each variant over each size's step, replayed
-/// from a captured graph, after a checked launch (a variant whose sums differ is reported and
-/// not timed). A case's time is a whole step (28 layers); its bytes are the weights streamed.
-pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+/// The timed cases whose names contain `filter` (CUDA only, none elsewhere): each variant over
+/// each size's step, replayed from a captured graph, after a checked launch (a variant whose
+/// sums differ is reported and not timed). A case's time is a whole step (28 layers); its bytes
+/// are the weights streamed. Cases left out by the filter are not launched at all, so that a
+/// variant that hangs can be run on its own.
+pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filter: &str) -> Vec<Case<'a>> {
     let mut out = Vec::new();
+    let wanted: Vec<String> = [Sizes::Bits8, Sizes::Bf16]
+        .iter()
+        .flat_map(|s| VARIANTS.map(|v| format!("{} {}", s.name(), v.name())))
+        .filter(|n| n.contains(filter))
+        .collect();
+    if wanted.is_empty() {
+        return out;
+    }
     if !caps::runtime_name(client).contains("cuda") {
         eprintln!("persistent: CUDA only");
         return out;
@@ -705,6 +715,9 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         );
         for variant in VARIANTS {
             let name = format!("{} {}", sizes.name(), variant.name());
+            if !wanted.contains(&name) {
+                continue;
+            }
             let step = match StepBuffers::new(client, stages.clone()) {
                 Ok(s) => s,
                 Err(e) => {

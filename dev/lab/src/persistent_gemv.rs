@@ -617,22 +617,32 @@ fn chain_case<'a, R: Runtime>(
     })
 }
 
-/// The timed cases (CUDA only): the GEMVs alone and the layers' dense math, each on the ring
-/// [`RING`].
-pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
+/// The timed cases whose names contain `filter` (CUDA only): the GEMVs alone and the layers'
+/// dense math, each on the ring [`RING`]; those left out by the filter are not launched.
+pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, filter: &str) -> Vec<Case<'a>> {
     let mut out = Vec::new();
+    let ring = format!("{} x {} KB ring", RING.slots, RING.chunk * 16 / 1024);
+    let name = |what: &str| format!("persistent {what} bf16, {ring}");
+    if !["gemv chain", "layer math"]
+        .iter()
+        .any(|w| name(w).contains(filter))
+    {
+        return out;
+    }
     if !caps::runtime_name(client).contains("cuda") {
         eprintln!("persistent gemv: CUDA only");
         return out;
     }
     let sms = caps::num_sms(client);
-    let ring = format!("{} x {} KB ring", RING.slots, RING.chunk * 16 / 1024);
     for (what, chain) in [
-        ("gemv chain", gemv_stages(sms)),
-        ("layer math", layer_stages(sms)),
+        ("gemv chain", gemv_stages as fn(u32) -> Chain),
+        ("layer math", layer_stages),
     ] {
-        let name = format!("persistent {what} bf16, {ring}");
-        match chain_case(client, name.clone(), chain) {
+        let name = name(what);
+        if !name.contains(filter) {
+            continue;
+        }
+        match chain_case(client, name.clone(), chain(sms)) {
             Ok(case) => out.push(case),
             Err(e) => eprintln!("persistent: {name}: {e}"),
         }
