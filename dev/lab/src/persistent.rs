@@ -32,8 +32,38 @@ pub const CONSUMERS: u32 = 256;
 const _: () = assert!(CONSUMERS / 32 == 8, "the empty barriers count eight planes");
 /// Units of a cube: the consumers and one producer plane.
 pub const CUBE_UNITS: u32 = CONSUMERS + 32;
-/// u32 words a stage takes in the stage table: first vector, vectors, cubes, unused.
-pub const STAGE_WORDS: usize = 4;
+/// u32 words a stage takes in the stage table that both persistent kernels read, at the offsets
+/// below. The u32 stream's stages are rows of one vector, of kind [`KIND_PLAIN`].
+pub const STAGE_WORDS: usize = 8;
+/// The stage's first weight vector.
+pub const FIRST: usize = 0;
+/// Its rows.
+pub const ROWS: usize = 1;
+/// K in 16-byte vectors.
+pub const K_VECTORS: usize = 2;
+/// The cubes it is dealt out over (cubes 0 .. this).
+pub const CUBES: usize = 3;
+/// Where x starts, in floats of the activations (the GEMVs only).
+pub const X_OFF: usize = 4;
+/// Where the outputs go, in floats of the activations (the GEMVs only).
+pub const Y_OFF: usize = 5;
+/// Its kind, a `KIND_*`.
+pub const KIND: usize = 6;
+/// The kind's offset into the activations (norm weights, bias or residual).
+pub const AUX: usize = 7;
+
+/// A stage's products only.
+pub const KIND_PLAIN: u32 = 0;
+/// x is RMS-normalised first (eps [`NORM_EPS`], the norm's weights at `AUX`), and a bias (at
+/// `AUX + K`) is added to the products: the qkv projection.
+pub const KIND_NORM_BIAS: u32 = 1;
+/// The residual at `AUX` is added to the products: o and down.
+pub const KIND_RESIDUAL: u32 = 2;
+/// x is RMS-normalised as for [`KIND_NORM_BIAS`]; rows come in (gate, up) pairs, dealt out
+/// whole, and each pair gives one output, `silu(gate) * up`: gate-up with SwiGLU.
+pub const KIND_NORM_SWIGLU: u32 = 3;
+/// The norms' epsilon.
+pub const NORM_EPS: f32 = 1e-6;
 /// Sums a stage can hold in `y` (one a cube).
 pub const Y_STRIDE: usize = 1024;
 /// Layers of the synthetic step.
@@ -91,15 +121,28 @@ pub(crate) fn bulk_copy(weights: &[u32], first: u32, vectors: u32, dst: u32, bar
     );
 }
 
+/// The global address of word `index` of `words`, for inline PTX's `.global` accesses.
+#[cube]
+fn word_address(words: &mut [u32], index: u32) -> u64 {
+    let ptr = unsafe { words.as_ptr_unchecked() };
+    let address: u64;
+    gpu_asm!(
+        "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 {a}, g, o; }}",
+        p = in(_) ptr,
+        i = in(_) index,
+        a = out(_) address,
+    );
+    address + 0u64
+}
+
 /// Word `index` of `words` read from L2 (written by other cubes of this launch).
 #[cube]
 fn load_l2(words: &mut [u32], index: u32) -> u32 {
-    let ptr = unsafe { words.as_ptr_unchecked() };
+    let address = word_address(words, index);
     let value: u32;
     gpu_asm!(
-        "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; ld.global.cg.u32 {v}, [g]; }}",
-        p = in(_) ptr,
-        i = in(_) index,
+        "ld.global.cg.u32 {v}, [{a}];",
+        a = in(_) address,
         v = out(_) value,
     );
     value + 0u32
@@ -108,13 +151,12 @@ fn load_l2(words: &mut [u32], index: u32) -> u32 {
 /// Spins until counter `index` of `counters` reads at least `target` (acquire, GPU scope).
 #[cube]
 pub(crate) fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
-    let ptr = unsafe { counters.as_ptr_unchecked() };
+    let address = word_address(counters, index);
     loop {
         let seen: u32;
         gpu_asm!(
-            "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; ld.acquire.gpu.global.u32 {v}, [g]; }}",
-            p = in(_) ptr,
-            i = in(_) index,
+            "ld.acquire.gpu.global.u32 {v}, [{a}];",
+            a = in(_) address,
             v = out(_) seen,
         );
         if seen >= target {
@@ -127,12 +169,11 @@ pub(crate) fn wait_counter(counters: &mut [u32], index: u32, target: u32) {
 /// held before.
 #[cube]
 pub(crate) fn add_counter(counters: &mut [u32], index: u32, value: u32) -> u32 {
-    let ptr = unsafe { counters.as_ptr_unchecked() };
+    let address = word_address(counters, index);
     let old: u32;
     gpu_asm!(
-        "{{ .reg .u64 g, o; cvta.to.global.u64 g, {p}; mul.wide.u32 o, {i}, 4; add.u64 g, g, o; atom.acq_rel.gpu.global.add.u32 {r}, [g], {v}; }}",
-        p = in(_) ptr,
-        i = in(_) index,
+        "atom.acq_rel.gpu.global.add.u32 {r}, [{a}], {v};",
+        a = in(_) address,
         v = in(_) value,
         r = out(_) old,
     );
@@ -151,6 +192,15 @@ pub(crate) fn stage_share(vectors: u32, cubes: u32, cube: u32) -> (u32, u32) {
     let per = vectors.div_ceil(cubes);
     let begin = min(cube * per, vectors);
     (begin, min(begin + per, vectors))
+}
+
+/// Cube `cube`'s rows of a stage of `rows` rows of kind `kind` over `cubes` cubes: whole
+/// (gate, up) pairs for [`KIND_NORM_SWIGLU`].
+#[cube]
+pub(crate) fn row_share(rows: u32, cubes: u32, cube: u32, kind: u32) -> (u32, u32) {
+    let paired = kind == KIND_NORM_SWIGLU;
+    let (a, b) = stage_share(select(paired, rows / 2, rows), cubes, cube);
+    (select(paired, 2 * a, a), select(paired, 2 * b, b))
 }
 
 /// Unit 0 initialises the ring's barriers (`bars`: `slots` full ones, then `slots` empty ones):
@@ -270,6 +320,74 @@ fn stage_result(acc: u32, part: &mut [u32], g: u32, cube: u32) -> u32 {
     total * 2654435761u32 + g + cube
 }
 
+/// Holds a persistent kernel's consumers until every cube of stage `g - 1` has released its
+/// results (unit 0 acquires the stage's counter, the rest wait at the consumers' barrier); stage
+/// 0 waits for nothing.
+#[cube]
+pub(crate) fn wait_stage(counters: &mut [u32], stages: &[u32], g: u32) {
+    if g > 0 {
+        if UNIT_POS == 0 {
+            let prev = ((g - 1) as usize) * STAGE_WORDS;
+            wait_counter(counters, g - 1, stages[prev + CUBES]);
+        }
+        consumers_sync();
+    }
+}
+
+/// The end of a persistent kernel's consumers: the last cube to finish zeroes the counters (one
+/// a stage and the finishing count after them) for the next launch. Every cube has read every
+/// counter it waits on before it counts itself finished.
+#[cube]
+pub(crate) fn finish_step(counters: &mut [u32], n_stages: u32) {
+    if UNIT_POS == 0 {
+        let cubes = CUBE_COUNT as u32;
+        if add_counter(counters, n_stages, 1u32) == cubes - 1 {
+            for i in 0..n_stages + 1 {
+                counters[i as usize] = 0u32;
+            }
+        }
+    }
+}
+
+/// The producer of a persistent kernel: cube `cube`'s rows of every stage of `stages` it works
+/// on, in order, through the ring.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn produce_step(
+    weights: &[u32],
+    stages: &[u32],
+    ring: &[u32],
+    bars: &[u64],
+    cube: u32,
+    #[comptime] slots: u32,
+    #[comptime] chunk: u32,
+) {
+    let mut slot = 0u32;
+    let mut phase = 0u32;
+    for g in 0..(stages.len() / STAGE_WORDS) as u32 {
+        let row = (g as usize) * STAGE_WORDS;
+        let cubes = stages[row + CUBES];
+        if cube < cubes {
+            let k_vectors = stages[row + K_VECTORS];
+            let (r0, r1) = row_share(stages[row + ROWS], cubes, cube, stages[row + KIND]);
+            let (s, p) = produce_share(
+                weights,
+                ring,
+                bars,
+                stages[row + FIRST],
+                r0 * k_vectors,
+                r1 * k_vectors,
+                slot,
+                phase,
+                slots,
+                chunk,
+            );
+            slot = s;
+            phase = p;
+        }
+    }
+}
+
 /// The step: `stages` ([`STAGE_WORDS`] words a stage) of `weights` (16-byte vectors, as u32
 /// words), one cube per SM. `y` ([`Y_STRIDE`] sums a stage) holds each working cube's sum, the
 /// last stage's being the first stage's input; `counters` one word a stage and one for the cubes
@@ -291,48 +409,23 @@ pub fn persistent_stream(
     let cube = CUBE_POS as u32;
     let unit = UNIT_POS;
     ring_init(&bars, slots);
-    // Where this unit stands in the ring: its next slot and that slot's phase.
-    let mut slot = 0u32;
-    let mut phase = 0u32;
     if unit >= CONSUMERS {
         if unit == CONSUMERS {
-            for g in 0..n_stages {
-                let row = (g as usize) * STAGE_WORDS;
-                let cubes = stages[row + 2];
-                if cube < cubes {
-                    let (begin, end) = stage_share(stages[row + 1], cubes, cube);
-                    let (s, p) = produce_share(
-                        weights,
-                        &ring,
-                        &bars,
-                        stages[row],
-                        begin,
-                        end,
-                        slot,
-                        phase,
-                        slots,
-                        chunk,
-                    );
-                    slot = s;
-                    phase = p;
-                }
-            }
+            produce_step(weights, stages, &ring, &bars, cube, slots, chunk);
         }
     } else {
+        // Where the consumers stand in the ring: the next slot and that slot's phase.
+        let mut slot = 0u32;
+        let mut phase = 0u32;
         for g in 0..n_stages {
             let row = (g as usize) * STAGE_WORDS;
             let pg = select(g > 0, g - 1, n_stages - 1);
-            let prev_cubes = stages[(pg as usize) * STAGE_WORDS + 2];
-            if g > 0 {
-                if unit == 0 {
-                    wait_counter(counters, pg, prev_cubes);
-                }
-                consumers_sync();
-            }
+            let prev_cubes = stages[(pg as usize) * STAGE_WORDS + CUBES];
+            wait_stage(counters, stages, g);
             let xv = load_l2(y, pg * comptime![Y_STRIDE as u32] + unit % prev_cubes) | 1u32;
-            let cubes = stages[row + 2];
+            let cubes = stages[row + CUBES];
             if cube < cubes {
-                let (begin, end) = stage_share(stages[row + 1], cubes, cube);
+                let (begin, end) = row_share(stages[row + ROWS], cubes, cube, KIND_PLAIN);
                 let (acc, s, p) =
                     consume_share(&ring, &bars, begin, end, xv, slot, phase, slots, chunk);
                 slot = s;
@@ -345,15 +438,7 @@ pub fn persistent_stream(
                 }
             }
         }
-        if unit == 0 {
-            // Every cube has read every counter it waits on before it counts itself finished.
-            let cubes = CUBE_COUNT as u32;
-            if add_counter(counters, n_stages, 1u32) == cubes - 1 {
-                for i in 0..n_stages + 1 {
-                    counters[i as usize] = 0u32;
-                }
-            }
-        }
+        finish_step(counters, n_stages);
     }
 }
 
@@ -380,7 +465,7 @@ pub fn ring_stage(
     let cube = CUBE_POS as u32;
     let unit = UNIT_POS;
     let row = (g as usize) * STAGE_WORDS;
-    let (begin, end) = stage_share(stages[row + 1], stages[row + 2], cube);
+    let (begin, end) = row_share(stages[row + ROWS], stages[row + CUBES], cube, KIND_PLAIN);
     ring_init(&bars, slots);
     if unit >= CONSUMERS {
         if unit == CONSUMERS {
@@ -401,7 +486,7 @@ pub fn ring_stage(
     } else {
         gpu_asm!("griddepcontrol.wait;");
         let pg = select(g > 0, g - 1, n_stages - 1);
-        let prev_cubes = stages[(pg as usize) * STAGE_WORDS + 2];
+        let prev_cubes = stages[(pg as usize) * STAGE_WORDS + CUBES];
         let xv = y[(pg as usize) * Y_STRIDE + (unit % prev_cubes) as usize] | 1u32;
         let (acc, _, _) = consume_share(&ring, &bars, begin, end, xv, 0u32, 0u32, slots, chunk);
         let total = stage_result(acc, &mut part, g, cube);
@@ -477,7 +562,7 @@ pub fn step_stages(sizes: Sizes, sms: u32) -> Vec<Stage> {
 pub fn stage_table(stages: &[Stage]) -> Vec<u32> {
     stages
         .iter()
-        .flat_map(|s| [s.first, s.vectors, s.cubes, 0])
+        .flat_map(|s| [s.first, s.vectors, 1, s.cubes, 0, 0, KIND_PLAIN, 0])
         .collect()
 }
 

@@ -35,27 +35,14 @@ use cubecl::prelude::*;
 use ops::{caps, DType, DeviceTensor};
 
 use crate::persistent::{
-    add_counter, consumers_sync, mbar_wait, produce_share, ring_init, ring_next, stage_share,
-    wait_counter, window_at, words, Ring, CONSUMERS, CUBE_UNITS, LAYERS,
+    add_counter, consumers_sync, finish_step, mbar_wait, produce_step, ring_init, ring_next,
+    row_share, wait_stage, window_at, words, Ring, AUX, CONSUMERS, CUBES, CUBE_UNITS, KIND,
+    K_VECTORS, LAYERS, ROWS, X_OFF, Y_OFF,
+};
+pub use crate::persistent::{
+    KIND_NORM_BIAS, KIND_NORM_SWIGLU, KIND_PLAIN, KIND_RESIDUAL, NORM_EPS, STAGE_WORDS,
 };
 
-/// u32 words a stage takes in the stage table: first weight vector, rows, K in 16-byte vectors,
-/// cubes, x offset, output offset (both in floats of the activations), kind, and the kind's
-/// offset into the activations (`aux`).
-pub const STAGE_WORDS: usize = 8;
-
-/// A stage's products only.
-pub const KIND_PLAIN: u32 = 0;
-/// x is RMS-normalised first (eps 1e-6, the norm's weights at `aux`), and a bias (at `aux + K`)
-/// is added to the products: the qkv projection.
-pub const KIND_NORM_BIAS: u32 = 1;
-/// The residual at `aux` is added to the products: o and down.
-pub const KIND_RESIDUAL: u32 = 2;
-/// x is RMS-normalised as for [`KIND_NORM_BIAS`]; rows come in (gate, up) pairs, dealt out
-/// whole, and each pair gives one output, `silu(gate) * up`: gate-up with SwiGLU.
-pub const KIND_NORM_SWIGLU: u32 = 3;
-/// The norms' epsilon.
-pub const NORM_EPS: f32 = 1e-6;
 /// The most row slots a cube holds: (rows of its share) x (K / 256).
 pub const ROW_SLOTS: u32 = 1024;
 /// The widest x, in floats.
@@ -123,15 +110,6 @@ fn consume_rows(
     at
 }
 
-/// Cube `cube`'s rows of a stage of `rows` rows over `cubes` cubes: whole (gate, up) pairs for
-/// [`KIND_NORM_SWIGLU`].
-#[cube]
-fn row_share(rows: u32, cubes: u32, cube: u32, kind: u32) -> (u32, u32) {
-    let paired = kind == KIND_NORM_SWIGLU;
-    let (a, b) = stage_share(select(paired, rows / 2, rows), cubes, cube);
-    (select(paired, 2 * a, a), select(paired, 2 * b, b))
-}
-
 /// Row `r`'s sum from its `runs` slots, in a fixed order.
 #[cube]
 fn row_total(row_slots: &[f32], r: u32, runs: u32) -> f32 {
@@ -164,51 +142,25 @@ pub fn persistent_gemv(
     let cube = CUBE_POS as u32;
     let unit = UNIT_POS;
     ring_init(&bars, slots);
-    let mut slot = 0u32;
-    let mut phase = 0u32;
     if unit >= CONSUMERS {
         if unit == CONSUMERS {
-            for g in 0..n_stages {
-                let row = (g as usize) * STAGE_WORDS;
-                let cubes = stages[row + 3];
-                if cube < cubes {
-                    let k_vectors = stages[row + 2];
-                    let (r0, r1) = row_share(stages[row + 1], cubes, cube, stages[row + 6]);
-                    let (s, p) = produce_share(
-                        weights,
-                        &ring,
-                        &bars,
-                        stages[row],
-                        r0 * k_vectors,
-                        r1 * k_vectors,
-                        slot,
-                        phase,
-                        slots,
-                        chunk,
-                    );
-                    slot = s;
-                    phase = p;
-                }
-            }
+            produce_step(weights, stages, &ring, &bars, cube, slots, chunk);
         }
     } else {
+        // Where the consumers stand in the ring: the next slot and that slot's phase.
+        let mut slot = 0u32;
+        let mut phase = 0u32;
         for g in 0..n_stages {
             let row = (g as usize) * STAGE_WORDS;
-            if g > 0 {
-                if unit == 0 {
-                    let prev = ((g - 1) as usize) * STAGE_WORDS;
-                    wait_counter(counters, g - 1, stages[prev + 3]);
-                }
-                consumers_sync();
-            }
-            let cubes = stages[row + 3];
+            wait_stage(counters, stages, g);
+            let cubes = stages[row + CUBES];
             if cube < cubes {
-                let k_vectors = stages[row + 2];
+                let k_vectors = stages[row + K_VECTORS];
                 let k = k_vectors * 8;
-                let x_off = stages[row + 4] as usize;
-                let y_off = stages[row + 5] as usize;
-                let kind = stages[row + 6];
-                let aux = stages[row + 7] as usize;
+                let x_off = stages[row + X_OFF] as usize;
+                let y_off = stages[row + Y_OFF] as usize;
+                let kind = stages[row + KIND];
+                let aux = stages[row + AUX] as usize;
                 // Ordered after the stage before by unit 0's acquire and the barrier.
                 for i in range_stepped(unit, k, CONSUMERS) {
                     xs[i as usize] = acts[x_off + i as usize];
@@ -236,7 +188,7 @@ pub fn persistent_gemv(
                     }
                 }
                 consumers_sync();
-                let (r0, r1) = row_share(stages[row + 1], cubes, cube, kind);
+                let (r0, r1) = row_share(stages[row + ROWS], cubes, cube, kind);
                 let (s, p) = consume_rows(
                     &ring,
                     &bars,
@@ -280,14 +232,7 @@ pub fn persistent_gemv(
                 }
             }
         }
-        if unit == 0 {
-            let cubes = CUBE_COUNT as u32;
-            if add_counter(counters, n_stages, 1u32) == cubes - 1 {
-                for i in 0..n_stages + 1 {
-                    counters[i as usize] = 0u32;
-                }
-            }
-        }
+        finish_step(counters, n_stages);
     }
 }
 
