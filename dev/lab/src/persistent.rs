@@ -18,6 +18,10 @@
 //! [`reference`] before anything is timed.
 //!
 //! CUDA (sm_90) only: the copies, mbarriers and counters are inline PTX.
+//!
+//! Measured on an H200 (docs/investigations/persistent-step.md): 39.5 µs a layer at both sizes,
+//! against 19.2 / 29.8 for the CUDA C kernel, so a cost fixed per stage bounds it, not the
+//! stream; the persistent structure itself did not beat the five-launch chain, and was dropped.
 
 // `x + 0` makes a new immutable value: inline PTX takes a mutable variable, or one an `out`
 // operand wrote, by its address.
