@@ -15,7 +15,7 @@
 //! The stage list is the synthetic chain's (per layer qkv, the keys and values of a 640-token
 //! context on 16 cubes, o, gate-up and down, with the 1.5B step's bytes at 8-bit and bf16 sizes),
 //! laid out one after another in one buffer. A replay from zeroed sums is checked against
-//! [`reference`] before anything is timed.
+//! [`reference()`] before anything is timed.
 //!
 //! CUDA (sm_90) only: the copies, mbarriers and counters are inline PTX.
 //!
@@ -450,7 +450,7 @@ pub fn persistent_stream(
 /// with a ring of its own. The launch lets its dependents launch at once, and its producer
 /// queues the cube's first chunks before the consumers' `griddepcontrol.wait` for the stage
 /// before, so that two stages' cubes share an SM and the next stage's weights stream while this
-/// one ends. Same sums as [`persistent_stream`].
+/// one ends. Same sums as [`persistent_stream()`].
 #[cube(launch_unchecked)]
 pub fn ring_stage(
     weights: &[u32],
@@ -586,7 +586,7 @@ pub fn weight_words(n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The sums [`persistent_stream`] stores in one launch from zeroed `y`, for chunks of `chunk`
+/// The sums [`persistent_stream()`] stores in one launch from zeroed `y`, for chunks of `chunk`
 /// vectors: word `j` of a chunk goes to consumer `j % CONSUMERS`, which multiplies it by its x
 /// (the previous stage's sum of cube `unit % cubes`, with its low bit set).
 pub fn reference(stages: &[Stage], weights: &[u32], chunk: u32) -> Vec<u32> {
@@ -629,9 +629,9 @@ pub struct Ring {
 /// How the step is launched.
 #[derive(Clone, Copy, Debug)]
 pub enum Variant {
-    /// [`persistent_stream`]: one launch for the step.
+    /// [`persistent_stream()`]: one launch for the step.
     Persistent(Ring),
-    /// [`ring_stage`]: one launch a stage.
+    /// [`ring_stage()`]: one launch a stage.
     Chain(Ring),
 }
 
@@ -736,7 +736,7 @@ pub fn launch<R: Runtime>(
 }
 
 /// Launches `variant` once on `step` as [`StepBuffers::new`] made it (zeroed sums) and compares
-/// every working cube's sum with [`reference`]; the number of sums that differ.
+/// every working cube's sum with [`reference()`]; the number of sums that differ.
 pub fn check<R: Runtime>(
     client: &ComputeClient<R>,
     weights: &DeviceTensor<R>,

@@ -122,7 +122,7 @@ fn row_total(row_slots: &[f32], r: u32, runs: u32) -> f32 {
 
 /// The chain of GEMVs: `stages` ([`STAGE_WORDS`] words a stage) over `weights` (bf16 pairs as
 /// u32 words, rows of K weights), reading x from and storing outputs to `acts`. One cube per SM;
-/// `counters` as [`crate::persistent::persistent_stream`]'s.
+/// `counters` as [`crate::persistent::persistent_stream()`]'s.
 #[cube(launch_unchecked)]
 pub fn persistent_gemv(
     weights: &[u32],
