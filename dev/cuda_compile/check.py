@@ -99,7 +99,9 @@ def main():
     failed = 0
     for path in sources:
         name = os.path.basename(path)
-        ptx, err = nvrtc_ptx(lib, open(path, "rb").read(), name, args.arch, include)
+        # The source's own folder too, for the headers beside it.
+        ptx, err = nvrtc_ptx(lib, open(path, "rb").read(), name, args.arch,
+                             include + [os.path.dirname(os.path.abspath(path))])
         if err is None:
             ptx_path = path[:-3] + ".ptx"
             open(ptx_path, "wb").write(ptx)
