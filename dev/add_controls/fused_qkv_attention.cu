@@ -137,6 +137,25 @@ qkv_smem(const uint4* __restrict__ w, const uint4* __restrict__ kv, unsigned kv_
   }
 }
 
+// Streaming rate on few SMs: each cube queues `vecs` 16-byte vectors from `src` (its slice) into
+// its shared memory as bulk copies of 16 KB on one barrier, waits for them and stores one word
+// (so that the launch ends only once its bytes are in).
+__global__ void __launch_bounds__(256, 1) bulk_stream(const uint4* __restrict__ src, unsigned vecs, unsigned* out) {
+  extern __shared__ __align__(128) uint4 buf[];
+  __shared__ __align__(8) unsigned long long bar;
+  if (threadIdx.x == 0) {
+    mbar_init(smem_addr(&bar), 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    mbar_expect(smem_addr(&bar), vecs * 16);
+    const uint4* from = src + (size_t)blockIdx.x * vecs;
+    for (unsigned off = 0; off < vecs; off += 1024)
+      bulk_load(smem_addr(buf + off), from + off, min(1024u, vecs - off) * 16, smem_addr(&bar));
+  }
+  __syncthreads();
+  mbar_wait(smem_addr(&bar), 0);
+  if (threadIdx.x == 0) out[blockIdx.x] = buf[vecs - 1].x;
+}
+
 #ifdef __CUDACC_RTC__
 // NVRTC (dev/cuda_compile/check.py) compiles the kernels only.
 #define QKV_SMEM(SHAPE, MATH, ATTN, CPP) \
@@ -174,6 +193,33 @@ template <int SHAPE> struct Kernels {
   }
 };
 
+// µs a launch of bulk_stream on `grid` cubes of `bytes` each, each launch from a fresh slice of
+// `w` (`span` vectors), medians of 8 rounds of 50 launches (an empty launch's time printed for
+// reference).
+void stream_rates(cudaStream_t s, const uint4* w, size_t span) {
+  unsigned* out; cudaMalloc(&out, 1024 * 4);
+  cudaFuncSetAttribute(bulk_stream, cudaFuncAttributeMaxDynamicSharedMemorySize, 196608);
+  printf("bulk streaming alone (us a launch, GB/s):\n");
+  for (unsigned bytes : {98304u, 196608u})
+    for (unsigned grid : {0u, 16u, 32u, 64u, 132u}) {
+      const unsigned vecs = bytes / 16, g = grid ? grid : 1, v = grid ? vecs : 16;
+      size_t at = 0;
+      auto run = [&](int it) {
+        for (int k = 0; k < it; k++) {
+          if (at + (size_t)g * v > span) at = 0;
+          bulk_stream<<<g, 256, v * 16, s>>>(w + at, v, out);
+          at += (size_t)g * v;
+        }
+      };
+      std::vector<float> t;
+      for (int r = 0; r < 8; r++) { run(5); cudaStreamSynchronize(s); t.push_back(time_per_iter(s, 50, run)); }
+      std::sort(t.begin(), t.end());
+      if (!grid) { printf("  empty launch %.2f us\n", t[4]); continue; }
+      printf("  %3u cubes x %6u B: %.2f us, %.0f GB/s\n", grid, bytes, t[4], (double)grid * bytes / t[4] / 1e3);
+    }
+  cudaFree(out);
+}
+
 }  // namespace
 
 int main() {
@@ -187,6 +233,8 @@ int main() {
   cudaFuncSetAttribute(attention<0, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kStandInSmem);
   Kernels<0> k8; Kernels<1> k16;
   k8.prepare(); k16.prepare();
+  stream_rates(s, w, (size_t)kLayers * 256 * (kQkv[1].grid * kQkv[1].vpt + kO[1].grid * kO[1].vpt +
+                                                kGateUp[1].grid * kGateUp[1].vpt + kDown[1].grid * kDown[1].vpt));
   printf("shared memory a cube: 8-bit %zu / %zu / %zu, bf16 %zu / %zu / %zu bytes (32 cubes, 64, fused)\n",
          k8.smem32, k8.smem64, k8.smem_fused, k16.smem32, k16.smem64, k16.smem_fused);
   for (int sh = 0; sh < 2; sh++) {
