@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# A synthetic decode chain of dev/add_controls (SOURCE.cu: fused_attention_o, fused_mlp) built
-# and run on the GPU machine from the repository root, one call of about a minute: the timing
-# run ($OUT/r/PREFIX.txt), then 2 rounds (ROUNDS_ENV=2) under the CUPTI kernel tracer
-# (PREFIX_trace.csv.gz, per-kernel medians in PREFIX_kernels.txt). Results under $OUT/r (r.tgz).
+# A synthetic decode chain of dev/add_controls (SOURCE.cu: fused_attention_o, fused_mlp,
+# fused_qkv_attention) built and run on the GPU machine from the repository root, one call of
+# about a minute: the timing run ($OUT/r/PREFIX.txt), then 2 rounds (ROUNDS_ENV=2) under the
+# CUPTI kernel tracer (PREFIX_trace.csv.gz, per-graph kernel medians in PREFIX_kernels.txt).
+# Results under $OUT/r (r.tgz).
 #   bash dev/synthetic_chain_run.sh SOURCE PREFIX ROUNDS_ENV
 set -u
 src=$1 prefix=$2 rounds_env=$3
@@ -16,12 +17,13 @@ cat $R/$prefix.txt
 env LD_LIBRARY_PATH="$cu13/lib:${LD_LIBRARY_PATH:-}" "$rounds_env=2" \
   CUDA_INJECTION64_PATH=/tmp/libkernel_trace.so KERNEL_TRACE_OUT=$R/${prefix}_trace.csv \
   timeout 150 $bin > $R/${prefix}_traced.txt 2>&1
-# Per kernel (name and template arguments, and grid) and shape (the shapes run one after the
-# other: split at the longest idle gap): median µs each adds to the step.
+# Per graph (the variants' graphs in the order they were captured: shape by shape, each
+# shape's variants in the order the timing run prints them) and kernel (name and template
+# arguments, and grid): median µs each adds to the step; kernels launched outside a graph: their
+# median durations.
 python3 - $R/${prefix}_trace.csv > $R/${prefix}_kernels.txt <<'PY'
 import csv, collections, re, statistics, sys
-rows = sorted((int(r[0]), int(r[1]), int(r[2]), r[11]) for r in list(csv.reader(open(sys.argv[1])))[1:])
-cut = max((b[0] - a[1], i) for i, (a, b) in enumerate(zip(rows, rows[1:])))[1] + 1
+rows = sorted((int(r[0]), int(r[1]), int(r[2]), int(r[9]), r[11]) for r in list(csv.reader(open(sys.argv[1])))[1:])
 def kernel_key(mangled, grid):
     m = re.match(r"_Z(\d+)(\w+)", mangled)
     if not m:
@@ -29,13 +31,21 @@ def kernel_key(mangled, grid):
     name, rest = m[2][:int(m[1])], m[2][int(m[1]):]
     args = re.findall(r"Li(\d+)E", rest.split("Ev")[0]) if rest.startswith("I") else []
     return (f"{name}<{', '.join(args)}>" if args else name, grid)
-for name, part in (("8-bit sizes", rows[:cut]), ("bf16 sizes", rows[cut:])):
+loose = collections.defaultdict(list)
+for start, end, grid, graph, kernel in rows:
+    if graph == 0:
+        loose[kernel_key(kernel, grid)].append((end - start) / 1000)
+if loose:
+    print("outside graphs (duration)", {k: round(statistics.median(v), 2) for k, v in sorted(loose.items())})
+for n, graph in enumerate(sorted({r[3] for r in rows} - {0})):
     added, prev_end = collections.defaultdict(list), None
-    for start, end, grid, kernel in part:
+    for start, end, grid, g, kernel in rows:
+        if g != graph:
+            continue
         if prev_end is not None and start - prev_end < 20000:
             added[kernel_key(kernel, grid)].append((end - prev_end) / 1000)
         prev_end = end
-    print(name, {k: round(statistics.median(v), 2) for k, v in sorted(added.items())})
+    print(f"graph {n + 1}", {k: round(statistics.median(v), 2) for k, v in sorted(added.items())})
 PY
 cat $R/${prefix}_kernels.txt
 gzip -f $R/${prefix}_trace.csv
