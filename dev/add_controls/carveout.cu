@@ -41,13 +41,7 @@ int main(int argc, char** argv) {
     for (int v = 0; v < NV; v++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
       ChainCursor c{s, w, ys, ys + (size_t)(kLayers * per - 1) * 2048, kDown[sh].grid};
-      for (int l = 0; l < kLayers; l++) {
-        c.plain(kQkv[sh]);
-        c.attention_stand_in(kv + (size_t)l * kKvLayer, smem[v]);
-        c.plain(kO[sh]);
-        c.plain(kGateUp[sh]);
-        c.plain(kDown[sh]);
-      }
+      for (int l = 0; l < kLayers; l++) c.layer(sh, l, kv, smem[v]);
       if (!end_capture(s, &exec[v])) return 1;
     }
     time_variants(s, kShapeNames[sh], names, NV, exec, "CARVEOUT_ROUNDS");

@@ -104,6 +104,15 @@ struct ChainCursor {
     launch_attention_stand_in(s, kv, smem, prev, prev_len, y);
     prev = y; prev_len = ATTN_OUT;
   }
+  // Layer `l` of the five-launch chain at shape `sh` (qkv, the attention stand-in with `smem`
+  // bytes over the layer's keys and values in `kv`, o, gate-up, down).
+  void layer(int sh, int l, const uint4* kv, size_t smem) {
+    plain(kQkv[sh]);
+    attention_stand_in(kv + (size_t)l * kKvLayer, smem);
+    plain(kO[sh]);
+    plain(kGateUp[sh]);
+    plain(kDown[sh]);
+  }
 };
 
 // Ends the capture on `s` into exec; false (after printing why) where it does not instantiate.

@@ -113,13 +113,7 @@ int main() {
     for (int v = 0; v < NV; v++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
       ChainCursor c{s, w, ys, ys + (size_t)(kLayers * per - 1) * 2048, kDown[sh].grid};
-      for (int l = 0; l < kLayers; l++) {
-        c.plain(kQkv[sh]);
-        c.attention_stand_in(kv + (size_t)l * kKvLayer, kStandInSmem);
-        c.plain(kO[sh]);
-        c.plain(kGateUp[sh]);
-        c.plain(kDown[sh]);
-      }
+      for (int l = 0; l < kLayers; l++) c.layer(sh, l, kv, kStandInSmem);
       const double hinted_mb = vs[v].hinted < 0 ? largest / 1e6 : vs[v].hinted;
       const unsigned hint_cubes = (unsigned)(hinted_mb * 1e6 / cube_bytes);
       cudaLaunchConfig_t cfg = {}; cfg.gridDim = dim3(hd.grid); cfg.blockDim = dim3(256); cfg.stream = s;

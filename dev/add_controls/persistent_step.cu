@@ -474,13 +474,7 @@ int main() {
     cudaGraphExec_t exec[NV];
     cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
     ChainCursor c{s, w, ys, ys + (size_t)(n - 1) * 2048, kDown[sh].grid};
-    for (int l = 0; l < kLayers; l++) {
-      c.plain(kQkv[sh]);
-      c.attention_stand_in(kv + (size_t)l * kKvLayer, kStandInSmem);
-      c.plain(kO[sh]);
-      c.plain(kGateUp[sh]);
-      c.plain(kDown[sh]);
-    }
+    for (int l = 0; l < kLayers; l++) c.layer(sh, l, kv, kStandInSmem);
     if (!end_capture(s, &exec[0])) return 1;
     for (int r = 0; r < NR; r++) {
       cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
