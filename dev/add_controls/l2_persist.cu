@@ -17,11 +17,11 @@
 // rounds that alternate the variants. Before each variant's rounds the persisting lines are
 // reset and the set-aside is set as the variant needs; the warm-up replays fill it.
 //
-// Variants: "none" (the set-aside at its largest, unused), "none, no set-aside", "window 16 MB"
-// and "window max" (the head's launch with an access-policy window over its first bytes,
-// persisting hits and streaming misses), "evict_last max" (no window: the head's cubes over those
-// bytes load with an `L2::evict_last` policy), "evict_last max, no set-aside" (the same without
-// it), "evict_last max + evict_first rest" (the other head cubes load with `L2::evict_first`).
+// Variants: "none" with no set-aside (the GPU's default) or 8 MB, 16 MB or the largest set aside
+// and unused; "window N MB" (the head's launch with an access-policy window over its first N MB,
+// persisting hits and streaming misses) with N MB set aside; "evict_last max + evict_first rest"
+// (no window: the head's cubes over its first bytes load with an `L2::evict_last` policy, the
+// others with `L2::evict_first`); "evict_last max, no set-aside" (the first without a set-aside).
 #include "chain.cuh"
 
 // Loads of the head stage: HINT 0 plain; 1 an evict_last policy in the cubes below
@@ -71,10 +71,10 @@ constexpr Stage kHead[2] = {{9496, 6}, {18992, 6}};
 
 struct Variant {
   const char* name;
-  int hint;        // head_stage's HINT
-  double window;   // MB of access-policy window (0: none; < 0: the largest)
-  double hinted;   // MB of evict_last cubes (< 0: the largest)
-  bool set_aside;  // the persisting set-aside at its largest (else none)
+  int hint;          // head_stage's HINT
+  double window;     // MB of access-policy window (0: none; < 0: the largest)
+  double hinted;     // MB of evict_last cubes (< 0: the largest)
+  double set_aside;  // MB of persisting set-aside (< 0: the largest)
 };
 
 }  // namespace
@@ -87,13 +87,15 @@ int main() {
   const size_t largest = std::min((size_t)max_persist, (size_t)max_window);
   printf("persisting L2 set-aside at most %.1f MB, access-policy window at most %.1f MB\n", max_persist / 1e6,
          max_window / 1e6);
-  const Variant vs[] = {{"none", 0, 0, 0, true},
-                        {"none, no set-aside", 0, 0, 0, false},
-                        {"window 16 MB", 0, 16, 0, true},
-                        {"window max", 0, -1, 0, true},
-                        {"evict_last max", 1, 0, -1, true},
-                        {"evict_last max, no set-aside", 1, 0, -1, false},
-                        {"evict_last max + evict_first rest", 2, 0, -1, true}};
+  const Variant vs[] = {{"none, no set-aside", 0, 0, 0, 0},
+                        {"none, 8 MB set aside", 0, 0, 0, 8},
+                        {"none, 16 MB set aside", 0, 0, 0, 16},
+                        {"none, max set aside", 0, 0, 0, -1},
+                        {"window 8 MB, 8 MB set aside", 0, 8, 0, 8},
+                        {"window 16 MB, 16 MB set aside", 0, 16, 0, 16},
+                        {"window max, max set aside", 0, -1, 0, -1},
+                        {"evict_last max + evict_first rest", 2, 0, -1, -1},
+                        {"evict_last max, no set-aside", 1, 0, -1, 0}};
   const int NV = sizeof(vs) / sizeof(vs[0]);
   uint4 *w, *kv;
   chain_weights(&w, &kv);
@@ -141,7 +143,8 @@ int main() {
       for (int j = 0; j < NV; j++) {
         const int v = (round & 1) ? NV - 1 - j : j;
         cudaStreamSynchronize(s);
-        cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, vs[v].set_aside ? largest : 0);
+        cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize,
+                           vs[v].set_aside < 0 ? largest : (size_t)(vs[v].set_aside * 1e6));
         cudaCtxResetPersistingL2Cache();
         auto run = [&](int it) { for (int k = 0; k < it; k++) cudaGraphLaunch(exec[v], s); };
         run(5); cudaStreamSynchronize(s);
