@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A synthetic decode chain of dev/add_controls (SOURCE.cu: fused_attention_o, fused_mlp,
 # fused_qkv_attention, l2_persist, long_attention) built and run on the GPU machine from the
-# repository root, one call of about a minute: the timing run ($OUT/r/PREFIX.txt), then 2 rounds (ROUNDS_ENV=2)
-# under the CUPTI kernel tracer (PREFIX_trace.csv.gz, per-graph kernel medians in
-# PREFIX_kernels.txt). Results under $OUT/r (r.tgz).
+# repository root, one call of about a minute: the timing run ($OUT/r/PREFIX.txt), then 2
+# rounds (ROUNDS_ENV=2) under the CUPTI kernel tracer (PREFIX_trace.csv.gz, per-graph kernel
+# medians in PREFIX_kernels.txt). Results under $OUT/r (r.tgz).
 #   bash dev/synthetic_chain_run.sh SOURCE PREFIX ROUNDS_ENV
 set -u
 src=$1 prefix=$2 rounds_env=$3
