@@ -18,10 +18,18 @@ use super::plan::Problem;
 use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
 use crate::online_softmax::EMPTY_MAX;
-use crate::{DeviceTensor, Result};
+use crate::{DeviceTensor, OpsError, Result};
 
 #[cfg(test)]
 mod cuda_source;
+
+/// Elements of the kernel's 16-bit dtype in one 32-bit word of the planes' merge buffers, which
+/// live in the K/V stages' memory.
+const WORD_ELEMS: usize = 2;
+
+/// One f32 of the planes' merge buffers, stored in the K/V stages' memory as the bits of two
+/// elements of the dtype.
+type Word<F> = Vector<F, Const<WORD_ELEMS>>;
 
 /// The comptime shape of [`split_kv_mma_kernel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -106,11 +114,21 @@ impl SplitKvMmaBlueprint {
         }
     }
 
+    /// Whether the planes' f32 merge buffers (`warps · 16` rows of `d` outputs in the K stages,
+    /// of two statistics in the V stages) fit the stages they reuse: for a 16-bit dtype always,
+    /// as `bk` is a multiple of `16 · warps` and a stage row holds `d + 8` elements.
+    pub fn merge_fits_stages(&self, elem: usize) -> bool {
+        let stages = 2 * self.bk * self.stride() * elem;
+        elem * WORD_ELEMS == 4
+            && self.warps * 16 * self.d * 4 <= stages
+            && self.warps * 16 * 2 * 4 <= stages
+    }
+
     /// Shared memory of a launch (with the clustered launch's receive buffer and mbarrier,
     /// which the plain launch does not declare).
     pub fn shared_bytes(&self, elem: usize) -> usize {
         (16 + 4 * self.bk) * self.stride() * elem
-            + self.warps * 16 * (self.d + 3) * 4
+            + self.warps * 16 * 4
             + 16 * 2 * 4
             + 64
             + exchange_len(self.d, 32 * self.warps) * 4
@@ -417,11 +435,18 @@ fn split_kv_mma<F: Float>(
         sync_cube();
     }
 
-    // Merge the planes: each wrote (max, sum, acc) for the rows of the block that exist.
+    // Merge the planes: each wrote (max, sum, acc) for the rows of the block that exist. Their
+    // f32 buffers are the K/V stages' memory seen as 32-bit words (the loop's last barrier ended
+    // every read of the stages, and no copy into them is in flight): a cube of the long-cache
+    // tiling then needs 144 KB of shared memory rather than 211 KB.
     let l0 = quad_sum(rows.l0);
     let l1 = quad_sum(rows.l1);
-    let mut o_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * d]);
-    let mut st_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * 2]);
+    let o_sh = k_sh
+        .as_vectorized_mut()
+        .with_vector_size_mut::<Const<WORD_ELEMS>>();
+    let st_sh = v_sh
+        .as_vectorized_mut()
+        .with_vector_size_mut::<Const<WORD_ELEMS>>();
     let rows_here = block_rows(geo);
     let wrow = warp as usize * 16;
     let col = (2 * t) as usize;
@@ -430,8 +455,8 @@ fn split_kv_mma<F: Float>(
         for n in 0..dn {
             let o0 = o_acc[n * 2];
             let base0 = (wrow + g as usize) * d + n * 8 + col;
-            o_sh[base0] = o0.extract(0usize);
-            o_sh[base0 + 1] = o0.extract(1usize);
+            o_sh[base0] = Word::<F>::reinterpret(o0.extract(0usize));
+            o_sh[base0 + 1] = Word::<F>::reinterpret(o0.extract(1usize));
         }
     }
     if g + 8 < rows_here {
@@ -439,19 +464,29 @@ fn split_kv_mma<F: Float>(
         for n in 0..dn {
             let o1 = o_acc[n * 2 + 1];
             let base1 = (wrow + g as usize + 8) * d + n * 8 + col;
-            o_sh[base1] = o1.extract(0usize);
-            o_sh[base1 + 1] = o1.extract(1usize);
+            o_sh[base1] = Word::<F>::reinterpret(o1.extract(0usize));
+            o_sh[base1 + 1] = Word::<F>::reinterpret(o1.extract(1usize));
         }
     }
     if t == 0 {
-        st_sh[(wrow + g as usize) * 2] = rows.m0;
-        st_sh[(wrow + g as usize) * 2 + 1] = l0;
-        st_sh[(wrow + g as usize + 8) * 2] = rows.m1;
-        st_sh[(wrow + g as usize + 8) * 2 + 1] = l1;
+        st_sh[(wrow + g as usize) * 2] = Word::<F>::reinterpret(rows.m0);
+        st_sh[(wrow + g as usize) * 2 + 1] = Word::<F>::reinterpret(l0);
+        st_sh[(wrow + g as usize + 8) * 2] = Word::<F>::reinterpret(rows.m1);
+        st_sh[(wrow + g as usize + 8) * 2 + 1] = Word::<F>::reinterpret(l1);
     }
     sync_cube();
     merge_planes::<F>(
-        io, &o_sh, &st_sh, orow_sh, geo, first_rho, rows_here, c, recv, bar, blueprint,
+        io,
+        k_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
+        v_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
+        orow_sh,
+        geo,
+        first_rho,
+        rows_here,
+        c,
+        recv,
+        bar,
+        blueprint,
     );
     rows_here
 }
@@ -466,8 +501,8 @@ fn split_kv_mma<F: Float>(
 #[allow(clippy::too_many_arguments)]
 fn merge_planes<F: Float>(
     io: &mut SplitBuffers<F, f32>,
-    o_sh: &[f32],
-    st_sh: &[f32],
+    o_sh: &[Word<F>],
+    st_sh: &[Word<F>],
     orow_sh: &mut [u32],
     geo: &Geometry,
     first_rho: u32,
@@ -495,15 +530,15 @@ fn merge_planes<F: Float>(
         let mut mm = empty;
         #[unroll]
         for w in 0..warps {
-            mm = max(mm, st_sh[(w * 16 + r) * 2]);
+            mm = max(mm, f32::reinterpret(st_sh[(w * 16 + r) * 2]));
         }
         let mc = select(mm == empty, 0f32, mm * c);
         let mut ll = 0f32;
         #[unroll]
         for w in 0..warps {
-            let f = exp2_approx(st_sh[(w * 16 + r) * 2] * c - mc);
+            let f = exp2_approx(f32::reinterpret(st_sh[(w * 16 + r) * 2]) * c - mc);
             w_sh[r * warps + w] = f;
-            ll += st_sh[(w * 16 + r) * 2 + 1] * f;
+            ll += f32::reinterpret(st_sh[(w * 16 + r) * 2 + 1]) * f;
         }
         let orow =
             (b * geo.lq + rho / geo.group) * geo.hq + CUBE_POS_Y * geo.group + rho % geo.group;
@@ -532,7 +567,7 @@ fn merge_planes<F: Float>(
         let mut acc = 0f32;
         #[unroll]
         for w in 0..warps {
-            acc += o_sh[(w * 16 + r) * d + dd] * w_sh[r * warps + w];
+            acc += f32::reinterpret(o_sh[(w * 16 + r) * d + dd]) * w_sh[r * warps + w];
         }
         let orow = orow_sh[r] as usize;
         if comptime![blueprint.exchange] {
@@ -711,6 +746,17 @@ pub(crate) fn launch<R: Runtime>(
     blueprint.trigger = crate::caps::has_launch_dependents(client)
         && cubes <= crate::caps::num_sms(client) as usize;
     blueprint.early = crate::caps::has_pdl(client) && p.appended();
+    let elem = p.q.dtype().size();
+    if !blueprint.merge_fits_stages(elem) {
+        return Err(OpsError::UnsupportedFeature {
+            op,
+            runtime: crate::caps::runtime_name(client),
+            feature: format!(
+                "tensor-core decode with {} planes on {}-key tiles of {elem}-byte elements",
+                blueprint.warps, blueprint.bk
+            ),
+        });
+    }
     let count = CubeCount::Static(
         split.splits as u32,
         p.hkv as u32,
@@ -751,4 +797,31 @@ pub(crate) fn launch<R: Runtime>(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitKvMmaBlueprint;
+    use crate::attention::SplitKvTiling;
+
+    /// Every tiling the kernel takes (`bk` a multiple of `16 · warps` up to 128, head dims that
+    /// are multiples of 16 up to 128) has room in its K/V stages for the planes' merge buffers
+    /// in a 16-bit dtype; f32 stages are refused, as their words would not be one f32 each.
+    #[test]
+    fn merge_buffers_fit_the_stages_of_every_tiling() {
+        for warps in [1, 2, 4, 8] {
+            for bk in (16 * warps..=128).step_by(16 * warps) {
+                for d in (16..=128).step_by(16) {
+                    let tiling = SplitKvTiling {
+                        warps,
+                        bk,
+                        cubes_per_sm: 1,
+                    };
+                    let bp = SplitKvMmaBlueprint::new(d, tiling, true, true);
+                    assert!(bp.merge_fits_stages(2), "{bp:?}");
+                    assert!(!bp.merge_fits_stages(4), "{bp:?}");
+                }
+            }
+        }
+    }
 }
