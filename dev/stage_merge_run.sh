@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for the tensor-core decode attention whose planes' merge buffers reuse the K/V
+# stages' shared memory (long-cache cube 144 KB, clustered cube 153 KB, against 211 and 220 KB),
+# run from the repository root on the GPU machine with .devs/ holding cubellm (the change),
+# cubellm-base (the build before it), ops-test and model-test (the change's tests). STEPS picks:
+#   tests    the attention kernel tests on CUDA (ops-test), while the 1.5B-shape model is built
+#   long     bench-generate A/B of base and new (dev/ab_device_run.sh) at a 32k context (bf16),
+#            results in $OUT/long
+#   short    the same A/B at 512 tokens (SHORT_MODES, default bf16 and W8A8), in $OUT/short
+#   model    the model's device tests (transformers fixtures, graph replay, long context)
+#   profile  the 6-layer CUPTI tables of both builds at a 32k context
+#            (dev/profile/decode_profile.sh) in $OUT/r/prof-base and $OUT/r/prof-new
+#   STEPS="tests long short" bash dev/stage_merge_run.sh
+set -u
+T0=$(date +%s)
+elapsed() { echo $(($(date +%s) - T0)); }
+source "$(dirname "$0")/device_setup.sh"
+begin_results
+cp .devs/cubellm .devs/cubellm-new
+has() { [[ " ${STEPS:-tests long short} " == *" $1 "* ]]; }
+export CUBELLM_TEST_RUNTIMES=cuda
+start_model .devs/cubellm 300
+if has tests; then
+  timeout 240 .devs/ops-test --test-threads=8 attention > "$R/ops-test.log" 2>&1
+  echo "rc=$?" >> "$R/ops-test.log"
+  grep -h "test result\|rc=\|FAILED\|panicked" "$R/ops-test.log" | head
+fi
+if has model; then
+  (cd crates/model && timeout 240 ../../.devs/model-test --test-threads=4) > "$R/model-test.log" 2>&1
+  echo "rc=$?" >> "$R/model-test.log"
+  grep -h "test result\|rc=\|FAILED\|panicked" "$R/model-test.log" | head
+fi
+wait_model
+echo "tests and model done at $(elapsed) s"
+if has long; then
+  OUT=$OUT/long LABELS="base new" MODES=none ROUNDS=${LONG_ROUNDS:-2} PROMPT=32640 \
+    BUDGET=${LONG_BUDGET:-150} bash dev/ab_device_run.sh | tail -3
+fi
+if has short; then
+  OUT=$OUT/short LABELS="base new" MODES=${SHORT_MODES:-none w8a8} ROUNDS=${SHORT_ROUNDS:-2} \
+    BUDGET=${SHORT_BUDGET:-150} bash dev/ab_device_run.sh | tail -5
+fi
+echo "A/B done at $(elapsed) s"
+if has profile; then
+  ensure_big_model .devs/cubellm "$R/setup6.log" 120 6
+  build_trace_lib "$R/trace-build.log"
+  for label in base new; do
+    PROMPT_LEN=32640 PROFILE_TIMEOUT=70 profile_layers ".devs/cubellm-$label" "$R/prof-$label" none
+  done
+  for label in base new; do pack_traces "$R/prof-$label"; done
+fi
+echo "end at $(elapsed) s"
