@@ -3,9 +3,10 @@
 # stages' shared memory (long-cache cube 144 KB, clustered cube 153 KB, against 211 and 220 KB),
 # run from the repository root on the GPU machine with .devs/ holding cubellm (the change),
 # cubellm-base (the build before it), ops-test and model-test (the change's tests). STEPS picks:
-#   tests    the attention kernel tests on CUDA (ops-test), while the 1.5B-shape model is built
-#   long     bench-generate A/B of base and new (dev/ab_device_run.sh) at a 32k context (bf16),
-#            results in $OUT/long
+#   tests    the attention kernel tests on CUDA (ops-test, OPS_FILTER: default all), while the
+#            1.5B-shape model is built
+#   long     bench-generate A/B of LONG_LABELS (default base new; label L runs .devs/cubellm-L)
+#            (dev/ab_device_run.sh) at a 32k context (bf16), results in $OUT/long
 #   short    the same A/B at 512 tokens (SHORT_MODES, default bf16 and W8A8), in $OUT/short
 #   model    the model's device tests (transformers fixtures, graph replay, long context)
 #   profile  the 6-layer CUPTI tables of both builds at a 32k context
@@ -21,7 +22,8 @@ has() { [[ " ${STEPS:-tests long short} " == *" $1 "* ]]; }
 export CUBELLM_TEST_RUNTIMES=cuda
 start_model .devs/cubellm 300
 if has tests; then
-  timeout 240 .devs/ops-test --test-threads=8 attention > "$R/ops-test.log" 2>&1
+  timeout "${OPS_TIMEOUT:-240}" .devs/ops-test --test-threads=8 ${OPS_FILTER:-attention} \
+    > "$R/ops-test.log" 2>&1
   echo "rc=$?" >> "$R/ops-test.log"
   grep -h "test result\|rc=\|FAILED\|panicked" "$R/ops-test.log" | head
 fi
@@ -33,7 +35,7 @@ fi
 wait_model
 echo "tests and model done at $(elapsed) s"
 if has long; then
-  OUT=$OUT/long LABELS="base new" MODES=none ROUNDS=${LONG_ROUNDS:-2} PROMPT=32640 \
+  OUT=$OUT/long LABELS=${LONG_LABELS:-base new} MODES=none ROUNDS=${LONG_ROUNDS:-2} PROMPT=32640 \
     BUDGET=${LONG_BUDGET:-150} bash dev/ab_device_run.sh | tail -3
 fi
 if has short; then
