@@ -278,20 +278,12 @@ pub(crate) fn next_kv_tile<F: Float>(
 ) -> usize {
     let buf = (kt % 2) as usize;
     if kt + 1 < n_tiles {
-        queue_kv_tile::<F>(
-            k,
-            v,
-            k_sh,
-            v_sh,
-            tile0 + ((kt + 1) * bk as u32) as usize,
-            1 - buf,
-            kv_base,
-            kv_stride,
-            last_key,
-            bk,
-            d,
-            stride,
-        );
+        let nb = comptime![bk * stride] * (1 - buf);
+        let first = tile0 + ((kt + 1) * bk as u32) as usize;
+        let src = kv_base + first * kv_stride;
+        let last = last_key - first;
+        copy_rows_async::<F>(k, k_sh, src, kv_stride, last, nb, bk, d, stride);
+        copy_rows_async::<F>(v, v_sh, src, kv_stride, last, nb, bk, d, stride);
         if buf == 0 {
             bar1.commit_copy_async();
         } else {
@@ -306,111 +298,6 @@ pub(crate) fn next_kv_tile<F: Float>(
         }
     }
     buf
-}
-
-/// Queues, without waiting, the copies of the K/V tile of keys from `first` (rows past
-/// `last_key` repeat row `last_key`) into buffer `buf`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn queue_kv_tile<F: Float>(
-    k: &[F],
-    v: &[F],
-    k_sh: &mut [F],
-    v_sh: &mut [F],
-    first: usize,
-    buf: usize,
-    kv_base: usize,
-    kv_stride: usize,
-    last_key: usize,
-    #[comptime] bk: usize,
-    #[comptime] d: usize,
-    #[comptime] stride: usize,
-) {
-    let nb = comptime![bk * stride] * buf;
-    let src = kv_base + first * kv_stride;
-    let last = last_key - first;
-    copy_rows_async::<F>(k, k_sh, src, kv_stride, last, nb, bk, d, stride);
-    copy_rows_async::<F>(v, v_sh, src, kv_stride, last, nb, bk, d, stride);
-}
-
-/// [`next_kv_tile`] over three buffers, two tiles in flight: queues tile `kt + 2` into the buffer
-/// of tile `kt - 1` (whose reads ended at the barrier closing iteration `kt - 1`), committed to
-/// that buffer's barrier, then waits for tile `kt` (the caller queued tiles 0 and 1, committed to
-/// `bar0` and `bar1`, and waited for tile 0). Returns the buffer tile `kt` is in (0, 1 or 2).
-#[cube]
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn next_kv_tile3<F: Float>(
-    k: &[F],
-    v: &[F],
-    k_sh: &mut [F],
-    v_sh: &mut [F],
-    bars: &KvBarriers,
-    kt: u32,
-    n_tiles: u32,
-    tile0: usize,
-    kv_base: usize,
-    kv_stride: usize,
-    last_key: usize,
-    #[comptime] bk: usize,
-    #[comptime] d: usize,
-    #[comptime] stride: usize,
-) -> usize {
-    let buf = (kt % 3) as usize;
-    if kt + 2 < n_tiles {
-        let nb = ((kt + 2) % 3) as usize;
-        queue_kv_tile::<F>(
-            k,
-            v,
-            k_sh,
-            v_sh,
-            tile0 + ((kt + 2) * bk as u32) as usize,
-            nb,
-            kv_base,
-            kv_stride,
-            last_key,
-            bk,
-            d,
-            stride,
-        );
-        bars.commit(nb);
-    }
-    if kt > 0 {
-        bars.wait(buf);
-    }
-    buf
-}
-
-/// One barrier per K/V buffer of a three-stage pipeline ([`next_kv_tile3`]).
-#[derive(CubeType)]
-pub(crate) struct KvBarriers {
-    pub b0: Shared<Barrier>,
-    pub b1: Shared<Barrier>,
-    pub b2: Shared<Barrier>,
-}
-
-#[cube]
-impl KvBarriers {
-    /// Makes buffer `buf`'s barrier track the copies this unit queued so far.
-    pub fn commit(&self, buf: usize) {
-        if buf == 0 {
-            self.b0.commit_copy_async();
-        } else if buf == 1 {
-            self.b1.commit_copy_async();
-        } else {
-            self.b2.commit_copy_async();
-        }
-    }
-
-    /// Waits for the copies committed to buffer `buf`'s barrier.
-    pub fn wait(&self, buf: usize) {
-        if buf == 0 {
-            self.b0.arrive_and_wait();
-        } else if buf == 1 {
-            self.b1.arrive_and_wait();
-        } else {
-            self.b2.arrive_and_wait();
-        }
-    }
 }
 
 /// The Q fragments (A operand) of the plane's 16 rows, starting at element `row_start` of `q_sh`

@@ -10,9 +10,8 @@ use super::cluster_merge::{
     send_element, send_stats, window_address,
 };
 use super::flash_step::{
-    exp2_approx, flash_step, lane_addresses, lane_rows, load_q_fragments, next_kv_tile,
-    next_kv_tile3, quad_sum, queue_kv_tile, queue_kv_tile_part, zeroed_output, KvBarriers,
-    StepShape,
+    exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
+    next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
 };
 use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry, SplitBuffers};
 use super::plan::Problem;
@@ -62,9 +61,6 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// Set for the clustered launch: the partials go to the cubes of the cluster through
     /// distributed shared memory (`super::cluster_merge`), not to the global partial buffers.
     pub exchange: bool,
-    /// K/V buffers of the key loop: 2 (one tile in flight while the planes work on another) or
-    /// 3 (two in flight).
-    pub stages: usize,
 }
 
 /// The operands a [`SplitKvMmaBlueprint::rope`] launch reads beside the problem's: the QKV row
@@ -97,7 +93,6 @@ impl SplitKvMmaBlueprint {
             early: false,
             rope: false,
             exchange: false,
-            stages: 2,
         }
     }
 
@@ -132,7 +127,7 @@ impl SplitKvMmaBlueprint {
     /// Shared memory of a launch (with the clustered launch's receive buffer and mbarrier,
     /// which the plain launch does not declare).
     pub fn shared_bytes(&self, elem: usize) -> usize {
-        (16 + 2 * self.stages * self.bk) * self.stride() * elem
+        (16 + 4 * self.bk) * self.stride() * elem
             + self.warps * 16 * 4
             + 16 * 2 * 4
             + 64
@@ -251,14 +246,10 @@ fn split_kv_mma<F: Float>(
     let n_tiles = (k_end - k_begin).div_ceil(bk as u32);
 
     let mut q_sh = Shared::<[F]>::new_aligned_slice(comptime![16 * stride], 16usize);
-    let stages = comptime![blueprint.stages];
-    let mut k_sh = Shared::<[F]>::new_aligned_slice(comptime![stages * bk * stride], 16usize);
-    let mut v_sh = Shared::<[F]>::new_aligned_slice(comptime![stages * bk * stride], 16usize);
-    let bars = KvBarriers {
-        b0: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
-        b1: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
-        b2: Barrier::shared(CUBE_DIM, UNIT_POS == 0),
-    };
+    let mut k_sh = Shared::<[F]>::new_aligned_slice(comptime![2 * bk * stride], 16usize);
+    let mut v_sh = Shared::<[F]>::new_aligned_slice(comptime![2 * bk * stride], 16usize);
+    let bar0 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
+    let bar1 = Barrier::shared(CUBE_DIM, UNIT_POS == 0);
 
     let kv_stride = (geo.hkv as usize) * d;
     let kv_base = kv_first_row(&io.len_buf, geo, b) as usize * kv_stride + hk as usize * d;
@@ -342,7 +333,7 @@ fn split_kv_mma<F: Float>(
         );
         // Orders the cache writes before the copies of that row below (a cube's own global
         // writes are visible to it after a barrier), and the shared-memory stores before their
-        // reads. With `early` and no such copy, the wait for tile 0 below orders the stores
+        // reads. With `early` and no such copy, the wait on `bar0` below orders the stores
         // (its arrival releases them, its wait acquires them, at cube scope).
         if !comptime![blueprint.early] || (owner && !direct) {
             sync_cube();
@@ -378,14 +369,17 @@ fn split_kv_mma<F: Float>(
                 stride,
             );
         }
-    } else if n_tiles > 0 {
-        queue_kv_tile::<F>(
+        bar0.commit_copy_async();
+        bar0.arrive_and_wait();
+    } else {
+        first_kv_tile::<F>(
             &io.k,
             &io.v,
             &mut k_sh,
             &mut v_sh,
+            &bar0,
+            n_tiles,
             k_begin as usize,
-            0usize,
             kv_base,
             kv_stride,
             last_key,
@@ -394,29 +388,6 @@ fn split_kv_mma<F: Float>(
             stride,
         );
     }
-    // Tile 0 (and the Q rows) on the first barrier; with three stages tile 1 goes out before the
-    // wait for them, on the second.
-    bars.commit(0usize);
-    if comptime![stages == 3] {
-        if n_tiles > 1 {
-            queue_kv_tile::<F>(
-                &io.k,
-                &io.v,
-                &mut k_sh,
-                &mut v_sh,
-                k_begin as usize + bk,
-                1usize,
-                kv_base,
-                kv_stride,
-                last_key,
-                bk,
-                d,
-                stride,
-            );
-            bars.commit(1usize);
-        }
-    }
-    bars.wait(0usize);
 
     let lanes = lane_addresses(lane);
     let q_frag = load_q_fragments::<F, NA>(&def, &q_sh, lanes.q_row * stride, &lanes, shape);
@@ -437,42 +408,23 @@ fn split_kv_mma<F: Float>(
     let wkey = warp as usize * wk;
 
     for kt in 0..n_tiles {
-        let buf = if comptime![stages == 3] {
-            next_kv_tile3::<F>(
-                &io.k,
-                &io.v,
-                &mut k_sh,
-                &mut v_sh,
-                &bars,
-                kt,
-                n_tiles,
-                k_begin as usize,
-                kv_base,
-                kv_stride,
-                last_key,
-                bk,
-                d,
-                stride,
-            )
-        } else {
-            next_kv_tile::<F>(
-                &io.k,
-                &io.v,
-                &mut k_sh,
-                &mut v_sh,
-                &bars.b0,
-                &bars.b1,
-                kt,
-                n_tiles,
-                k_begin as usize,
-                kv_base,
-                kv_stride,
-                last_key,
-                bk,
-                d,
-                stride,
-            )
-        };
+        let buf = next_kv_tile::<F>(
+            &io.k,
+            &io.v,
+            &mut k_sh,
+            &mut v_sh,
+            &bar0,
+            &bar1,
+            kt,
+            n_tiles,
+            k_begin as usize,
+            kv_base,
+            kv_stride,
+            last_key,
+            bk,
+            d,
+            stride,
+        );
         let kbuf = buf * comptime![bk * stride] + wkey * stride;
         let key0 = k_begin + kt * bk as u32 + wkey as u32;
         let masked = key0 + wk as u32 > k_unmasked;
@@ -795,17 +747,6 @@ pub(crate) fn launch<R: Runtime>(
         && cubes <= crate::caps::num_sms(client) as usize;
     blueprint.early = crate::caps::has_pdl(client) && p.appended();
     let elem = p.q.dtype().size();
-    // The plain launch of 128-key tiles (long caches): a third K/V buffer where it fits.
-    let three = SplitKvMmaBlueprint {
-        stages: 3,
-        ..blueprint
-    };
-    if !split.clustered
-        && blueprint.bk == 128
-        && three.shared_bytes(elem) <= client.properties().hardware.max_shared_memory_size
-    {
-        blueprint = three;
-    }
     if !blueprint.merge_fits_stages(elem) {
         return Err(OpsError::UnsupportedFeature {
             op,

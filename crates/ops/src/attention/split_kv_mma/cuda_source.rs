@@ -1,7 +1,7 @@
 //! The tensor-core decode attention's CUDA C++ for an sm_90 device, built on any machine
 //! (`testkit::cuda_source`): the 1.5B model's decode step (head dim 128, 12 query heads over 2
 //! KV heads) on the clustered launch that merges its own splits and on the plain split launch
-//! of long caches (three K/V stages), both with RoPE and the cache append inside, must compile, with no `mma`
+//! of long caches, both with RoPE and the cache append inside, must compile, with no `mma`
 //! operand passed by address.
 
 use cubecl::prelude::*;
@@ -103,7 +103,6 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
     );
     let long = SplitKvMmaBlueprint {
         trigger: false,
-        stages: 3,
         ..blueprint
     };
     source(client, "attention_decode_long", long, [32768, 64], false);
