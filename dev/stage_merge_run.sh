@@ -8,9 +8,11 @@
 #   long     bench-generate A/B of LONG_LABELS (default base new; label L runs .devs/cubellm-L)
 #            (dev/ab_device_run.sh) at a 32k context (bf16), results in $OUT/long
 #   short    the same A/B at 512 tokens (SHORT_MODES, default bf16 and W8A8), in $OUT/short
-#   model    the model's device tests (transformers fixtures, graph replay, long context)
-#   profile  the 6-layer CUPTI tables of both builds at a 32k context
-#            (dev/profile/decode_profile.sh) in $OUT/r/prof-base and $OUT/r/prof-new
+#   model    the model's device tests (transformers fixtures, graph replay, long context;
+#            MODEL_FILTER narrows them)
+#   profile  the 6-layer CUPTI tables of PROF_LABELS (default base new) at a 32k context
+#            (dev/profile/decode_profile.sh), PROF_ROUNDS rounds (default 1) in alternating
+#            order, in $OUT/r/prof-LABEL-ROUND
 #   STEPS="tests long short" bash dev/stage_merge_run.sh
 set -u
 T0=$(date +%s)
@@ -20,7 +22,7 @@ begin_results
 cp .devs/cubellm .devs/cubellm-new
 has() { [[ " ${STEPS:-tests long short} " == *" $1 "* ]]; }
 export CUBELLM_TEST_RUNTIMES=cuda
-start_model .devs/cubellm 300
+if has long || has short; then start_model .devs/cubellm 300; else MODEL_PID=; fi
 if has tests; then
   timeout "${OPS_TIMEOUT:-240}" .devs/ops-test --test-threads=8 ${OPS_FILTER:-attention} \
     > "$R/ops-test.log" 2>&1
@@ -28,11 +30,12 @@ if has tests; then
   grep -h "test result\|rc=\|FAILED\|panicked" "$R/ops-test.log" | head
 fi
 if has model; then
-  (cd crates/model && timeout 240 ../../.devs/model-test --test-threads=4) > "$R/model-test.log" 2>&1
+  (cd crates/model && timeout "${MODEL_TIMEOUT:-240}" ../../.devs/model-test --test-threads=4 \
+    ${MODEL_FILTER:-}) > "$R/model-test.log" 2>&1
   echo "rc=$?" >> "$R/model-test.log"
   grep -h "test result\|rc=\|FAILED\|panicked" "$R/model-test.log" | head
 fi
-wait_model
+[ -n "$MODEL_PID" ] && wait_model
 echo "tests and model done at $(elapsed) s"
 if has long; then
   OUT=$OUT/long LABELS=${LONG_LABELS:-base new} MODES=none ROUNDS=${LONG_ROUNDS:-2} PROMPT=32640 \
@@ -46,9 +49,13 @@ echo "A/B done at $(elapsed) s"
 if has profile; then
   ensure_big_model .devs/cubellm "$R/setup6.log" 120 6
   build_trace_lib "$R/trace-build.log"
-  for label in base new; do
-    PROMPT_LEN=32640 PROFILE_TIMEOUT=70 profile_layers ".devs/cubellm-$label" "$R/prof-$label" none
+  for round in $(seq 1 "${PROF_ROUNDS:-1}"); do
+    for label in ${PROF_LABELS:-base new}; do
+      echo "$label round $round"
+      PROMPT_LEN=32640 PROFILE_TIMEOUT=70 profile_layers ".devs/cubellm-$label" \
+        "$R/prof-$label-$round" none
+      pack_traces "$R/prof-$label-$round"
+    done
   done
-  for label in base new; do pack_traces "$R/prof-$label"; done
 fi
 echo "end at $(elapsed) s"

@@ -44,6 +44,25 @@ impl MergeBlueprint {
         }
     }
 
+    /// The merge done by a cube of `units` units of another kernel (a multiple of 32): one
+    /// group per 32 units.
+    pub fn for_cube<R: Runtime>(
+        client: &ComputeClient<R>,
+        d: usize,
+        splits: usize,
+        units: usize,
+    ) -> Self {
+        let groups = (units / 32).max(1);
+        Self {
+            d,
+            lanes: 32,
+            groups,
+            per_group: splits.div_ceil(groups),
+            plan: ReducePlan::new(client, (32 * groups) as u32),
+            trigger: false,
+        }
+    }
+
     pub fn units(&self) -> u32 {
         (self.lanes * self.groups) as u32
     }
@@ -68,12 +87,38 @@ pub(crate) fn merge_kernel<F: Float>(
     if comptime![blueprint.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
+    let rows = rows_out as usize;
+    merge_row::<F>(
+        part_acc,
+        part_stats,
+        out,
+        min(CUBE_POS, rows - 1),
+        CUBE_POS < rows,
+        splits,
+        rows_out,
+        blueprint,
+    );
+}
+
+/// The body of [`merge_kernel`] for output row `row` in the cube that runs it (its first
+/// `blueprint.units()` units; the output is written only with `write`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn merge_row<F: Float>(
+    part_acc: &[f32],
+    part_stats: &[f32],
+    out: &mut [F],
+    row: usize,
+    write: bool,
+    splits: u32,
+    rows_out: u32,
+    #[comptime] blueprint: MergeBlueprint,
+) {
     let d = comptime![blueprint.d];
     let lanes = comptime![blueprint.lanes];
     let groups = comptime![blueprint.groups];
     let per_group = comptime![blueprint.per_group];
     let dpl = comptime![blueprint.d.div_ceil(blueprint.lanes)];
-    let row = min(CUBE_POS, rows_out as usize - 1);
     let rows = rows_out as usize;
     let lane = UNIT_POS as usize % lanes;
     let grp = UNIT_POS as usize / lanes;
@@ -137,7 +182,7 @@ pub(crate) fn merge_kernel<F: Float>(
     }
     sync_cube();
 
-    if grp == 0 && CUBE_POS < rows {
+    if grp == 0 && write {
         let mut total_l = 0f32;
         #[unroll]
         for g in 0..groups {

@@ -14,9 +14,11 @@ use super::flash_step::{
     next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
 };
 use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry, SplitBuffers};
+use super::merge::{merge_row, MergeBlueprint};
 use super::plan::Problem;
 use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
+use crate::gemm::split_k::fence_device;
 use crate::online_softmax::EMPTY_MAX;
 use crate::{DeviceTensor, OpsError, Result};
 
@@ -61,6 +63,9 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// Set for the clustered launch: the partials go to the cubes of the cluster through
     /// distributed shared memory (`super::cluster_merge`), not to the global partial buffers.
     pub exchange: bool,
+    /// Set for a plain split launch whose cubes are all resident at once: they merge the
+    /// partials themselves, in place of the merge kernel ([`merge_own_partials`]).
+    pub merge: Option<MergeBlueprint>,
 }
 
 /// The operands a [`SplitKvMmaBlueprint::rope`] launch reads beside the problem's: the QKV row
@@ -93,6 +98,7 @@ impl SplitKvMmaBlueprint {
             early: false,
             rope: false,
             exchange: false,
+            merge: None,
         }
     }
 
@@ -149,11 +155,73 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     mut io: SplitBuffers<F, f32>,
     geo: Geometry,
     rope: RopeTables,
+    counters: &[Atomic<u32>],
     #[comptime] blueprint: SplitKvMmaBlueprint,
     #[define(F)] _dtype: ElemType,
 ) {
     let mut orow_sh = Shared::<[u32]>::new_slice(16usize);
-    split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, 0u32, 0u32, blueprint);
+    let rows_here = split_kv_mma::<F>(&mut io, &geo, &rope, &mut orow_sh, 0u32, 0u32, blueprint);
+    if comptime![blueprint.merge.is_some()] {
+        merge_own_partials::<F>(
+            &mut io,
+            &geo,
+            counters,
+            &orow_sh,
+            rows_here,
+            comptime![blueprint.merge.unwrap()],
+        );
+    }
+}
+
+/// The merge of a plain split launch inside it, once every cube of the launch is resident (the
+/// cubes of a (sequence, KV head, row block) wait on each other): each cube counts itself done on
+/// the block's counter (after a device-scope fence of its partials), the one that completes the
+/// count resets it to zero for the next launch, and the cubes of the first `rows_here` splits,
+/// having waited for that reset, merge one row of the block each (row `split`, `split +
+/// splits`, ...; [`merge_row`], the merge kernel's arithmetic). Only those few cubes wait; the
+/// rest leave at once, and no merge kernel is launched and waited for after this one.
+#[cube]
+fn merge_own_partials<F: Float>(
+    io: &mut SplitBuffers<F, f32>,
+    geo: &Geometry,
+    counters: &[Atomic<u32>],
+    orow_sh: &[u32],
+    rows_here: u32,
+    #[comptime] merge: MergeBlueprint,
+) {
+    let slot = (CUBE_POS_Z * geo.hkv + CUBE_POS_Y) as usize;
+    let merger = CUBE_POS_X < rows_here;
+    fence_device();
+    sync_cube();
+    if UNIT_POS == 0 {
+        let done = counters[slot].fetch_add(1u32) + 1u32;
+        if done == geo.splits {
+            counters[slot].store(0u32);
+        } else if merger {
+            loop {
+                if counters[slot].load() == 0u32 {
+                    break;
+                }
+            }
+        }
+    }
+    sync_cube();
+    if merger {
+        fence_device();
+        let rows_out = partial_rows(geo) as u32;
+        for r in range_stepped(CUBE_POS_X, rows_here, geo.splits) {
+            merge_row::<F>(
+                &io.part_acc,
+                &io.part_stats,
+                &mut io.out,
+                orow_sh[r as usize] as usize,
+                true,
+                geo.splits,
+                rows_out,
+                merge,
+            );
+        }
+    }
 }
 
 /// [`split_kv_mma_kernel`] on clusters of [`CLUSTER_SPLITS`] cubes along the key split (the whole
@@ -765,35 +833,58 @@ pub(crate) fn launch<R: Runtime>(
     let dim = CubeDim::new_1d((32 * blueprint.warps) as u32);
     let dtype = p.q.dtype().elem_type();
     blueprint.rope = rope.is_some();
+    // The cubes merge their own partials where they all fit on the GPU at once and a workspace
+    // holds the counters.
+    let counters = split
+        .parts
+        .counters()
+        .filter(|_| split.partial() && !split.clustered && blueprint.trigger);
+    if counters.is_some() {
+        blueprint.merge = Some(MergeBlueprint::for_cube(
+            client,
+            p.d,
+            split.splits,
+            32 * blueprint.warps,
+        ));
+    }
     // Without RoPE the tables are never read: bind the partial statistics (f32).
     let stats = split.parts.stats();
     let (q, cos, sin, rows) = match rope {
         Some(r) => (r.qkv, r.cos, r.sin, r.cos.shape()[0]),
         None => (p.q, stats, stats, 1),
     };
-    // Both kernels take the same arguments.
-    macro_rules! launch_on {
-        ($kernel:ident) => {
-            $kernel::launch_unchecked::<R>(
+    // SAFETY: the kernels read and write within the validated shapes of `p`, the partials the
+    // split was sized with and the workspace's counters (one a (sequence, KV head, row block),
+    // left at zero); without them the counter argument is never touched.
+    unsafe {
+        let geometry = split.geometry(p);
+        let tables = RopeTablesLaunch::new(cos.as_buffer_arg(), sin.as_buffer_arg(), rows as u32);
+        if split.clustered {
+            split_kv_mma_cluster_kernel::launch_unchecked::<R>(
                 client,
                 count,
                 dim,
                 split.buffers_reading(q, p, len_t),
-                split.geometry(p),
-                RopeTablesLaunch::new(cos.as_buffer_arg(), sin.as_buffer_arg(), rows as u32),
+                geometry,
+                tables,
                 blueprint,
                 dtype,
-            )
-        };
-    }
-    // SAFETY: the kernels read and write within the validated shapes of `p` and the partials the
-    // split was sized with.
-    unsafe {
-        if split.clustered {
-            launch_on!(split_kv_mma_cluster_kernel);
+            );
         } else {
-            launch_on!(split_kv_mma_kernel);
-            split.finish(client, p);
+            split_kv_mma_kernel::launch_unchecked::<R>(
+                client,
+                count,
+                dim,
+                split.buffers_reading(q, p, len_t),
+                geometry,
+                tables,
+                counters.unwrap_or(stats).as_buffer_arg(),
+                blueprint,
+                dtype,
+            );
+            if counters.is_none() {
+                split.finish(client, p);
+            }
         }
     }
     Ok(())

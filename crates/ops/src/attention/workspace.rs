@@ -12,6 +12,9 @@ use crate::{caps, DType, DeviceTensor, OpsError, Result};
 pub struct AttentionWorkspace<R: Runtime> {
     acc: DeviceTensor<R>,
     stats: DeviceTensor<R>,
+    /// One u32 a (sequence, KV head, row block) for the kernels that merge their own partials
+    /// after counting their cubes done (zero between launches).
+    counters: DeviceTensor<R>,
     rows: usize,
     d: usize,
 }
@@ -23,6 +26,11 @@ impl<R: Runtime> AttentionWorkspace<R> {
         Self {
             acc: DeviceTensor::empty(client, &[rows * d.max(1)], DType::F32),
             stats: DeviceTensor::empty(client, &[rows * 2], DType::F32),
+            counters: DeviceTensor::from_handle(
+                client.create_from_slice(&vec![0u8; 4 * rows]),
+                &[rows],
+                DType::U32,
+            ),
             rows,
             d,
         }
@@ -120,6 +128,15 @@ impl<'a, R: Runtime> Partials<'a, R> {
         match self {
             Partials::Owned { stats, .. } => stats,
             Partials::Borrowed(ws) => &ws.stats,
+        }
+    }
+
+    /// A workspace's zeroed counters, one for each of its partial rows (so at least one a
+    /// (sequence, KV head, row block) of any launch it has room for).
+    pub fn counters(&self) -> Option<&DeviceTensor<R>> {
+        match self {
+            Partials::Owned { .. } => None,
+            Partials::Borrowed(ws) => Some(&ws.counters),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The tensor-core decode attention's CUDA C++ for an sm_90 device, built on any machine
 //! (`testkit::cuda_source`): the 1.5B model's decode step (head dim 128, 12 query heads over 2
 //! KV heads) on the clustered launch that merges its own splits and on the plain split launch
-//! of long caches, both with RoPE and the cache append inside, must compile, with no `mma`
+//! of long caches that merges its own partials, both with RoPE and the cache append inside, must compile, with no `mma`
 //! operand passed by address.
 
 use cubecl::prelude::*;
@@ -11,6 +11,7 @@ use super::{
     split_kv_mma_cluster_kernel, split_kv_mma_kernel, RopeTablesLaunch, SplitKvMmaBlueprint,
 };
 use crate::attention::geometry::{GeometryLaunch, SplitBuffersLaunch};
+use crate::attention::merge::MergeBlueprint;
 use crate::attention::workspace::CLUSTER_SPLITS;
 use crate::attention::SplitKvTiling;
 use crate::DType;
@@ -45,7 +46,7 @@ fn source<R: Runtime>(
     );
     let rope = RopeTablesLaunch::new(buffer(), buffer(), kv_rows as u32);
     macro_rules! define {
-        ($kernel:ident, $ty:ident) => {{
+        ($kernel:ident, $ty:ident $(, $extra:ident)?) => {{
             launcher.with_scope(|scope| {
                 scope.register_type::<DynamicScalar<$kernel::_F>>(elem);
             });
@@ -62,14 +63,15 @@ fn source<R: Runtime>(
             let io = <super::SplitBuffers<F, f32> as LaunchArg>::register(io, &mut launcher);
             let geo = <super::Geometry as LaunchArg>::register(geo, &mut launcher);
             let rope = <super::RopeTables as LaunchArg>::register(rope, &mut launcher);
-            $kernel::$ty::<R>::new(settings, client.clone(), io, geo, rope, blueprint, elem)
+            $(let $extra = <[Atomic<u32>] as LaunchArg>::register(buffer(), &mut launcher);)?
+            $kernel::$ty::<R>::new(settings, client.clone(), io, geo, rope, $($extra,)? blueprint, elem)
                 .define()
         }};
     }
     let definition = if clustered {
         define!(split_kv_mma_cluster_kernel, SplitKvMmaClusterKernel)
     } else {
-        define!(split_kv_mma_kernel, SplitKvMmaKernel)
+        define!(split_kv_mma_kernel, SplitKvMmaKernel, counters)
     };
     cuda_source::check(name, definition);
 }
@@ -101,8 +103,9 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
         [1024, CLUSTER_SPLITS],
         true,
     );
+    // The long cache's launch merges its own partials (its cubes all fit the GPU at once).
     let long = SplitKvMmaBlueprint {
-        trigger: false,
+        merge: Some(MergeBlueprint::for_cube(client, 128, 64, 32 * wide.warps)),
         ..blueprint
     };
     source(client, "attention_decode_long", long, [32768, 64], false);
