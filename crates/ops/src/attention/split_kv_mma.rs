@@ -173,13 +173,19 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
     }
 }
 
-/// The merge of a plain split launch inside it, once every cube of the launch is resident (the
-/// cubes of a (sequence, KV head, row block) wait on each other): each cube counts itself done on
-/// the block's counter (after a device-scope fence of its partials), the one that completes the
-/// count resets it to zero for the next launch, and the cubes of the first `rows_here` splits,
-/// having waited for that reset, merge one row of the block each (row `split`, `split +
-/// splits`, ...; [`merge_row`], the merge kernel's arithmetic). Only those few cubes wait; the
-/// rest leave at once, and no merge kernel is launched and waited for after this one.
+/// The merge of a plain split launch inside it: each cube counts itself done on its (sequence,
+/// KV head, row block)'s counter (after a device-scope fence of its partials), the one that
+/// completes the count resets it to zero for the next launch, and the cubes of the first
+/// `rows_here` splits, having waited for that reset, merge one row of the block each (row
+/// `split`, `split + splits`, ...; [`merge_row`], the merge kernel's arithmetic). Only those
+/// few cubes wait, and only for cubes of their own launch; the rest leave at once, and no merge
+/// kernel is launched and waited for after this one.
+///
+/// The waiting cubes need the rest of the launch to run beside them: the launch is set up so
+/// only where all its cubes fit on the GPU at once. (Many such launches on concurrent streams
+/// could in principle fill every SM with waiting cubes while each has cubes still to start. In
+/// practice the GPU starts the cubes of the launch queued first before those of later ones,
+/// which keeps the oldest launch moving, but CUDA does not promise that order.)
 #[cube]
 fn merge_own_partials<F: Float>(
     io: &mut SplitBuffers<F, f32>,
@@ -833,8 +839,8 @@ pub(crate) fn launch<R: Runtime>(
     let dim = CubeDim::new_1d((32 * blueprint.warps) as u32);
     let dtype = p.q.dtype().elem_type();
     blueprint.rope = rope.is_some();
-    // The cubes merge their own partials where they all fit on the GPU at once and a workspace
-    // holds the counters.
+    // The cubes merge their own partials where they all fit on the GPU at once (`trigger`:
+    // no more cubes than SMs, one cube an SM at most) and a workspace holds the counters.
     let counters = split
         .parts
         .counters()
