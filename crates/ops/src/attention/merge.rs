@@ -33,15 +33,7 @@ impl MergeBlueprint {
             .min(hw.max_units_per_cube as usize / 32)
             .min(hw.max_shared_memory_size / (4 * (d + 2)))
             .clamp(1, 32);
-        let groups = 1 << groups.ilog2();
-        Self {
-            d,
-            lanes: 32,
-            groups,
-            per_group: splits.div_ceil(groups),
-            plan: ReducePlan::new(client, (32 * groups) as u32),
-            trigger: false,
-        }
+        Self::with_groups(client, d, splits, 1 << groups.ilog2())
     }
 
     /// The merge done by a cube of `units` units of another kernel (a multiple of 32): one
@@ -52,7 +44,15 @@ impl MergeBlueprint {
         splits: usize,
         units: usize,
     ) -> Self {
-        let groups = (units / 32).max(1);
+        Self::with_groups(client, d, splits, (units / 32).max(1))
+    }
+
+    fn with_groups<R: Runtime>(
+        client: &ComputeClient<R>,
+        d: usize,
+        splits: usize,
+        groups: usize,
+    ) -> Self {
         Self {
             d,
             lanes: 32,
