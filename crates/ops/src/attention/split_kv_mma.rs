@@ -6,32 +6,27 @@ use cubecl::prelude::barrier::{copy_async, Barrier};
 use cubecl::prelude::*;
 
 use super::cluster_merge::{
-    block_rows, exchange_begin, exchange_combine, exchange_len, exchange_ready, exchange_wait,
-    send_element, send_stats, window_address,
+    block_rows, exchange_begin, exchange_combine, exchange_len, exchange_wait, window_address,
 };
 use super::flash_step::{
-    exp2_approx, first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments,
-    next_kv_tile, quad_sum, queue_kv_tile_part, zeroed_output, StepShape,
+    first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments, next_kv_tile, quad_sum,
+    queue_kv_tile_part, zeroed_output, StepShape,
 };
-use super::geometry::{kv_first_row, kv_len, partial_rows, visible_keys, Geometry, SplitBuffers};
-use super::merge::{merge_row, MergeBlueprint};
+use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
+use super::merge::MergeBlueprint;
 use super::plan::Problem;
 use super::workspace::{Split, CLUSTER_SPLITS};
 use super::SplitKvTiling;
-use crate::gemm::split_k::fence_device;
-use crate::online_softmax::EMPTY_MAX;
 use crate::{DeviceTensor, OpsError, Result};
 
 #[cfg(test)]
 mod cuda_source;
+mod merges;
+mod rope;
 
-/// Elements of the kernel's 16-bit dtype in one 32-bit word of the planes' merge buffers, which
-/// live in the K/V stages' memory.
-const WORD_ELEMS: usize = 2;
-
-/// One f32 of the planes' merge buffers, stored in the K/V stages' memory as the bits of two
-/// elements of the dtype.
-type Word<F> = Vector<F, Const<WORD_ELEMS>>;
+use merges::{merge_own_partials, merge_planes, Word, WORD_ELEMS};
+pub(crate) use rope::RopeLaunch;
+use rope::{queue_tile_but_newest, rotate_into_tiles, RopeTables, RopeTablesLaunch};
 
 /// The comptime shape of [`split_kv_mma_kernel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,23 +61,6 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// Set for a plain split launch whose cubes are all resident at once: they merge the
     /// partials themselves, in place of the merge kernel ([`merge_own_partials`]).
     pub merge: Option<MergeBlueprint>,
-}
-
-/// The operands a [`SplitKvMmaBlueprint::rope`] launch reads beside the problem's: the QKV row
-/// (`[1, (Hq + 2 Hkv) · D]`) and the f32 cos / sin tables (`[rows, D / 2]`), all validated.
-pub(crate) struct RopeLaunch<'a, R: Runtime> {
-    pub qkv: &'a DeviceTensor<R>,
-    pub cos: &'a DeviceTensor<R>,
-    pub sin: &'a DeviceTensor<R>,
-}
-
-/// The RoPE tables of a [`SplitKvMmaBlueprint::rope`] launch (placeholders otherwise): f32
-/// `[rows, D / 2]`, entry `[p, i] = cos(p · inv_freq[i])` and its sine.
-#[derive(CubeLaunch, CubeType)]
-pub(crate) struct RopeTables {
-    pub cos: Box<[f32]>,
-    pub sin: Box<[f32]>,
-    pub rows: u32,
 }
 
 impl SplitKvMmaBlueprint {
@@ -170,63 +148,6 @@ pub(crate) fn split_kv_mma_kernel<F: Float>(
             rows_here,
             comptime![blueprint.merge.unwrap()],
         );
-    }
-}
-
-/// The merge of a plain split launch inside it: each cube counts itself done on its (sequence,
-/// KV head, row block)'s counter (after a device-scope fence of its partials), the one that
-/// completes the count resets it to zero for the next launch, and the cubes of the first
-/// `rows_here` splits, having waited for that reset, merge one row of the block each (row
-/// `split`, `split + splits`, ...; [`merge_row`], the merge kernel's arithmetic). Only those
-/// few cubes wait, and only for cubes of their own launch; the rest leave at once, and no merge
-/// kernel is launched and waited for after this one.
-///
-/// The waiting cubes need the rest of the launch to run beside them: the launch is set up so
-/// only where all its cubes fit on the GPU at once. (Many such launches on concurrent streams
-/// could in principle fill every SM with waiting cubes while each has cubes still to start. In
-/// practice the GPU starts the cubes of the launch queued first before those of later ones,
-/// which keeps the oldest launch moving, but CUDA does not promise that order.)
-#[cube]
-fn merge_own_partials<F: Float>(
-    io: &mut SplitBuffers<F, f32>,
-    geo: &Geometry,
-    counters: &[Atomic<u32>],
-    orow_sh: &[u32],
-    rows_here: u32,
-    #[comptime] merge: MergeBlueprint,
-) {
-    let slot = (CUBE_POS_Z * geo.hkv + CUBE_POS_Y) as usize;
-    let merger = CUBE_POS_X < rows_here;
-    fence_device();
-    sync_cube();
-    if UNIT_POS == 0 {
-        let done = counters[slot].fetch_add(1u32) + 1u32;
-        if done == geo.splits {
-            counters[slot].store(0u32);
-        } else if merger {
-            loop {
-                if counters[slot].load() == 0u32 {
-                    break;
-                }
-            }
-        }
-    }
-    sync_cube();
-    if merger {
-        fence_device();
-        let rows_out = partial_rows(geo) as u32;
-        for r in range_stepped(CUBE_POS_X, rows_here, geo.splits) {
-            merge_row::<F>(
-                &io.part_acc,
-                &io.part_stats,
-                &mut io.out,
-                orow_sh[r as usize] as usize,
-                true,
-                geo.splits,
-                rows_out,
-                merge,
-            );
-        }
     }
 }
 
@@ -565,244 +486,14 @@ fn split_kv_mma<F: Float>(
     rows_here
 }
 
-/// Combines the planes' `(max, sum, acc)` of the block's `rows_here` rows into the cube's
-/// output (or partials, or with [`SplitKvMmaBlueprint::exchange`] the partials sent to the
-/// cubes of the cluster that own them): one unit per row first finds the row's maximum, each
-/// plane's weight `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in
-/// `orow_sh` for the cluster's merge), then every unit combines output elements with those
-/// weights, so that no element recomputes the row's statistics.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn merge_planes<F: Float>(
-    io: &mut SplitBuffers<F, f32>,
-    o_sh: &[Word<F>],
-    st_sh: &[Word<F>],
-    orow_sh: &mut [u32],
-    geo: &Geometry,
-    first_rho: u32,
-    rows_here: u32,
-    c: f32,
-    recv: u32,
-    bar: u32,
-    #[comptime] blueprint: SplitKvMmaBlueprint,
-) {
-    let d = comptime![blueprint.d];
-    let units = comptime![32 * blueprint.warps];
-    if comptime![blueprint.exchange] {
-        exchange_ready();
-    }
-    let warps = comptime![blueprint.warps];
-    let empty = f32::new(EMPTY_MAX);
-    let b = CUBE_POS_Z / geo.row_blocks;
-    let rows_out = partial_rows(geo);
-    let split_rows = CUBE_POS_X as usize * rows_out;
-    let mut w_sh = Shared::<[f32]>::new_slice(comptime![warps * 16]);
-    let mut inv_sh = Shared::<[f32]>::new_slice(16usize);
-    if UNIT_POS < rows_here {
-        let r = UNIT_POS as usize;
-        let rho = first_rho + UNIT_POS;
-        let mut mm = empty;
-        #[unroll]
-        for w in 0..warps {
-            mm = max(mm, f32::reinterpret(st_sh[(w * 16 + r) * 2]));
-        }
-        let mc = select(mm == empty, 0f32, mm * c);
-        let mut ll = 0f32;
-        #[unroll]
-        for w in 0..warps {
-            let f = exp2_approx(f32::reinterpret(st_sh[(w * 16 + r) * 2]) * c - mc);
-            w_sh[r * warps + w] = f;
-            ll += f32::reinterpret(st_sh[(w * 16 + r) * 2 + 1]) * f;
-        }
-        let orow =
-            (b * geo.lq + rho / geo.group) * geo.hq + CUBE_POS_Y * geo.group + rho % geo.group;
-        orow_sh[r] = orow;
-        // The merge works in natural units of the scaled scores.
-        let m_nat = select(
-            mm == empty,
-            empty,
-            mm * c * f32::new(core::f32::consts::LN_2),
-        );
-        if comptime![blueprint.exchange] {
-            send_stats(recv, bar, UNIT_POS, m_nat, ll, d, units);
-        } else if comptime![blueprint.partial] {
-            let prow = split_rows + orow as usize;
-            io.part_stats[prow * 2] = m_nat;
-            io.part_stats[prow * 2 + 1] = ll;
-        } else {
-            inv_sh[r] = select(ll > 0f32, 1f32 / ll, 0f32);
-        }
-    }
-    sync_cube();
-
-    for e in range_stepped(UNIT_POS as usize, rows_here as usize * d, CUBE_DIM as usize) {
-        let r = e / d;
-        let dd = e % d;
-        let mut acc = 0f32;
-        #[unroll]
-        for w in 0..warps {
-            acc += f32::reinterpret(o_sh[(w * 16 + r) * d + dd]) * w_sh[r * warps + w];
-        }
-        let orow = orow_sh[r] as usize;
-        if comptime![blueprint.exchange] {
-            send_element(recv, bar, e as u32, acc, d, units);
-        } else if comptime![blueprint.partial] {
-            io.part_acc[(split_rows + orow) * d + dd] = acc;
-        } else {
-            io.out[orow * d + dd] = F::cast_from(acc * inv_sh[r]);
-        }
-    }
-}
-
-/// `(a, b)` rotated by RoPE with factors `(cos, sin)`, rounded to the dtype: the arithmetic of
-/// the separate kernel (`crate::qkv`), so that both paths give the same bits.
-#[cube]
-fn rotate<F: Float>(a: F, b: F, cos: f32, sin: f32) -> (F, F) {
-    let a = f32::cast_from(a);
-    let b = f32::cast_from(b);
-    (
-        F::cast_from(a * cos - b * sin),
-        F::cast_from(b * cos + a * sin),
-    )
-}
-
-/// A RoPE launch's work after the wait: the query rows of the block gathered from their heads
-/// and rotated at position `pos` into `q_sh` (rows past the last repeat it), and in the `owner`
-/// cube KV head `CUBE_POS_Y`'s newest key (rotated) and value written to cache row `dst` (the
-/// element offset of that row's head) and, with `direct`, to element `row` of the first tile's
-/// shared-memory buffers. Every load is issued before the first result is used, so the cube
-/// waits for one memory latency, not one per row pass.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn rotate_into_tiles<F: Float>(
-    io: &mut SplitBuffers<F, f32>,
-    q_sh: &mut [F],
-    k_sh: &mut [F],
-    v_sh: &mut [F],
-    rope: &RopeTables,
-    geo: &Geometry,
-    pos: u32,
-    owner: bool,
-    direct: bool,
-    dst: usize,
-    row: usize,
-    first_rho: u32,
-    rows_total: u32,
-    #[comptime] d: usize,
-    #[comptime] stride: usize,
-    #[comptime] units: usize,
-) {
-    let half = comptime![d / 2];
-    let pairs = comptime![16 * d / 2];
-    let iters = comptime![pairs.div_ceil(units)];
-    let kv_iters = comptime![half.div_ceil(units)];
-    let p = min(pos, rope.rows - 1) as usize * half;
-    let hk = CUBE_POS_Y;
-    let k_src = (geo.hq + hk) as usize * d;
-    let v_src = (geo.hq + geo.hkv + hk) as usize * d;
-
-    let mut kv = Array::<F>::new(comptime![4 * kv_iters]);
-    let mut kv_f = Array::<f32>::new(comptime![2 * kv_iters]);
-    if owner {
-        #[unroll]
-        for j in 0..kv_iters {
-            let i = min(UNIT_POS as usize + j * units, half - 1);
-            kv[4 * j] = io.q[k_src + i];
-            kv[4 * j + 1] = io.q[k_src + i + half];
-            kv[4 * j + 2] = io.q[v_src + i];
-            kv[4 * j + 3] = io.q[v_src + i + half];
-            kv_f[2 * j] = rope.cos[p + i];
-            kv_f[2 * j + 1] = rope.sin[p + i];
-        }
-    }
-    let mut qv = Array::<F>::new(comptime![2 * iters]);
-    let mut qf = Array::<f32>::new(comptime![2 * iters]);
-    #[unroll]
-    for k in 0..iters {
-        let e = min(UNIT_POS as usize + k * units, pairs - 1);
-        let i = e % half;
-        let rho = min(first_rho + (e / half) as u32, rows_total - 1);
-        let src = (hk * geo.group + rho % geo.group) as usize * d + i;
-        qv[2 * k] = io.q[src];
-        qv[2 * k + 1] = io.q[src + half];
-        qf[2 * k] = rope.cos[p + i];
-        qf[2 * k + 1] = rope.sin[p + i];
-    }
-
-    if owner {
-        #[unroll]
-        for j in 0..kv_iters {
-            let i = UNIT_POS as usize + j * units;
-            if i < half {
-                let (ka, kb) = rotate::<F>(kv[4 * j], kv[4 * j + 1], kv_f[2 * j], kv_f[2 * j + 1]);
-                let va = kv[4 * j + 2];
-                let vb = kv[4 * j + 3];
-                io.k[dst + i] = ka;
-                io.k[dst + i + half] = kb;
-                io.v[dst + i] = va;
-                io.v[dst + i + half] = vb;
-                if direct {
-                    k_sh[row + i] = ka;
-                    k_sh[row + i + half] = kb;
-                    v_sh[row + i] = va;
-                    v_sh[row + i + half] = vb;
-                }
-            }
-        }
-    }
-    #[unroll]
-    for k in 0..iters {
-        let e = UNIT_POS as usize + k * units;
-        if e < pairs {
-            let r = e / half;
-            let i = e % half;
-            let (a, b) = rotate::<F>(qv[2 * k], qv[2 * k + 1], qf[2 * k], qf[2 * k + 1]);
-            q_sh[r * stride + i] = a;
-            q_sh[r * stride + i + half] = b;
-        }
-    }
-}
-
-/// Queues the copies of the first tile (keys from `tile0`) into buffer 0, all but row `newest`,
-/// the rows past it repeating key `tile0 + newest - 1`: only older keys are read, so the copies
-/// may go out before `griddepcontrol.wait`. The caller guarantees `tile0 + newest >= 1`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn queue_tile_but_newest<F: Float>(
-    k: &[F],
-    v: &[F],
-    k_sh: &mut [F],
-    v_sh: &mut [F],
-    tile0: usize,
-    kv_base: usize,
-    kv_stride: usize,
-    newest: usize,
-    #[comptime] bk: usize,
-    #[comptime] d: usize,
-    #[comptime] stride: usize,
-) {
-    let per_row = comptime![d / 8];
-    let padding = tile0 + newest - 1;
-    for e in range_stepped(UNIT_POS as usize, comptime![bk * d / 8], CUBE_DIM as usize) {
-        let r = e / per_row;
-        let c = (e % per_row) * 8;
-        if r != newest {
-            let sr = select(r < newest, tile0 + r, padding);
-            let s = kv_base + sr * kv_stride + c;
-            let t = r * stride + c;
-            copy_async(&k[s..s + 8], &mut k_sh[t..t + 8], 8u32);
-            copy_async(&v[s..s + 8], &mut v_sh[t..t + 8], 8u32);
-        }
-    }
-}
-
 /// Launches the decode kernel on cubes of `(split, KV head, sequence x 16-row block)`: where the
 /// GPU has thread-block clusters and the keys are few enough for one cluster's splits
 /// ([`Split::new`]), [`split_kv_mma_cluster_kernel`], which merges its own splits;
-/// otherwise [`split_kv_mma_kernel`] with the keys split for about `target` cubes, then the merge
-/// kernel when they are split. With `rope` (one query of one sequence, `p.q` the first `Hq · D`
-/// elements of `rope.qkv`) the kernel applies RoPE and appends the newest key and value itself
-/// ([`SplitKvMmaBlueprint::rope`]).
+/// otherwise [`split_kv_mma_kernel`] with the keys split for about `target` cubes, then, when
+/// they are split, the merge kernel, or their own merge where they all fit the GPU at once
+/// ([`SplitKvMmaBlueprint::merge`]). With `rope` (one query of one sequence, `p.q` the first
+/// `Hq · D` elements of `rope.qkv`) the kernel applies RoPE and appends the newest key and value
+/// itself ([`SplitKvMmaBlueprint::rope`]).
 pub(crate) fn launch<R: Runtime>(
     client: &ComputeClient<R>,
     op: &'static str,
@@ -859,34 +550,32 @@ pub(crate) fn launch<R: Runtime>(
         Some(r) => (r.qkv, r.cos, r.sin, r.cos.shape()[0]),
         None => (p.q, stats, stats, 1),
     };
+    // Both kernels take the same arguments, the plain one the counters too.
+    macro_rules! launch_on {
+        ($kernel:ident $(, $counters:expr)?) => {
+            $kernel::launch_unchecked::<R>(
+                client,
+                count,
+                dim,
+                split.buffers_reading(q, p, len_t),
+                split.geometry(p),
+                RopeTablesLaunch::new(cos.as_buffer_arg(), sin.as_buffer_arg(), rows as u32),
+                $($counters,)?
+                blueprint,
+                dtype,
+            )
+        };
+    }
     // SAFETY: the kernels read and write within the validated shapes of `p`, the partials the
     // split was sized with and the workspace's counters (one a (sequence, KV head, row block),
     // left at zero); without them the counter argument is never touched.
     unsafe {
-        let geometry = split.geometry(p);
-        let tables = RopeTablesLaunch::new(cos.as_buffer_arg(), sin.as_buffer_arg(), rows as u32);
         if split.clustered {
-            split_kv_mma_cluster_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                dim,
-                split.buffers_reading(q, p, len_t),
-                geometry,
-                tables,
-                blueprint,
-                dtype,
-            );
+            launch_on!(split_kv_mma_cluster_kernel);
         } else {
-            split_kv_mma_kernel::launch_unchecked::<R>(
-                client,
-                count,
-                dim,
-                split.buffers_reading(q, p, len_t),
-                geometry,
-                tables,
-                counters.unwrap_or(stats).as_buffer_arg(),
-                blueprint,
-                dtype,
+            launch_on!(
+                split_kv_mma_kernel,
+                counters.unwrap_or(stats).as_buffer_arg()
             );
             if counters.is_none() {
                 split.finish(client, p);

@@ -1,8 +1,8 @@
 //! The tensor-core decode attention's CUDA C++ for an sm_90 device, built on any machine
 //! (`testkit::cuda_source`): the 1.5B model's decode step (head dim 128, 12 query heads over 2
 //! KV heads) on the clustered launch that merges its own splits and on the plain split launch
-//! of long caches that merges its own partials, both with RoPE and the cache append inside, must compile, with no `mma`
-//! operand passed by address.
+//! of long caches that merges its own partials, both with RoPE and the cache append inside,
+//! must compile, with no `mma` operand passed by address.
 
 use cubecl::prelude::*;
 use testkit::cuda_source;
@@ -64,8 +64,17 @@ fn source<R: Runtime>(
             let geo = <super::Geometry as LaunchArg>::register(geo, &mut launcher);
             let rope = <super::RopeTables as LaunchArg>::register(rope, &mut launcher);
             $(let $extra = <[Atomic<u32>] as LaunchArg>::register(buffer(), &mut launcher);)?
-            $kernel::$ty::<R>::new(settings, client.clone(), io, geo, rope, $($extra,)? blueprint, elem)
-                .define()
+            $kernel::$ty::<R>::new(
+                settings,
+                client.clone(),
+                io,
+                geo,
+                rope,
+                $($extra,)?
+                blueprint,
+                elem,
+            )
+            .define()
         }};
     }
     let definition = if clustered {
