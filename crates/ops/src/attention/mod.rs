@@ -31,9 +31,10 @@
 //! (CUDA sm_90+), a tensor-core decode whose keys fit 8 cubes of one tile each runs on clusters of
 //! those 8 cubes, which merge their partials themselves through distributed shared memory
 //! (`cluster_merge.rs`): no merge kernel. A longer tensor-core decode whose cubes all fit the GPU
-//! at once and that is given an [`AttentionWorkspace`] merges its partials itself too: its cubes
-//! count themselves done on a workspace counter, and once the count is complete the cubes of the
-//! first splits merge one row each (`merge.rs`'s row merge, in the decode kernel).
+//! at once, each streaming at least 256 keys, and that is given an [`AttentionWorkspace`] merges
+//! its partials itself too: its cubes count themselves done on a workspace counter, and once the
+//! count is complete the cubes of the first splits merge one row each (`merge.rs`'s row merge, in
+//! the decode kernel). With fewer keys a cube the merge kernel is faster.
 //!
 //! **Tuning.** The tensor-core tile shapes are the caller's: [`AttentionStrategy::Auto`] uses
 //! [`FlashTiling::default`] and [`SplitKvTiling::default`] (measured best on an H100; for a

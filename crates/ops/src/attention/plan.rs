@@ -136,9 +136,10 @@ fn tensor_core_decode_plan<R: Runtime>(
     if !tensor_cores_fit(client, p) {
         return None;
     }
-    let bp = SplitKvMmaBlueprint::new(p.d, tiling, p.causal, p.device_len());
-    (bp.shared_bytes(p.q.dtype().size()) <= shared_budget(client))
-        .then_some(Plan::TensorCoreDecode(bp, tiling.cubes_per_sm))
+    let elem = p.q.dtype().size();
+    let budget = shared_budget(client);
+    let bp = SplitKvMmaBlueprint::new(p.d, tiling, p.causal, p.device_len()).fitting(elem, budget);
+    (bp.shared_bytes(elem) <= budget).then_some(Plan::TensorCoreDecode(bp, tiling.cubes_per_sm))
 }
 
 /// The tensor-core decode tiling [`AttentionStrategy::Auto`] takes:

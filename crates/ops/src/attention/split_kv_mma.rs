@@ -10,7 +10,7 @@ use super::cluster_merge::{
 };
 use super::flash_step::{
     first_kv_tile, flash_step, lane_addresses, lane_rows, load_q_fragments, next_kv_tile, quad_sum,
-    queue_kv_tile_part, zeroed_output, StepShape,
+    queue_kv_tile_part, zeroed_output, LaneRows, StepShape,
 };
 use super::geometry::{kv_first_row, kv_len, visible_keys, Geometry, SplitBuffers};
 use super::merge::MergeBlueprint;
@@ -27,6 +27,16 @@ mod rope;
 use merges::{merge_own_partials, merge_planes, Word, WORD_ELEMS};
 pub(crate) use rope::RopeLaunch;
 use rope::{queue_tile_but_newest, rotate_into_tiles, RopeTables, RopeTablesLaunch};
+
+/// The fewest keys per cube for which a plain split launch merges its own partials rather than
+/// leaving them to the merge kernel: its merging cubes wait for the slowest cube of their block,
+/// then merge a row each, which pays only where the cubes stream long enough. Decode on an H100
+/// (1.5B shape), against the build with the merge kernel and the planes' merge buffers of their
+/// own: at the end of 16k and 32k contexts (256 and 512 keys a cube, eight planes on 128-key
+/// tiles) bf16 +2.5-2.7%, W4A16 +1.7-2.7%, FP8 +0.2-0.3%, W8A8 -0.9% (32k); at 4k (128 keys a
+/// cube, four planes on 64-key tiles) bf16 -3.3% and W8A8 -4.2%, the attention kernel itself
+/// about 3 µs longer.
+const OWN_MERGE_MIN_KEYS: usize = 256;
 
 /// The comptime shape of [`split_kv_mma_kernel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +71,13 @@ pub(crate) struct SplitKvMmaBlueprint {
     /// Set for a plain split launch whose cubes are all resident at once: they merge the
     /// partials themselves, in place of the merge kernel ([`merge_own_partials`]).
     pub merge: Option<MergeBlueprint>,
+    /// The planes' f32 merge buffers live in the K/V stages' memory, free after the key loop
+    /// ([`Self::merge_fits_stages`]), instead of shared memory of their own. Set for eight
+    /// planes (a 32k cube then needs 144 KB instead of 211 KB, and decodes at the same speed)
+    /// and by [`Self::fitting`] where the cube would not fit otherwise; not for four planes on
+    /// 64-key tiles where they fit, as their buffers in the stages made the H100's bf16 decode
+    /// attention at a 4k context 0.8 µs slower.
+    pub stage_merge: bool,
 }
 
 impl SplitKvMmaBlueprint {
@@ -77,7 +94,17 @@ impl SplitKvMmaBlueprint {
             rope: false,
             exchange: false,
             merge: None,
+            stage_merge: tiling.warps >= 8,
         }
+    }
+
+    /// This blueprint, with its planes' merge buffers moved into the K/V stages where the cube
+    /// would otherwise need more than `budget` bytes of shared memory for `elem`-byte elements.
+    pub fn fitting(mut self, elem: usize, budget: usize) -> Self {
+        if self.shared_bytes(elem) > budget && self.merge_fits_stages(elem) {
+            self.stage_merge = true;
+        }
+        self
     }
 
     pub fn stride(&self) -> usize {
@@ -111,7 +138,13 @@ impl SplitKvMmaBlueprint {
     /// Shared memory of a launch (with the clustered launch's receive buffer and mbarrier,
     /// which the plain launch does not declare).
     pub fn shared_bytes(&self, elem: usize) -> usize {
+        let merge_buffers = if self.stage_merge {
+            0
+        } else {
+            self.warps * 16 * (self.d + 2) * 4
+        };
         (16 + 4 * self.bk) * self.stride() * elem
+            + merge_buffers
             + self.warps * 16 * 4
             + 16 * 2 * 4
             + 64
@@ -202,7 +235,6 @@ fn split_kv_mma<F: Float>(
     let warps = comptime![blueprint.warps];
     let stride = comptime![blueprint.stride()];
     let shape = comptime![blueprint.step()];
-    let dn = comptime![blueprint.d / 8];
     // scale * log2(e): scores go through ex2.
     let c = geo.scale * f32::new(core::f32::consts::LOG2_E);
 
@@ -430,60 +462,93 @@ fn split_kv_mma<F: Float>(
         sync_cube();
     }
 
-    // Merge the planes: each wrote (max, sum, acc) for the rows of the block that exist. Their
-    // f32 buffers are the K/V stages' memory seen as 32-bit words (the loop's last barrier ended
-    // every read of the stages, and no copy into them is in flight): a cube of the long-cache
-    // tiling then needs 144 KB of shared memory rather than 211 KB.
+    // Merge the planes: each wrote (max, sum, acc) for the rows of the block that exist. With
+    // `stage_merge` their f32 buffers are the K/V stages' memory seen as 32-bit words (the loop's
+    // last barrier ended every read of the stages, and no copy into them is in flight).
     let l0 = quad_sum(rows.l0);
     let l1 = quad_sum(rows.l1);
-    let o_sh = k_sh
-        .as_vectorized_mut()
-        .with_vector_size_mut::<Const<WORD_ELEMS>>();
-    let st_sh = v_sh
-        .as_vectorized_mut()
-        .with_vector_size_mut::<Const<WORD_ELEMS>>();
     let rows_here = block_rows(geo);
+    if comptime![blueprint.stage_merge] {
+        let o_sh = k_sh
+            .as_vectorized_mut()
+            .with_vector_size_mut::<Const<WORD_ELEMS>>();
+        let st_sh = v_sh
+            .as_vectorized_mut()
+            .with_vector_size_mut::<Const<WORD_ELEMS>>();
+        store_plane::<Word<F>, NC>(o_sh, st_sh, &o_acc, &rows, l0, l1, lane, warp, rows_here, d);
+        sync_cube();
+        merge_planes::<F, Word<F>>(
+            io,
+            k_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
+            v_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
+            orow_sh,
+            geo,
+            first_rho,
+            rows_here,
+            c,
+            recv,
+            bar,
+            blueprint,
+        );
+    } else {
+        let mut o_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * d]);
+        let mut st_sh = Shared::<[f32]>::new_slice(comptime![warps * 16 * 2]);
+        store_plane::<f32, NC>(
+            &mut o_sh, &mut st_sh, &o_acc, &rows, l0, l1, lane, warp, rows_here, d,
+        );
+        sync_cube();
+        merge_planes::<F, f32>(
+            io, &o_sh, &st_sh, orow_sh, geo, first_rho, rows_here, c, recv, bar, blueprint,
+        );
+    }
+    rows_here
+}
+
+/// Stores lane `lane` of plane `warp`'s share of the plane's `(max, sum, acc)` (`l0`, `l1`: its
+/// rows' sums over the quad) into the merge buffers, each f32 as one `W` (an f32, or two 16-bit
+/// elements of the K/V stages holding its bits).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn store_plane<W: CubePrimitive, NC: Size>(
+    o_sh: &mut [W],
+    st_sh: &mut [W],
+    o_acc: &Array<Vector<f32, NC>>,
+    rows: &LaneRows,
+    l0: f32,
+    l1: f32,
+    lane: u32,
+    warp: u32,
+    rows_here: u32,
+    #[comptime] d: usize,
+) {
+    let g = lane / 4;
+    let t = lane % 4;
     let wrow = warp as usize * 16;
     let col = (2 * t) as usize;
     if g < rows_here {
         #[unroll]
-        for n in 0..dn {
+        for n in 0..d / 8 {
             let o0 = o_acc[n * 2];
             let base0 = (wrow + g as usize) * d + n * 8 + col;
-            o_sh[base0] = Word::<F>::reinterpret(o0.extract(0usize));
-            o_sh[base0 + 1] = Word::<F>::reinterpret(o0.extract(1usize));
+            o_sh[base0] = W::reinterpret(o0.extract(0usize));
+            o_sh[base0 + 1] = W::reinterpret(o0.extract(1usize));
         }
     }
     if g + 8 < rows_here {
         #[unroll]
-        for n in 0..dn {
+        for n in 0..d / 8 {
             let o1 = o_acc[n * 2 + 1];
             let base1 = (wrow + g as usize + 8) * d + n * 8 + col;
-            o_sh[base1] = Word::<F>::reinterpret(o1.extract(0usize));
-            o_sh[base1 + 1] = Word::<F>::reinterpret(o1.extract(1usize));
+            o_sh[base1] = W::reinterpret(o1.extract(0usize));
+            o_sh[base1 + 1] = W::reinterpret(o1.extract(1usize));
         }
     }
     if t == 0 {
-        st_sh[(wrow + g as usize) * 2] = Word::<F>::reinterpret(rows.m0);
-        st_sh[(wrow + g as usize) * 2 + 1] = Word::<F>::reinterpret(l0);
-        st_sh[(wrow + g as usize + 8) * 2] = Word::<F>::reinterpret(rows.m1);
-        st_sh[(wrow + g as usize + 8) * 2 + 1] = Word::<F>::reinterpret(l1);
+        st_sh[(wrow + g as usize) * 2] = W::reinterpret(rows.m0);
+        st_sh[(wrow + g as usize) * 2 + 1] = W::reinterpret(l0);
+        st_sh[(wrow + g as usize + 8) * 2] = W::reinterpret(rows.m1);
+        st_sh[(wrow + g as usize + 8) * 2 + 1] = W::reinterpret(l1);
     }
-    sync_cube();
-    merge_planes::<F>(
-        io,
-        k_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
-        v_sh.as_vectorized().with_vector_size::<Const<WORD_ELEMS>>(),
-        orow_sh,
-        geo,
-        first_rho,
-        rows_here,
-        c,
-        recv,
-        bar,
-        blueprint,
-    );
-    rows_here
 }
 
 /// Launches the decode kernel on cubes of `(split, KV head, sequence x 16-row block)`: where the
@@ -512,7 +577,7 @@ pub(crate) fn launch<R: Runtime>(
         && cubes <= crate::caps::num_sms(client) as usize;
     blueprint.early = crate::caps::has_pdl(client) && p.appended();
     let elem = p.q.dtype().size();
-    if !blueprint.merge_fits_stages(elem) {
+    if blueprint.stage_merge && !blueprint.merge_fits_stages(elem) {
         return Err(OpsError::UnsupportedFeature {
             op,
             runtime: crate::caps::runtime_name(client),
@@ -531,11 +596,14 @@ pub(crate) fn launch<R: Runtime>(
     let dtype = p.q.dtype().elem_type();
     blueprint.rope = rope.is_some();
     // The cubes merge their own partials where they all fit on the GPU at once (`trigger`:
-    // no more cubes than SMs, one cube an SM at most) and a workspace holds the counters.
-    let counters = split
-        .parts
-        .counters()
-        .filter(|_| split.partial() && !split.clustered && blueprint.trigger);
+    // no more cubes than SMs, one cube an SM at most), each streams enough keys
+    // ([`OWN_MERGE_MIN_KEYS`]) and a workspace holds the counters.
+    let counters = split.parts.counters().filter(|_| {
+        split.partial()
+            && !split.clustered
+            && blueprint.trigger
+            && split.chunk >= OWN_MERGE_MIN_KEYS
+    });
     if counters.is_some() {
         blueprint.merge = Some(MergeBlueprint::for_cube(
             client,
@@ -609,5 +677,30 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Eight planes keep their merge buffers in the stages (the 32k cube at 144 KB of shared
+    /// memory, not 211); four planes keep buffers of their own unless that would not fit the
+    /// budget (99 KB a cube on sm_86 and sm_89), where they move into the stages.
+    #[test]
+    fn merge_buffers_move_into_the_stages_for_eight_planes_or_a_small_budget() {
+        let (h100, small) = (227 * 1024, 99 * 1024);
+        let wide = SplitKvTiling {
+            warps: 8,
+            bk: 128,
+            cubes_per_sm: 1,
+        };
+        let bp = SplitKvMmaBlueprint::new(128, wide, true, true).fitting(2, h100);
+        assert!(bp.stage_merge);
+        assert!(bp.shared_bytes(2) < 150 * 1024, "{}", bp.shared_bytes(2));
+        let own = SplitKvMmaBlueprint::new(128, SplitKvTiling::default(), true, true);
+        assert!(!own.stage_merge && own.shared_bytes(2) > small);
+        assert!(!own.fitting(2, h100).stage_merge);
+        let staged = own.fitting(2, small);
+        assert!(staged.stage_merge && staged.shared_bytes(2) <= small);
+        assert_eq!(
+            own.shared_bytes(2) - staged.shared_bytes(2),
+            4 * 16 * (128 + 2) * 4
+        );
     }
 }

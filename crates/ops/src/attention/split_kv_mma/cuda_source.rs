@@ -1,8 +1,9 @@
 //! The tensor-core decode attention's CUDA C++ for an sm_90 device, built on any machine
 //! (`testkit::cuda_source`): the 1.5B model's decode step (head dim 128, 12 query heads over 2
-//! KV heads) on the clustered launch that merges its own splits and on the plain split launch
-//! of long caches that merges its own partials, both with RoPE and the cache append inside,
-//! must compile, with no `mma` operand passed by address.
+//! KV heads) on the clustered launch that merges its own splits, on the plain split launch of
+//! long caches that merges its own partials and on that of a 4k cache (four planes, the merge
+//! kernel after it), all with RoPE and the cache append inside, must compile, with no `mma`
+//! operand passed by address.
 
 use cubecl::prelude::*;
 use testkit::cuda_source;
@@ -118,6 +119,17 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
         ..blueprint
     };
     source(client, "attention_decode_long", long, [32768, 64], false);
+    // A 4k cache: four planes on 64-key tiles, the planes' merge buffers of their own, and the
+    // merge kernel after it.
+    let short = SplitKvMmaBlueprint {
+        partial: true,
+        trigger: true,
+        early: true,
+        rope: true,
+        ..SplitKvMmaBlueprint::new(128, SplitKvTiling::default(), true, true)
+    };
+    assert!(!short.stage_merge);
+    source(client, "attention_decode_4k", short, [4352, 34], false);
 }
 
 #[test]

@@ -19,7 +19,7 @@ pub(super) const WORD_ELEMS: usize = 2;
 /// elements of the dtype.
 pub(super) type Word<F> = Vector<F, Const<WORD_ELEMS>>;
 
-/// Combines the planes' `(max, sum, acc)` of the block's `rows_here` rows into the cube's
+/// Combines the planes' `(max, sum, acc)` (each f32 stored as one `W`) of the block's `rows_here` rows into the cube's
 /// output (or partials, or with [`SplitKvMmaBlueprint::exchange`] the partials sent to the
 /// cubes of the cluster that own them): one unit per row first finds the row's maximum, each
 /// plane's weight `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in
@@ -27,10 +27,10 @@ pub(super) type Word<F> = Vector<F, Const<WORD_ELEMS>>;
 /// weights, so that no element recomputes the row's statistics.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-pub(super) fn merge_planes<F: Float>(
+pub(super) fn merge_planes<F: Float, W: CubePrimitive>(
     io: &mut SplitBuffers<F, f32>,
-    o_sh: &[Word<F>],
-    st_sh: &[Word<F>],
+    o_sh: &[W],
+    st_sh: &[W],
     orow_sh: &mut [u32],
     geo: &Geometry,
     first_rho: u32,
