@@ -5,8 +5,10 @@
 # per variant of BG_VARIANTS), in BG_ROUNDS rounds of alternating order (default 1). Modes are
 # read as dev/profile/decode_profile.sh reads them (w8a8+head quantizes the LM head too).
 #   VARIANTS="base: nonorm:CUBELLM_LAB_NONORM=1" MODES="w8a8 fp8" [ROUNDS=2] bash dev/env_ab_prof_run.sh
-# A variant is LABEL:ENV[,ENV...]; .devs/cubellm as dev/pack_device.sh leaves it. Results under
-# $OUT/r (r.tgz).
+# A variant is LABEL:ENV[,ENV...]; it runs .devs/cubellm-LABEL where that binary is there (another
+# build), else .devs/cubellm as dev/pack_device.sh leaves it. PROMPTS (default 512) lists the
+# prompt lengths of the tables (each table's directory then ends in _pLEN where there are
+# several). Results under $OUT/r (r.tgz).
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
@@ -14,9 +16,9 @@ start_model $C 150 6
 build_trace_lib $R/trace-build.log
 wait_model
 [ "${BG:-0}" = 1 ] && start_model $C 240
-run_variant() { # label envs mode
+run_variant() { # label envs mode [binary]
   local envs=(${2//,/ }) out
-  out=$( ([ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; profile_layers $C $R/prof_$1 "$3") )
+  out=$( ([ ${#envs[@]} -gt 0 ] && export "${envs[@]}"; profile_layers ${4:-$C} $R/prof_$1 "$3") )
   echo "$1 $3: $(grep "^per layer" <<< "$out")"
 }
 in_round_order() { # round variant...: the variants, reversed in even rounds
@@ -24,12 +26,17 @@ in_round_order() { # round variant...: the variants, reversed in even rounds
   if [ $((round % 2)) = 0 ]; then printf '%s\n' "$@" | tac; else printf '%s\n' "$@"; fi
 }
 list=(${VARIANTS:-base:})
-for round in $(seq 1 ${ROUNDS:-2}); do
-  order=($(in_round_order $round "${list[@]}"))
-  for v in "${order[@]}"; do
-    for mode in ${MODES:-w8a8}; do
-      label=${v%%:*}; envs=${v#*:}
-      run_variant "${label}_r$round" "$envs" "$mode"
+prompts=(${PROMPTS:-512})
+for prompt in "${prompts[@]}"; do
+  at=; [ ${#prompts[@]} -gt 1 ] && at=_p$prompt
+  for round in $(seq 1 ${ROUNDS:-2}); do
+    order=($(in_round_order $round "${list[@]}"))
+    for v in "${order[@]}"; do
+      for mode in ${MODES:-w8a8}; do
+        label=${v%%:*}; envs=${v#*:}; bin=$C
+        [ -x ".devs/cubellm-$label" ] && bin=.devs/cubellm-$label
+        PROMPT_LEN=$prompt run_variant "${label}_r$round$at" "$envs" "$mode" "$bin"
+      done
     done
   done
 done
