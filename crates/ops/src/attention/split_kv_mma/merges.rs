@@ -19,12 +19,13 @@ pub(super) const WORD_ELEMS: usize = 2;
 /// elements of the dtype.
 pub(super) type Word<F> = Vector<F, Const<WORD_ELEMS>>;
 
-/// Combines the planes' `(max, sum, acc)` (each f32 stored as one `W`) of the block's `rows_here` rows into the cube's
-/// output (or partials, or with [`SplitKvMmaBlueprint::exchange`] the partials sent to the
-/// cubes of the cluster that own them): one unit per row first finds the row's maximum, each
-/// plane's weight `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in
-/// `orow_sh` for the cluster's merge), then every unit combines output elements with those
-/// weights, so that no element recomputes the row's statistics.
+/// Combines the planes' `(max, sum, acc)` (each f32 stored as one `W`: an f32, or a [`Word`] of
+/// the K/V stages) of the block's `rows_here` rows into the cube's output (or partials, or with
+/// [`SplitKvMmaBlueprint::exchange`] the partials sent to the cubes of the cluster that own
+/// them): one unit per row first finds the row's maximum, each plane's weight
+/// `2^(max_w c - max c)`, the weighted sum and the row's output row (kept in `orow_sh` for the
+/// cluster's merge), then every unit combines output elements with those weights, so that no
+/// element recomputes the row's statistics.
 #[cube]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn merge_planes<F: Float, W: CubePrimitive>(
