@@ -94,13 +94,16 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
         bk: 128,
         cubes_per_sm: 1,
     };
-    let blueprint = SplitKvMmaBlueprint {
+    // The model's decode launch on a tiling: split, signalling its dependents first, the older
+    // keys queued before its wait, RoPE and the cache append inside.
+    let decode = |tiling| SplitKvMmaBlueprint {
         partial: true,
         trigger: true,
         early: true,
         rope: true,
-        ..SplitKvMmaBlueprint::new(128, wide, true, true)
+        ..SplitKvMmaBlueprint::new(128, tiling, true, true)
     };
+    let blueprint = decode(wide);
     // 1 024 cache rows over the cluster's splits; 32 768 rows over 64 splits.
     let cluster = SplitKvMmaBlueprint {
         exchange: true,
@@ -121,13 +124,7 @@ fn case<R: Runtime>(client: &ComputeClient<R>) {
     source(client, "attention_decode_long", long, [32768, 64], false);
     // A 4k cache: four planes on 64-key tiles, the planes' merge buffers of their own, and the
     // merge kernel after it.
-    let short = SplitKvMmaBlueprint {
-        partial: true,
-        trigger: true,
-        early: true,
-        rope: true,
-        ..SplitKvMmaBlueprint::new(128, SplitKvTiling::default(), true, true)
-    };
+    let short = decode(SplitKvTiling::default());
     assert!(!short.stage_merge);
     source(client, "attention_decode_4k", short, [4352, 34], false);
 }
