@@ -171,12 +171,13 @@ fn demo_model_runs_to_its_full_context() {
     on_each_runtime_one_cuda_at_a_time!(demo_full_context);
 }
 
-/// Decodes across the first rung of cache rows a session plans its decode attention for (the
-/// rows the clustered decode attention takes on sm_90, 1 024 elsewhere) on a longer cache: the
-/// steps whose context fits the rung plan for a view of the cache's first rows (on CUDA their
-/// own graph, the clustered launch), the later steps for the whole cache (another graph, a key
-/// split over every SM and a merge kernel). Every step's logits, on both sides of the bound,
-/// match an f32 prefill of the same tokens (bf16 where the runtime has it, else f32).
+/// Decodes across the first two rungs of cache rows a session plans its decode attention for
+/// (the first: the rows the clustered decode attention takes on sm_90, 1 024 elsewhere; the
+/// second twice that) on a longer cache: the steps whose context fits a rung plan for a view of
+/// the cache's first rows (on CUDA each rung its own graph; the first the clustered launch, the
+/// second a key split over every SM and a merge kernel), the steps past the second for the whole
+/// cache. Every step's logits, on both sides of each bound, match an f32 prefill of the same
+/// tokens (bf16 where the runtime has it, else f32).
 fn across_clustered_rows<R: Runtime>(client: &ComputeClient<R>) {
     let dtype = if ops::caps::supports_dtype(client, DType::BF16) {
         DType::BF16
@@ -186,10 +187,11 @@ fn across_clustered_rows<R: Runtime>(client: &ComputeClient<R>) {
     let head_dim = model::demo::HIDDEN / model::demo::HEADS;
     let rows = ops::attention::clustered_decode_keys(client, dtype, head_dim).unwrap_or(1024);
     const AROUND: usize = 4;
+    let max_len = 2 * rows + 64;
     let demo = Demo::new();
     let options = |dtype| LoadOptions {
         dtype: Some(dtype),
-        max_len: Some(rows + 64),
+        max_len: Some(max_len),
         device_free_bytes: testkit::runtime::free_memory(client),
         ..LoadOptions::default()
     };
@@ -198,30 +200,32 @@ fn across_clustered_rows<R: Runtime>(client: &ComputeClient<R>) {
     let mut session = Session::new(m).unwrap();
     let (reference, _) = load(client, &demo.0, &options(DType::F32)).unwrap();
     let mut reference = Session::new(reference).unwrap();
-    let mut tokens = seeded_prompt(rows - AROUND, vocab as u64, 0x9e37_79b9_7f4a_7c15);
-    session.prefill(&tokens).unwrap();
-    let (mut got, mut want) = (Vec::new(), Vec::new());
-    for _ in 0..2 * AROUND {
-        let next = session.argmax().unwrap();
-        tokens.push(next);
-        session.decode(next).unwrap();
-        session.logits(&mut got).unwrap();
-        reference.reset().unwrap();
-        reference.prefill(&tokens).unwrap();
-        reference.logits(&mut want).unwrap();
-        let err = worst_row_error(&got, &want, vocab);
-        eprintln!(
-            "context {} of {} (first rung {rows} rows): relative error {err:.2e}",
-            tokens.len(),
-            rows + 64
-        );
-        assert!(
-            err <= logit_tolerance(dtype),
-            "decode step at context {} (first rung {rows} rows): relative error {err:.3e}",
-            tokens.len()
-        );
+    for bound in [rows, 2 * rows] {
+        let mut tokens = seeded_prompt(bound - AROUND, vocab as u64, 0x9e37_79b9_7f4a_7c15);
+        session.reset().unwrap();
+        session.prefill(&tokens).unwrap();
+        let (mut got, mut want) = (Vec::new(), Vec::new());
+        for _ in 0..2 * AROUND {
+            let next = session.argmax().unwrap();
+            tokens.push(next);
+            session.decode(next).unwrap();
+            session.logits(&mut got).unwrap();
+            reference.reset().unwrap();
+            reference.prefill(&tokens).unwrap();
+            reference.logits(&mut want).unwrap();
+            let err = worst_row_error(&got, &want, vocab);
+            eprintln!(
+                "context {} of {max_len} (bound {bound} rows): relative error {err:.2e}",
+                tokens.len()
+            );
+            assert!(
+                err <= logit_tolerance(dtype),
+                "decode step at context {} (bound {bound} rows): relative error {err:.3e}",
+                tokens.len()
+            );
+        }
+        assert!(session.len() > bound, "the steps crossed the bound");
     }
-    assert!(session.len() > rows, "the steps crossed the bound");
     let cuda = ops::caps::runtime_name(client) == "cuda";
     assert_eq!(session.uses_graph(), cuda, "graphs on CUDA only");
 }
