@@ -130,19 +130,21 @@ impl SplitKvMmaBlueprint {
     /// as `bk` is a multiple of `16 · warps` and a stage row holds `d + 8` elements.
     pub fn merge_fits_stages(&self, elem: usize) -> bool {
         let stages = 2 * self.bk * self.stride() * elem;
-        elem * WORD_ELEMS == 4
-            && self.warps * 16 * self.d * 4 <= stages
-            && self.warps * 16 * 2 * 4 <= stages
+        let (outputs, stats) = self.plane_merge_bytes();
+        elem * WORD_ELEMS == 4 && outputs <= stages && stats <= stages
+    }
+
+    /// Bytes of the planes' f32 merge buffers: their outputs (16 rows of `d` a plane) and their
+    /// rows' statistics (max and sum).
+    fn plane_merge_bytes(&self) -> (usize, usize) {
+        (self.warps * 16 * self.d * 4, self.warps * 16 * 2 * 4)
     }
 
     /// Shared memory of a launch (with the clustered launch's receive buffer and mbarrier,
     /// which the plain launch does not declare).
     pub fn shared_bytes(&self, elem: usize) -> usize {
-        let merge_buffers = if self.stage_merge {
-            0
-        } else {
-            self.warps * 16 * (self.d + 2) * 4
-        };
+        let (outputs, stats) = self.plane_merge_bytes();
+        let merge_buffers = if self.stage_merge { 0 } else { outputs + stats };
         (16 + 4 * self.bk) * self.stride() * elem
             + merge_buffers
             + self.warps * 16 * 4
