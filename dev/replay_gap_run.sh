@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The device's idle time between two replays of the decode step's graph, on the GPU machine from
+# the repository root (about 3 minutes from a fresh start): the 28-layer 1.5B shape at a 512-token
+# prompt under the CUPTI tracer, per weight format in MODES (default "none fp8+head w8a8+head"),
+# then dev/profile/replay_gaps.py on each trace (the gap's median, the copies inside it and the
+# registers of each kernel). .devs/cubellm as dev/pack_device.sh leaves it. Results under $OUT/r
+# (r.tgz): p/table_MODE.md, p/gaps_MODE.txt, p/run_MODE.json and the gzipped traces.
+#   MODES="none fp8+head" bash dev/replay_gap_run.sh
+set -u
+source dev/device_setup.sh; begin_results
+C=.devs/cubellm
+start_model $C 200
+build_trace_lib $R/trace-build.log
+wait_model
+for m in ${MODES:-none fp8+head w8a8+head}; do
+  echo "== $m"
+  PROFILE_TIMEOUT=90 NEW_TOKENS=${NEW_TOKENS:-96} profile_layers $C $R/p "$m" /tmp/big
+  python3 dev/profile/replay_gaps.py "$R/p/trace_$m.csv" > "$R/p/gaps_$m.txt" 2>&1
+  head -3 "$R/p/gaps_$m.txt"
+  grep -o '"decode_tok_s":[0-9.]*' "$R/p/run_$m.json"
+done
+pack_traces $R/p
