@@ -12,6 +12,8 @@
 #                                log's last lines
 #   build_trace_lib LOG          builds the CUPTI kernel tracer of dev/profile (kernel_trace.c)
 #                                as /tmp/libkernel_trace.so, compiler output in LOG
+#   model_and_tracer CLI [T]     start_model, build_trace_lib (log $R/trace-build.log), then
+#                                wait_model: the 1.5B checkpoint and the tracer, both ready
 #   profile_layers CLI DIR MODE [MODEL]
 #                                the CUPTI table of CLI's decode step on MODEL (default the
 #                                6-layer /tmp/big6; PROMPT_LEN as decode_profile.sh takes it,
@@ -57,6 +59,12 @@ build_trace_lib() {
   gcc -O2 -shared -fPIC -I"$cu13/include" \
     -I"$(dirname "$(dirname "$(command -v nvcc)")")/include" dev/profile/kernel_trace.c \
     -L"$cu13/lib" -l:libcupti.so.13 -o /tmp/libkernel_trace.so > "$1" 2>&1
+}
+
+model_and_tracer() {
+  start_model "$1" "${2:-240}"
+  build_trace_lib "$R/trace-build.log"
+  wait_model
 }
 
 profile_layers() {

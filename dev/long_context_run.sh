@@ -8,9 +8,7 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-start_model $C 240
-build_trace_lib $R/trace-build.log
-wait_model
+model_and_tracer $C 240
 for mode in ${PROFILE_MODES:-none}; do
   echo "$mode: $(PROMPT_LEN=${PROFILE_LEN:-32640} PROFILE_TIMEOUT=120 \
     profile_layers $C $R/prof_long $mode /tmp/big)"

@@ -9,9 +9,7 @@
 set -u
 source dev/device_setup.sh; begin_results
 C=.devs/cubellm
-start_model $C 200
-build_trace_lib $R/trace-build.log
-wait_model
+model_and_tracer $C 200
 for m in ${MODES:-none fp8+head w8a8+head}; do
   echo "== $m"
   PROFILE_TIMEOUT=90 NEW_TOKENS=${NEW_TOKENS:-96} profile_layers $C $R/p "$m" /tmp/big
