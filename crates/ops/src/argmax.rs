@@ -4,7 +4,7 @@
 use cubecl::prelude::*;
 
 use crate::gemm::{last_to_finish, SplitNeed, SplitScratch};
-use crate::launch::{check_u32_ids, cube_count_1d, validate_rows};
+use crate::launch::{check_same_dtype, check_u32_ids, cube_count_1d, validate_rows};
 use crate::{caps, DType, DeviceTensor, OpsError, Result};
 
 /// Units per cube: one cube per row, a shared-memory tree over the units' candidates.
@@ -200,9 +200,13 @@ fn argmax_split_kernel<F: Float, N: Size>(
     second_counter: &mut [u32],
     even_slot: &mut [u32],
     odd_slot: &mut [u32],
+    table: &[Vector<F, N>],
+    next_row: &mut [Vector<F, N>],
     n_cols: usize,
+    row_vectors_out: usize,
     #[comptime] shape: SplitShape,
     #[comptime] advance: bool,
+    #[comptime] gather: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let row = CUBE_POS_Y as usize;
@@ -261,35 +265,48 @@ fn argmax_split_kernel<F: Float, N: Size>(
         partials[slot * 2] = cv;
         partials[slot * 2 + 1] = f32::reinterpret(ci);
     }
-    if last_to_finish(counters, row, comptime![shape.splits]) && plane == 0 {
-        // The counters do not depend on the winner: their loads go out with the partials'.
-        let mut first = 0u32;
-        let mut second = 0u32;
-        if comptime![advance] {
-            first = first_counter[0];
-            second = second_counter[0];
-        }
-        let mut cv = f32::new(f32::MIN);
-        let mut ci = none;
-        for s in range_stepped(lane, splits, 32usize) {
-            let slot = row * splits + s;
-            let v = partials[slot * 2];
-            let i = u32::reinterpret(partials[slot * 2 + 1]);
-            if beats(v, i, cv, ci) {
-                cv = v;
-                ci = i;
+    // Uniform across the cube (the flag is shared), so the last cube may synchronise below.
+    if last_to_finish(counters, row, comptime![shape.splits]) {
+        if plane == 0 {
+            // The counters do not depend on the winner: their loads go out with the partials'.
+            let mut first = 0u32;
+            let mut second = 0u32;
+            if comptime![advance] {
+                first = first_counter[0];
+                second = second_counter[0];
+            }
+            let mut cv = f32::new(f32::MIN);
+            let mut ci = none;
+            for s in range_stepped(lane, splits, 32usize) {
+                let slot = row * splits + s;
+                let v = partials[slot * 2];
+                let i = u32::reinterpret(partials[slot * 2 + 1]);
+                if beats(v, i, cv, ci) {
+                    cv = v;
+                    ci = i;
+                }
+            }
+            let (_, wi) = plane_best(cv, ci);
+            if lane == 0 {
+                // A row of only NaN has no candidate: report index 0.
+                let id = select(wi == none, 0u32, wi);
+                out[row] = id;
+                idxs[0] = id;
+                if comptime![advance] {
+                    // One row (checked at launch), so this unit runs once per launch.
+                    first_counter[0] = first + 1u32;
+                    second_counter[0] = second + 1u32;
+                    write_slot(even_slot, odd_slot, second, id);
+                }
             }
         }
-        let (_, wi) = plane_best(cv, ci);
-        if lane == 0 {
-            // A row of only NaN has no candidate: report index 0.
-            let id = select(wi == none, 0u32, wi);
-            out[row] = id;
-            if comptime![advance] {
-                // One row (checked at launch), so this unit runs once per launch.
-                first_counter[0] = first + 1u32;
-                second_counter[0] = second + 1u32;
-                write_slot(even_slot, odd_slot, second, id);
+        if comptime![gather] {
+            // The next step's input row, by the whole cube: one load a unit at the 1.5B
+            // model's 192 vectors, instead of a kernel of its own at the next step's start.
+            sync_cube();
+            let id = idxs[0] as usize;
+            for i in range_stepped(UNIT_POS as usize, row_vectors_out, CUBE_DIM as usize) {
+                next_row[i] = table[id * row_vectors_out + i];
             }
         }
     }
@@ -336,12 +353,14 @@ fn splits_rows<R: Runtime>(client: &ComputeClient<R>) -> bool {
 fn split_shape<R: Runtime>(
     client: &ComputeClient<R>,
     n: usize,
+    width: usize,
     dtype: DType,
 ) -> Option<(SplitShape, usize)> {
     if !splits_rows(client) || n == 0 {
         return None;
     }
-    let vector = caps::vector_size_for(client, dtype, n);
+    // A width that `width` (a divisor of n) allows.
+    let vector = caps::vector_size_for(client, dtype, width);
     Some((
         SplitShape::new(n / vector, caps::num_sms(client) as usize),
         vector,
@@ -356,7 +375,7 @@ pub fn split_need<R: Runtime>(
     n: usize,
     dtype: DType,
 ) -> SplitNeed {
-    split_shape(client, n, dtype).map_or(SplitNeed::default(), |(shape, _)| shape.need(rows))
+    split_shape(client, n, n, dtype).map_or(SplitNeed::default(), |(shape, _)| shape.need(rows))
 }
 
 /// [`argmax_into`] with each row split across cubes where the runtime allows it (CUDA) and
@@ -382,6 +401,10 @@ pub fn argmax_split_into<R: Runtime>(
 /// of one launch from its slot while the next launch, already queued, writes the other one.
 /// Where the row is split, the unit that writes the id does all of it (after every earlier
 /// kernel on the stream ended); elsewhere a one-unit kernel follows the argmax.
+///
+/// With `next_row`, the chosen id's row of an embedding table is also copied into a row
+/// ([`NextRow`]): the input of a decode step fed by this choice, gathered here instead of by an
+/// embedding kernel at that step's start.
 pub fn argmax_split_advance_into<R: Runtime>(
     client: &ComputeClient<R>,
     x: &DeviceTensor<R>,
@@ -389,6 +412,7 @@ pub fn argmax_split_advance_into<R: Runtime>(
     scratch: &SplitScratch<R>,
     counters: [&DeviceTensor<R>; 2],
     slots: [&DeviceTensor<R>; 2],
+    next_row: Option<NextRow<'_, R>>,
 ) -> Result<()> {
     const OP: &str = "argmax advance";
     if x.rows() != 1 {
@@ -405,11 +429,77 @@ pub fn argmax_split_advance_into<R: Runtime>(
     for (name, c) in named.into_iter().zip(all) {
         check_u32_ids(OP, name, c, 1)?;
     }
-    split_launch(client, x, out, scratch, Some((counters, slots)))
+    if let Some(next) = &next_row {
+        next.validate(OP, x)?;
+    }
+    split_launch(client, x, out, scratch, Some((counters, slots, next_row)))
 }
 
-/// The two counters an advancing argmax adds one to, and its two parity slots.
-type Advance<'a, R> = ([&'a DeviceTensor<R>; 2], [&'a DeviceTensor<R>; 2]);
+/// The embedding row an advancing argmax gathers for the step its id feeds: `row[0..H] =
+/// table[id]`, `table` a contiguous `[V, H]` table of the logits' dtype with at least as many
+/// rows as the logits have columns (so that every id has one), `row` a contiguous tensor of `H`
+/// elements of that dtype.
+pub struct NextRow<'a, R: Runtime> {
+    pub table: &'a DeviceTensor<R>,
+    pub row: &'a DeviceTensor<R>,
+}
+
+// Two shared references: copyable whatever `R` is (a derive would ask `R: Copy`).
+impl<R: Runtime> Clone for NextRow<'_, R> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<R: Runtime> Copy for NextRow<'_, R> {}
+
+impl<R: Runtime> NextRow<'_, R> {
+    fn validate(&self, op: &'static str, logits: &DeviceTensor<R>) -> Result<()> {
+        let (table, row) = (self.table, self.row);
+        check_same_dtype(op, logits, table)?;
+        check_same_dtype(op, logits, row)?;
+        if table.rank() != 2 || table.shape()[0] < logits.last_dim() || table.shape()[1] == 0 {
+            return Err(OpsError::shape(
+                op,
+                format!(
+                    "the embedding table {:?} must be [V, H] with V >= the {} logits",
+                    table.shape(),
+                    logits.last_dim()
+                ),
+            ));
+        }
+        if row.numel() != table.shape()[1] || row.rank() != 2 || row.shape()[0] != 1 {
+            return Err(OpsError::shape(
+                op,
+                format!(
+                    "the next row {:?} must be [1, {}]",
+                    row.shape(),
+                    table.shape()[1]
+                ),
+            ));
+        }
+        if !(table.is_contiguous() && row.is_contiguous()) {
+            return Err(OpsError::shape(
+                op,
+                "the embedding table and the next row must be contiguous",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The row's width.
+    fn hidden(&self) -> usize {
+        self.table.shape()[1]
+    }
+}
+
+/// The two counters an advancing argmax adds one to, its two parity slots and the row it
+/// gathers, if any.
+type Advance<'a, R> = (
+    [&'a DeviceTensor<R>; 2],
+    [&'a DeviceTensor<R>; 2],
+    Option<NextRow<'a, R>>,
+);
 
 fn split_launch<R: Runtime>(
     client: &ComputeClient<R>,
@@ -422,11 +512,14 @@ fn split_launch<R: Runtime>(
     validate_rows(client, OP, x, &[])?;
     check_u32_ids(OP, "out", out, x.rows())?;
     let (rows, n) = (x.rows(), x.last_dim());
-    let split = split_shape(client, n, x.dtype())
+    let next_row = advance.and_then(|(_, _, next)| next);
+    // The logits' and the gathered row's vectors are one width: one that divides both.
+    let width = next_row.map_or(n, |next| gcd(n, next.hidden()));
+    let split = split_shape(client, n, width, x.dtype())
         .filter(|(shape, _)| scratch.fits(shape.need(rows)) && rows <= u16::MAX as usize);
     let Some((shape, vector)) = split else {
         argmax_into(client, x, out)?;
-        if let Some(([first, second], [even, odd])) = advance {
+        if let Some(([first, second], [even, odd], _)) = advance {
             // SAFETY: one unit reads `out[0]` and writes element 0 of four u32[1] tensors
             // (checked by the caller).
             unsafe {
@@ -442,14 +535,22 @@ fn split_launch<R: Runtime>(
                 );
             }
         }
+        if let Some(next) = next_row {
+            crate::embedding::embedding_into(client, next.table, out, next.row)?;
+        }
         return Ok(());
     };
-    // Without counters the kernel's counter and slot arguments are `out`, which it then never
-    // touches.
-    let ([first, second], [even, odd]) = advance.unwrap_or(([out, out], [out, out]));
+    // Without counters the kernel's counter and slot arguments are `out`, and without a row to
+    // gather its table and row are `x`: it then never touches them.
+    let ([first, second], [even, odd]) =
+        advance.map_or(([out, out], [out, out]), |(c, s, _)| (c, s));
+    let (table, next) = next_row.map_or((x, x), |next| (next.table, next.row));
+    let row_vectors_out = next_row.map_or(0, |next| next.hidden() / vector);
     // SAFETY: the kernel reads `rows x n` of x, writes `rows` ids and the split's partials in
     // the scratch (they fit), leaves the `rows` counters it uses at zero and, with `advance`
-    // (one row), adds one to element 0 of each u32[1] counter and writes element 0 of one slot.
+    // (one row), adds one to element 0 of each u32[1] counter and writes element 0 of one slot;
+    // with a row to gather (validated: the table has a row for every id below `n`, the row its
+    // width, both divided by `vector`) it copies that row.
     unsafe {
         argmax_split_kernel::launch_unchecked::<R>(
             client,
@@ -464,11 +565,24 @@ fn split_launch<R: Runtime>(
             second.as_buffer_arg(),
             even.as_buffer_arg(),
             odd.as_buffer_arg(),
+            table.as_buffer_arg(),
+            next.as_buffer_arg(),
             n,
+            row_vectors_out,
             shape,
             advance.is_some(),
+            next_row.is_some(),
             x.dtype().elem_type(),
         );
     }
     Ok(())
+}
+
+/// The greatest common divisor of `a` and `b`.
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }

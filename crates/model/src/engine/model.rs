@@ -72,6 +72,27 @@ impl<R: Runtime> std::fmt::Debug for Model<R> {
     }
 }
 
+/// Where a one-sequence decode step's input row comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StepInput {
+    /// The embedding of the id in [`DecodeBuffers::token`] (written by the host, or drawn by
+    /// the device sampler), gathered by the step's first kernel.
+    Token,
+    /// The row the previous step's argmax gathered into the step's activation when it chose
+    /// its id (the id also in [`DecodeBuffers::next_token`]): valid only right after a
+    /// decode step, before anything else writes that activation.
+    Chosen,
+}
+
+/// What a one-sequence decode step's argmax advances and writes besides the id: the cache's
+/// device position and length, the id's slot of the length's parity, and the id's embedding
+/// row (the activation a [`StepInput::Chosen`] step starts from).
+struct OneSequence<'a, R: Runtime> {
+    cache: &'a KvCache<R>,
+    slots: &'a [DeviceTensor<R>; 2],
+    hidden: &'a DeviceTensor<R>,
+}
+
 /// What the head of the forward pass reads and writes.
 struct Head<'a, R: Runtime> {
     /// Gather this row of the residual stream into `row` first (prefill's last position).
@@ -242,15 +263,19 @@ impl<R: Runtime> Model<R> {
 
     /// The forward pass of `ids` over `s`: embedding into `s.act.hidden`, every layer, the final
     /// norm and the LM head into `head`.
+    /// The layers, the final norm and the LM head on the embedding rows of `ids`, or, without
+    /// ids, on the row already in `s.act.hidden`.
     fn forward(
         &self,
         s: &StepContext<'_, R>,
-        ids: &DeviceTensor<R>,
+        ids: Option<&DeviceTensor<R>>,
         cache: &[LayerCache<R>],
         head: Head<'_, R>,
     ) -> Result<()> {
         let c = &self.client;
-        ops::embedding::embedding_into(c, &self.embed_tokens.tensor, ids, &s.act.hidden)?;
+        if let Some(ids) = ids {
+            ops::embedding::embedding_into(c, &self.embed_tokens.tensor, ids, &s.act.hidden)?;
+        }
         for (layer, layer_cache) in self.layers.iter().zip(cache) {
             layer.forward(s, layer_cache)?;
         }
@@ -270,20 +295,29 @@ impl<R: Runtime> Model<R> {
 
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
     /// runtime allows it (the step's projection scratch holds the candidates). With `cache` (a
-    /// one-sequence step) it also advances the cache's device position and length to the next
-    /// step's, and writes the id to the slot of the length's parity
-    /// ([`DecodeBuffers::chosen`]).
+    /// one-sequence step, [`OneSequence`]) it also advances the cache's device position and
+    /// length to the next step's, writes the id to the slot of the length's parity
+    /// ([`DecodeBuffers::chosen`]) and gathers the id's embedding row: the input of a step fed
+    /// by this choice ([`StepInput::Chosen`]).
     fn greedy_into(
         &self,
         logits: &DeviceTensor<R>,
         ids: &DeviceTensor<R>,
         scratch: &ProjectionScratch<R>,
-        cache: Option<(&KvCache<R>, &[DeviceTensor<R>; 2])>,
+        cache: Option<OneSequence<'_, R>>,
     ) -> Result<()> {
         let split = scratch.linear.split_k();
         match cache {
-            Some((cache, slots)) => {
+            Some(OneSequence {
+                cache,
+                slots,
+                hidden,
+            }) => {
                 let counters = [cache.start(), cache.end()];
+                let next_row = ops::argmax::NextRow {
+                    table: &self.embed_tokens.tensor,
+                    row: hidden,
+                };
                 ops::argmax::argmax_split_advance_into(
                     &self.client,
                     logits,
@@ -291,6 +325,7 @@ impl<R: Runtime> Model<R> {
                     split,
                     counters,
                     [&slots[0], &slots[1]],
+                    Some(next_row),
                 )?
             }
             None => ops::argmax::argmax_split_into(&self.client, logits, ids, split)?,
@@ -354,7 +389,7 @@ impl<R: Runtime> Model<R> {
             normed: &normed,
             logits: &out,
         };
-        self.forward(&s, &ids, cache.layers(), head)?;
+        self.forward(&s, Some(&ids), cache.layers(), head)?;
         cache.commit_append()?;
         Ok(out)
     }
@@ -369,7 +404,7 @@ impl<R: Runtime> Model<R> {
     /// [`KvCache::commit_step`], after which the next one-position append writes nothing
     /// ([`KvCache::commit_append`] forgets the advance: the next append writes both).
     pub fn decode_step(&self, cache: &KvCache<R>, step: &DecodeBuffers<R>) -> Result<()> {
-        self.decode_step_reading(cache, step, &step.token, None)
+        self.decode_step_reading(cache, step, StepInput::Token, None)
     }
 
     /// [`Self::decode_step`] on the id in `token`, with the attention planned for the cache's
@@ -377,16 +412,16 @@ impl<R: Runtime> Model<R> {
     /// fit them): where those rows take a faster launch than the whole cache
     /// ([`ops::attention::clustered_decode_keys`]), a step with a short context runs it.
     ///
-    /// With `token` = `step.next_token` the step runs on the id the step before chose (its
-    /// argmax, never copied to the host first) and overwrites it with its own. Greedy decoding
-    /// then runs one step ahead of the host: the host queues the read of a step's choice, then
-    /// this step, and only then waits for the choice (the read sees the id from before this
-    /// step: stream order).
+    /// With [`StepInput::Chosen`] the step runs on the id the step before chose (its argmax,
+    /// never copied to the host first), whose embedding row that argmax already gathered, and
+    /// overwrites both with its own. Greedy decoding then runs one step ahead of the host: the
+    /// host queues the read of a step's choice, then this step, and only then waits for the
+    /// choice (the read sees the id from before this step: stream order).
     pub(crate) fn decode_step_reading(
         &self,
         cache: &KvCache<R>,
         step: &DecodeBuffers<R>,
-        token: &DeviceTensor<R>,
+        input: StepInput,
         rows: Option<usize>,
     ) -> Result<()> {
         self.check_cache(cache, "decode_step")?;
@@ -403,8 +438,12 @@ impl<R: Runtime> Model<R> {
             normed: &step.act.normed,
             logits: &step.logits,
         };
-        // The embedding (the first kernel) reads the id before the argmax (the last) writes
-        // one, also when both are `step.next_token`.
+        // The embedding of `step.token` (the first kernel, where there is one) reads its row
+        // before the argmax (the last) gathers the next one into the same activation.
+        let ids = match input {
+            StepInput::Token => Some(&step.token),
+            StepInput::Chosen => None,
+        };
         let views;
         let layers = match rows {
             Some(rows) => {
@@ -413,12 +452,16 @@ impl<R: Runtime> Model<R> {
             }
             None => cache.layers(),
         };
-        self.forward(&s, token, layers, head)?;
+        self.forward(&s, ids, layers, head)?;
         self.greedy_into(
             &step.logits,
             &step.next_token,
             &step.scratch,
-            Some((cache, &step.chosen)),
+            Some(OneSequence {
+                cache,
+                slots: &step.chosen,
+                hidden: &step.act.hidden,
+            }),
         )
     }
 
@@ -461,7 +504,7 @@ impl<R: Runtime> Model<R> {
             normed: &step.act.normed,
             logits: &step.logits,
         };
-        self.forward(&s, &step.tokens, slots.layers(), head)?;
+        self.forward(&s, Some(&step.tokens), slots.layers(), head)?;
         self.greedy_into(&step.logits, &step.next_tokens, &step.scratch, None)
     }
 }

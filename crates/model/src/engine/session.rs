@@ -9,7 +9,7 @@ use ops::{caps, DType, DeviceTensor};
 use crate::engine::buffers::DecodeBuffers;
 use crate::engine::device_lock;
 use crate::engine::kv_cache::KvCache;
-use crate::engine::model::{Logits, Model};
+use crate::engine::model::{Logits, Model, StepInput};
 use crate::engine::projection::Projection;
 use crate::error::{ModelError, Result};
 use crate::generate::CausalLm;
@@ -249,7 +249,8 @@ pub struct Session<R: Runtime> {
     /// The step's graphs, one per rung of `rungs`.
     graph: Vec<StepGraph<R>>,
     /// The step fed by the previous step's argmax ([`CausalLm::decode_argmax_ahead`]): graphs of
-    /// its own, since a graph reads the buffers it was captured with.
+    /// their own, without the embedding kernel (that argmax gathered the row,
+    /// [`StepInput::Chosen`]).
     ahead_graph: Vec<StepGraph<R>>,
     /// The cache rows a step's attention is planned for ([`plan_rows`]), ascending; the last is
     /// the whole cache.
@@ -335,20 +336,21 @@ impl<R: Runtime> Session<R> {
     }
 
     /// Runs the decode step whose inputs were just written, planned as `plan`
-    /// ([`Self::plan_slot`]), on the previous step's argmax (`on_argmax`: `step.next_token`) or
-    /// on `step.token`: eagerly, by capturing it, or by replaying the capture.
+    /// ([`Self::plan_slot`]), on the previous step's argmax (`on_argmax`: its id's embedding
+    /// row, which that argmax gathered) or on `step.token`: eagerly, by capturing it, or by
+    /// replaying the capture.
     fn run_step(&mut self, on_argmax: bool, (rows, slot): (Option<usize>, usize)) -> Result<()> {
         let c = self.model.client().clone();
         let (model, cache, step) = (&self.model, &self.cache, &self.step);
-        let (graph, token) = if on_argmax {
-            (&mut self.ahead_graph[slot], &step.next_token)
+        let (graph, input) = if on_argmax {
+            (&mut self.ahead_graph[slot], StepInput::Chosen)
         } else {
-            (&mut self.graph[slot], &step.token)
+            (&mut self.graph[slot], StepInput::Token)
         };
         // SAFETY: the graph reads and writes only buffers owned by this session (weights, cache,
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
-        unsafe { graph.run(&c, || model.decode_step_reading(cache, step, token, rows)) }
+        unsafe { graph.run(&c, || model.decode_step_reading(cache, step, input, rows)) }
     }
 
     /// Writes a draw's parameters (when they changed) and uniform `u`, and brings the

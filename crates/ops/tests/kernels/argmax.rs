@@ -1,5 +1,7 @@
 use cubecl::prelude::*;
-use ops::argmax::{argmax, argmax_into, argmax_split_advance_into, argmax_split_into, split_need};
+use ops::argmax::{
+    argmax, argmax_into, argmax_split_advance_into, argmax_split_into, split_need, NextRow,
+};
 use ops::gemm::{SplitNeed, SplitScratch};
 use ops::reference::elementwise as reference;
 use ops::{DType, DeviceTensor};
@@ -158,6 +160,7 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
                     &scratch,
                     [&first, &second],
                     [&even, &odd],
+                    None,
                 )
                 .unwrap();
                 let what = format!("advancing argmax {dtype} 1x{n} room {room} call {call}");
@@ -195,16 +198,124 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
         DeviceTensor::from_slice(client, &[0u32], &[1]).unwrap(),
     );
     let slots = [&even, &odd];
-    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], slots);
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], slots, None);
     assert_err("two rows", err, "shape");
     let (x, _) = upload(client, &random(&mut rng, 64, 1.0), &[1, 64], dtype);
     let out = DeviceTensor::empty(client, &[1], DType::U32);
     let wide = DeviceTensor::from_slice(client, &[0u32, 0], &[2]).unwrap();
-    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &wide], slots);
+    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &wide], slots, None);
     assert_err("a counter of two", err, "shape");
-    let err = argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], [&even, &wide]);
+    let two_slots = [&even, &wide];
+    let err =
+        argmax_split_advance_into(client, &x, &out, &scratch, [&one, &other], two_slots, None);
     assert_err("a slot of two", err, "shape");
     assert_eq!(one.to_vec::<u32>(client).unwrap(), vec![0], "nothing ran");
+}
+
+/// The advancing argmax that gathers the chosen id's row of an embedding table: the row copied
+/// bit for bit, split (CUDA) and on one cube, at widths whose vectors are narrower than the
+/// logits' (12 or 7 beside 1 000 logits), wider than one vector a unit of the gathering cube
+/// (4 104) and with a table of more rows than logits; mismatched tables and rows are refused before anything runs.
+fn gather_case<R: Runtime>(client: &ComputeClient<R>) {
+    let mut rng = rng(53);
+    for dtype in float_dtypes(client) {
+        for (n, extra_rows, hidden) in [
+            (151_936usize, 0usize, 16usize),
+            (1000, 3, 12),
+            (1000, 0, 7),
+            (1000, 0, 4104),
+        ] {
+            let (x, xh) = upload(client, &random(&mut rng, n, 4.0), &[1, n], dtype);
+            let want = reference::argmax(&xh, n)[0] as usize;
+            let rows = n + extra_rows;
+            let (table, th) = upload(
+                client,
+                &random(&mut rng, rows * hidden, 2.0),
+                &[rows, hidden],
+                dtype,
+            );
+            for room in [true, false] {
+                let need = if room {
+                    split_need(client, 1, n, dtype)
+                } else {
+                    SplitNeed::default()
+                };
+                let scratch = SplitScratch::new(client, need);
+                let counters =
+                    [0u32, 0].map(|v| DeviceTensor::from_slice(client, &[v], &[1]).unwrap());
+                let slots =
+                    [0u32, 0].map(|v| DeviceTensor::from_slice(client, &[v], &[1]).unwrap());
+                let out = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
+                let row =
+                    DeviceTensor::from_f32(client, &vec![f32::NAN; hidden], &[1, hidden], dtype)
+                        .unwrap();
+                argmax_split_advance_into(
+                    client,
+                    &x,
+                    &out,
+                    &scratch,
+                    [&counters[0], &counters[1]],
+                    [&slots[0], &slots[1]],
+                    Some(NextRow {
+                        table: &table,
+                        row: &row,
+                    }),
+                )
+                .unwrap();
+                let what =
+                    format!("gathering argmax {dtype} 1x{n}, table {rows}x{hidden}, room {room}");
+                assert_exact(&what, &out.to_vec::<u32>(client).unwrap(), &[want as u32]);
+                let got: Vec<f64> = row
+                    .to_f32_vec(client)
+                    .unwrap()
+                    .into_iter()
+                    .map(f64::from)
+                    .collect();
+                assert_eq!(
+                    got,
+                    th[want * hidden..(want + 1) * hidden].to_vec(),
+                    "{what}: the row"
+                );
+            }
+        }
+        // A table without a row for every logit, a row of another width or dtype.
+        let n = 64;
+        let (x, _) = upload(client, &random(&mut rng, n, 1.0), &[1, n], dtype);
+        let scratch = SplitScratch::new(client, split_need(client, 1, n, dtype));
+        let one = [0u32; 4].map(|v| DeviceTensor::from_slice(client, &[v], &[1]).unwrap());
+        let out = DeviceTensor::empty(client, &[1], DType::U32);
+        let short = DeviceTensor::empty(client, &[n - 1, 8], dtype);
+        let table = DeviceTensor::empty(client, &[n, 8], dtype);
+        let row = DeviceTensor::empty(client, &[1, 8], dtype);
+        let wide = DeviceTensor::empty(client, &[1, 9], dtype);
+        let other = if dtype == DType::F32 {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        let other_row = DeviceTensor::empty(client, &[1, 8], other);
+        for (what, table, row, kind) in [
+            ("a short table", &short, &row, "shape"),
+            ("a row of another width", &table, &wide, "shape"),
+            ("a row of another dtype", &table, &other_row, "dtype"),
+        ] {
+            let err = argmax_split_advance_into(
+                client,
+                &x,
+                &out,
+                &scratch,
+                [&one[0], &one[1]],
+                [&one[2], &one[3]],
+                Some(NextRow { table, row }),
+            );
+            assert_err(what, err, kind);
+        }
+        assert_eq!(
+            one[0].to_vec::<u32>(client).unwrap(),
+            vec![0],
+            "nothing ran"
+        );
+    }
 }
 
 fn errors_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -230,6 +341,11 @@ fn split_argmax_matches_reference() {
 #[test]
 fn advancing_argmax_matches_reference_and_counts() {
     on_each_runtime!(advance_case);
+}
+
+#[test]
+fn advancing_argmax_gathers_the_chosen_row() {
+    on_each_runtime!(gather_case);
 }
 
 #[test]
