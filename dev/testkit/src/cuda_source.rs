@@ -71,7 +71,15 @@ pub fn buffer<R: Runtime>(client: &ComputeClient<R>) -> BufferArg<R> {
 /// dependent launch prologue, a kernel's cubes-per-SM request as launch bounds).
 pub fn check(name: &str, definition: KernelDefinition) -> String {
     let entry = definition.settings.kernel_name.clone();
-    let options = <cubecl::cuda::CudaCompiler as Compiler>::CompilationOptions::default();
+    // The features the CUDA runtime turns on for an sm_90 device with CUDA 12.8 or newer: the
+    // launch's scalars then travel in the parameter block (`__grid_constant__`), not in a
+    // global buffer that each kernel would load first.
+    let mut options = <cubecl::cuda::CudaCompiler as Compiler>::CompilationOptions::default();
+    let features = &mut options.supports_features;
+    features.grid_constants = true;
+    features.clusters = true;
+    features.elect_sync = true;
+    features.fast_tanh = true;
     let mut source = cubecl::cuda::CudaCompiler::default()
         .compile(definition, &options)
         .unwrap_or_else(|e| panic!("{name}: the CUDA backend refused the kernel: {e}"))
