@@ -350,7 +350,13 @@ impl<R: Runtime> Session<R> {
         // SAFETY: the graph reads and writes only buffers owned by this session (weights, cache,
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
-        unsafe { graph.run(&c, || model.decode_step_reading(cache, step, input, rows)) }
+        let run = unsafe { graph.run(&c, || model.decode_step_reading(cache, step, input, rows)) };
+        if run.is_err() {
+            // Part of the step may have run (its embedding, say) without its argmax: the input
+            // row and the chosen id no longer agree, so no step may run on them.
+            self.current = Current::None;
+        }
+        run
     }
 
     /// Writes a draw's parameters (when they changed) and uniform `u`, and brings the
