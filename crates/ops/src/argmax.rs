@@ -586,3 +586,6 @@ fn gcd(a: usize, b: usize) -> usize {
         gcd(b, a % b)
     }
 }
+
+#[cfg(test)]
+mod cuda_source;
