@@ -122,6 +122,22 @@ fn split_case<R: Runtime>(client: &ComputeClient<R>) {
     }
 }
 
+/// A scratch for one row of `n` logits: with room for the split argmax (which then runs where
+/// the runtime splits rows) or without (one cube per row).
+fn one_row_scratch<R: Runtime>(
+    client: &ComputeClient<R>,
+    room: bool,
+    n: usize,
+    dtype: DType,
+) -> SplitScratch<R> {
+    let need = if room {
+        split_need(client, 1, n, dtype)
+    } else {
+        SplitNeed::default()
+    };
+    SplitScratch::new(client, need)
+}
+
 /// The argmax that advances two counters: the id as the plain argmax's, and each counter one
 /// higher per call, split (CUDA) and on one cube (a scratch without room, or off CUDA).
 fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
@@ -133,12 +149,7 @@ fn advance_case<R: Runtime>(client: &ComputeClient<R>) {
         let (x, xh) = upload(client, &random(&mut rng, n, 4.0), &[1, n], dtype);
         let want = reference::argmax(&xh, n);
         for room in [true, false] {
-            let need = if room {
-                split_need(client, 1, n, dtype)
-            } else {
-                SplitNeed::default()
-            };
-            let scratch = SplitScratch::new(client, need);
+            let scratch = one_row_scratch(client, room, n, dtype);
             let first = DeviceTensor::from_slice(client, &[7u32], &[1]).unwrap();
             let second = DeviceTensor::from_slice(client, &[100u32], &[1]).unwrap();
             let even = DeviceTensor::from_slice(client, &[u32::MAX], &[1]).unwrap();
@@ -235,12 +246,7 @@ fn gather_case<R: Runtime>(client: &ComputeClient<R>) {
                 dtype,
             );
             for room in [true, false] {
-                let need = if room {
-                    split_need(client, 1, n, dtype)
-                } else {
-                    SplitNeed::default()
-                };
-                let scratch = SplitScratch::new(client, need);
+                let scratch = one_row_scratch(client, room, n, dtype);
                 let counters =
                     [0u32, 0].map(|v| DeviceTensor::from_slice(client, &[v], &[1]).unwrap());
                 let slots =
