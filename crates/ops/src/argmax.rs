@@ -455,33 +455,16 @@ impl<R: Runtime> Copy for NextRow<'_, R> {}
 
 impl<R: Runtime> NextRow<'_, R> {
     fn validate(&self, op: &'static str, logits: &DeviceTensor<R>) -> Result<()> {
-        let (table, row) = (self.table, self.row);
-        check_same_dtype(op, logits, table)?;
-        check_same_dtype(op, logits, row)?;
-        if table.rank() != 2 || table.shape()[0] < logits.last_dim() || table.shape()[1] == 0 {
+        check_same_dtype(op, logits, self.table)?;
+        crate::embedding::check_gather(op, self.table, 1, self.row)?;
+        if self.table.shape()[0] < logits.last_dim() {
             return Err(OpsError::shape(
                 op,
                 format!(
-                    "the embedding table {:?} must be [V, H] with V >= the {} logits",
-                    table.shape(),
+                    "the embedding table {:?} has fewer rows than the {} logits",
+                    self.table.shape(),
                     logits.last_dim()
                 ),
-            ));
-        }
-        if row.numel() != table.shape()[1] || row.rank() != 2 || row.shape()[0] != 1 {
-            return Err(OpsError::shape(
-                op,
-                format!(
-                    "the next row {:?} must be [1, {}]",
-                    row.shape(),
-                    table.shape()[1]
-                ),
-            ));
-        }
-        if !(table.is_contiguous() && row.is_contiguous()) {
-            return Err(OpsError::shape(
-                op,
-                "the embedding table and the next row must be contiguous",
             ));
         }
         Ok(())

@@ -27,6 +27,34 @@ fn embedding_kernel<F: Float, I: Int, N: Size>(
     }
 }
 
+/// Checks a gather of `tokens` rows of `table` into `out`: `table` a non-empty `[V, H]` matrix,
+/// `out` `[tokens, H]` of its dtype, both contiguous.
+pub(crate) fn check_gather<R: Runtime>(
+    op: &'static str,
+    table: &DeviceTensor<R>,
+    tokens: usize,
+    out: &DeviceTensor<R>,
+) -> Result<()> {
+    if table.rank() != 2 || table.numel() == 0 {
+        return Err(OpsError::shape(
+            op,
+            format!("table {:?} must be [V, H]", table.shape()),
+        ));
+    }
+    let hidden = table.shape()[1];
+    check_same_dtype(op, table, out)?;
+    if out.shape() != [tokens, hidden] {
+        return Err(OpsError::shape(
+            op,
+            format!("out {:?}, expected [{tokens}, {hidden}]", out.shape()),
+        ));
+    }
+    if !(table.is_contiguous() && out.is_contiguous()) {
+        return Err(OpsError::shape(op, "every operand must be contiguous"));
+    }
+    Ok(())
+}
+
 /// `table[ids]`: `table[V, H]` (float), `ids[T]` (u32 or i32, on the device) -> `[T, H]`.
 ///
 /// Ids outside `[0, V)` are clamped to row `V - 1` in the kernel (the ids live on the device, so
@@ -59,13 +87,6 @@ pub fn embedding_into<R: Runtime>(
             detail: "ids must be u32 or i32".into(),
         });
     }
-    if table.rank() != 2 || table.numel() == 0 {
-        return Err(OpsError::shape(
-            OP,
-            format!("table {:?} must be [V, H]", table.shape()),
-        ));
-    }
-    let (vocab, hidden) = (table.shape()[0], table.shape()[1]);
     let tokens = ids.numel();
     if ids.rank() != 1 || tokens == 0 {
         return Err(OpsError::shape(
@@ -73,16 +94,11 @@ pub fn embedding_into<R: Runtime>(
             format!("ids {:?} must be [T] with T > 0", ids.shape()),
         ));
     }
-    check_same_dtype(OP, table, out)?;
-    if out.shape() != [tokens, hidden] {
-        return Err(OpsError::shape(
-            OP,
-            format!("out {:?}, expected [{tokens}, {hidden}]", out.shape()),
-        ));
-    }
-    if !(table.is_contiguous() && ids.is_contiguous() && out.is_contiguous()) {
+    if !ids.is_contiguous() {
         return Err(OpsError::shape(OP, "every operand must be contiguous"));
     }
+    check_gather(OP, table, tokens, out)?;
+    let (vocab, hidden) = (table.shape()[0], table.shape()[1]);
     let vector = caps::vector_size_for(client, table.dtype(), hidden);
     let row_vectors = hidden / vector;
     unsafe {
