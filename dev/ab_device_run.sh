@@ -8,9 +8,10 @@
 #   LABELS="main wip" MODES="w4a16" ROUNDS=3 BUDGET=480 bash dev/ab_device_run.sh
 #
 # Label L runs .devs/cubellm-L (.devs/cubellm-L.xz unpacked here) if present, else
-# .devs/cubellm; ENV_L (space-separated VAR=value words) sets its environment, for lab switches
+# .devs/cubellm; BIN_L=M runs .devs/cubellm-M instead (two labels on one binary with other
+# arguments); ENV_L (space-separated VAR=value words) sets its environment, for lab switches
 # (`ENV_knob="CUBELLM_LAB_X=1"`), ARGS_L extra bench-generate arguments (`ARGS_head=--quant-lm-head`).
-# MODES are --quant values or `none` (default: none w4a16),
+# MODES are --quant values or `none` (default: none w4a16), MODES_L a label's own,
 # ROUNDS (2) the rounds, RUNS (2) the runs per bench-generate, PROMPT (512) and NEW (128) the
 # prompt and new tokens. A run that would start after BUDGET seconds (480) is skipped, so the
 # call ends within the device's limit. Writes $OUT/r/ab.jsonl (each line the bench's JSON with
@@ -24,19 +25,25 @@ elapsed() { echo $(($(date +%s) - T0)); }
 source "$(dirname "$0")/device_setup.sh"
 unpack_devs
 C=.devs/cubellm
-ensure_big_model $C "$R/setup.log" 300
+# The checkpoint's builder: any of the binaries where there is no unlabelled one.
+B=$C
+[ -x "$B" ] || B=$(ls .devs/cubellm-* | grep -v '\.xz$' | head -1)
+ensure_big_model "$B" "$R/setup.log" 300
 echo "setup done at $(elapsed) s"
 labels=${LABELS:-main}
 modes=${MODES:-none w4a16}
 for round in $(seq 1 "${ROUNDS:-2}"); do
   for label in $labels; do
-    for mode in $modes; do
+    modesvar="MODES_$label"
+    for mode in ${!modesvar:-$modes}; do
       if [ "$(elapsed)" -gt "${BUDGET:-480}" ]; then
         echo "skipped $label $mode round $round (budget)"
         continue
       fi
       bin=$C
       [ -x ".devs/cubellm-$label" ] && bin=".devs/cubellm-$label"
+      binvar="BIN_$label"
+      [ -n "${!binvar:-}" ] && bin=".devs/cubellm-${!binvar}"
       envvar="ENV_$label"
       argsvar="ARGS_$label"
       q=()

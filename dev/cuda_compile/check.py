@@ -43,7 +43,7 @@ def sass_counts(ptxas, cubin_from, arch):
     open(cubin_from[:-4] + ".sass", "w").write(sass)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     counts = {c: sum(1 for o in ops if o == c or o.startswith(c + "_")) for c in SASS_CLASSES}
-    return len(ops), counts, wide_loads_before_wait(sass)
+    return len(ops), counts, wide_loads_before_wait(sass), loads_after_trigger(sass)
 
 
 def wide_loads_before_wait(sass):
@@ -54,6 +54,19 @@ def wide_loads_before_wait(sass):
     for i, line in enumerate(lines):
         if re.search(r"\bACQBULK\b", line):
             return sum(1 for l in lines[:i] if re.search(r"\bLDG(STS)?\.E(\.\w+)*\.128\b", l))
+    return None
+
+
+def loads_after_trigger(sass):
+    """Global loads (`LDG` of any width) after the first `griddepcontrol.launch_dependents`
+    (`PREEXIT`), or None where the kernel has none: in a decode GEMV, which signals once its
+    weights are read, these are the epilogue's loads (scales, bias, residual), whose latency
+    sits between the last product and the store unless ptxas issues them before the
+    reductions."""
+    lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    for i, line in enumerate(lines):
+        if re.search(r"\bPREEXIT\b", line):
+            return sum(1 for l in lines[i:] if re.search(r"\bLDG\.E\b", l))
     return None
 
 
@@ -120,11 +133,13 @@ def main():
               f"{spill.group(1) if spill else '?'} B spilled, "
               f"{smem.group(1) if smem else '0'} B static shared")
         if args.sass:
-            total, counts, early = sass_counts(ptxas, ptx_path, args.arch)
+            total, counts, early, late = sass_counts(ptxas, ptx_path, args.arch)
             print(f"    {total} instructions: " + ", ".join(
                 f"{c} {n}" for c, n in counts.items() if n))
             if early is not None:
                 print(f"    {early} 16-byte loads before the first griddepcontrol.wait (ACQBULK)")
+            if late is not None:
+                print(f"    {late} global loads after griddepcontrol.launch_dependents (PREEXIT)")
     print(f"{len(sources) - failed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

@@ -26,3 +26,18 @@ pub fn wait_after(dep: u32) {
         d = in(_) operand,
     );
 }
+
+/// `at`, or `last` where `witness` is NaN: an index that ptxas cannot compute before `witness`
+/// is known, for a load that must not be issued before the wait.
+///
+/// A kernel's read-only buffers are `const __restrict__` pointers, loaded with `ld.global.nc`,
+/// which ptxas treats as free to move: in ptxas 12.9's SASS of the 8-bit SIMT GEMV it issued
+/// the residual's loads, written after `griddepcontrol.wait` in the PTX, above the wait, where
+/// they could read the output of a kernel still running. Taking the index from a value computed
+/// after the wait (a unit's partial dot product, which reads x) holds the load below it. The
+/// witness must be one that makes the loaded value's output NaN where it is NaN (the partial
+/// sum of that output's own row and column): there the other index changes nothing.
+#[cube]
+pub fn index_after(at: usize, witness: f32, last: usize) -> usize {
+    select(witness.is_nan(), last, at)
+}

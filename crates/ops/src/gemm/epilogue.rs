@@ -90,6 +90,52 @@ pub fn epilogue_value<F: Float>(
     residual: &[F],
     #[comptime] bp: EpilogueBlueprint,
 ) -> F {
+    let b = bias_value::<F>(bias, col, bp);
+    let r = residual_value::<F>(residual, row * n + col, bp);
+    epilogue_loaded::<F>(acc, up, b, r, bp)
+}
+
+/// `bias[col]` in f32 where the blueprint adds a bias (else zero, never read).
+///
+/// Split from [`epilogue_value()`] so that a kernel can load it early: a bias is a weight, which
+/// no kernel writes, so a decode GEMV loads it with its first weight vectors, before it waits
+/// for the kernel before it, instead of after its reductions, where the load's whole latency
+/// sat between the last product and the output's store.
+#[cube]
+pub fn bias_value<F: Float>(bias: &[F], col: usize, #[comptime] bp: EpilogueBlueprint) -> f32 {
+    let mut b = 0f32;
+    if comptime![bp.has_bias] {
+        b = f32::cast_from(bias[col]);
+    }
+    b
+}
+
+/// `residual[at]` in f32 where the blueprint adds a residual (else zero, never read). A residual
+/// is the output of an earlier kernel: under programmatic dependent launch it is read after the
+/// wait, but it can still be read before the products (see [`bias_value()`]).
+#[cube]
+pub fn residual_value<F: Float>(
+    residual: &[F],
+    at: usize,
+    #[comptime] bp: EpilogueBlueprint,
+) -> f32 {
+    let mut r = 0f32;
+    if comptime![bp.has_residual] {
+        r = f32::cast_from(residual[at]);
+    }
+    r
+}
+
+/// [`epilogue_value()`] with its bias and residual already loaded ([`bias_value()`],
+/// [`residual_value()`]): the same operations in the same order, so the same result.
+#[cube]
+pub fn epilogue_loaded<F: Float>(
+    acc: f32,
+    up: f32,
+    bias: f32,
+    residual: f32,
+    #[comptime] bp: EpilogueBlueprint,
+) -> F {
     let mut y = acc;
     if comptime![bp.is_gated()] {
         // Gate and up rounded to the dtype first, as two separate linears would deliver them.
@@ -98,10 +144,10 @@ pub fn epilogue_value<F: Float>(
         y = activation(g, comptime![bp.gelu()]) * u;
     }
     if comptime![bp.has_bias] {
-        y += f32::cast_from(bias[col]);
+        y += bias;
     }
     if comptime![bp.has_residual] {
-        y += f32::cast_from(residual[row * n + col]);
+        y += residual;
     }
     F::cast_from(y)
 }

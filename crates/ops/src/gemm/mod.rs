@@ -32,9 +32,9 @@ pub mod split_k;
 use cubecl::prelude::*;
 
 pub use epilogue::{
-    activation, dequant_epilogue, dequant_epilogue_scaled, epilogue_value, scale_at,
-    write_epilogue, write_fragments, Activation, DequantBlueprint, EpilogueBlueprint, FragmentGrid,
-    FRAG,
+    activation, bias_value, dequant_epilogue, dequant_epilogue_scaled, epilogue_loaded,
+    epilogue_value, residual_value, scale_at, write_epilogue, write_fragments, Activation,
+    DequantBlueprint, EpilogueBlueprint, FragmentGrid, FRAG,
 };
 pub use loader::{
     copy_or_zero_async, issue_tile_async, load_tile_regs, load_tile_transposed, store_tile_regs,

@@ -39,8 +39,9 @@ use cubecl::prelude::*;
 
 use super::Problem;
 use crate::caps;
-use crate::gemm::{write_epilogue, EpilogueBlueprint};
+use crate::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
 use crate::norm::sum_squares;
+use crate::pdl::{index_after, wait_after};
 use crate::reduce::{row_sum_shared_len, row_sum_split_in};
 
 #[cfg(test)]
@@ -176,6 +177,17 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     let up_base = (up_row_offset + row) * k_vectors;
     let first = UNIT_POS_X as usize;
     let mut start = first;
+    // The epilogue's bias and residual, loaded by the unit that writes the column ahead of their
+    // use (the bias, a weight, with the first weight vectors; the residual right after the
+    // products, before the reductions): loaded in the epilogue, ptxas issued them after the
+    // reductions, and the whole latency of the load sat between the last product and the store.
+    let writer = active && UNIT_POS_X == 0;
+    let preload = comptime![plan.m <= PRELOAD_ROWS];
+    let mut bias_f = 0f32;
+    let mut residual_f = Array::<f32>::new(m_rows);
+    if comptime![preload] && writer {
+        bias_f = bias_value::<F>(bias, col, plan.epilogue);
+    }
     if comptime![plan.early_wait] {
         // Weights are never written by a kernel: the first vectors load while the kernel
         // before this one finishes; x and the outputs wait for it. The first vector is
@@ -193,7 +205,15 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
                 g0 = norm_weight[first];
             }
         }
-        gpu_asm!("griddepcontrol.wait;");
+        if comptime![preload && plan.epilogue.has_bias] {
+            // Pinned below the loads: with the bias's load before it, ptxas scheduled a bare
+            // wait above every load (see `wait_after`).
+            let dep =
+                u32::reinterpret(f32::cast_from(w0.extract(0usize))) ^ u32::reinterpret(bias_f);
+            wait_after(dep);
+        } else {
+            gpu_asm!("griddepcontrol.wait;");
+        }
         if has_first {
             accumulate_vector::<F, N>(
                 x,
@@ -237,6 +257,9 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
             gated,
         );
     }
+    if comptime![preload] && writer {
+        load_residuals::<F>(residual, &mut residual_f, col, n_cols, &acc, plan);
+    }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
@@ -267,19 +290,47 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
             total *= inv_rms;
             total_up *= inv_rms;
         }
-        if active && UNIT_POS_X == 0 {
-            write_epilogue::<F>(
-                out,
-                total,
-                total_up,
-                m,
-                col,
-                n_cols,
-                bias,
-                residual,
-                plan.epilogue,
-            );
+        if writer {
+            if comptime![preload] {
+                out[m * n_cols + col] =
+                    epilogue_loaded::<F>(total, total_up, bias_f, residual_f[m], plan.epilogue);
+            } else {
+                write_epilogue::<F>(
+                    out,
+                    total,
+                    total_up,
+                    m,
+                    col,
+                    n_cols,
+                    bias,
+                    residual,
+                    plan.epilogue,
+                );
+            }
         }
+    }
+}
+
+/// The most rows of x for which [`gemv_kernel`] loads its epilogue's operands ahead (a register
+/// a row for the residual).
+const PRELOAD_ROWS: u32 = 2;
+
+/// Row `m`'s residual of column `col` into `residual_f[m]`, for every row of x, once the unit's
+/// partial dot product of that row (`acc[m]`) is known ([`index_after`]): after the products,
+/// before the reductions.
+#[cube]
+fn load_residuals<F: Float>(
+    residual: &[F],
+    residual_f: &mut Array<f32>,
+    col: usize,
+    n_cols: usize,
+    acc: &Array<f32>,
+    #[comptime] plan: GemvBlueprint,
+) {
+    #[unroll]
+    for m in 0..comptime![plan.m as usize] {
+        let at = index_after(m * n_cols + col, acc[m], m * n_cols);
+        residual_f[m] = residual_value::<F>(residual, at, plan.epilogue);
     }
 }
 

@@ -32,9 +32,9 @@
 //! f16.
 
 use cubecl::prelude::*;
-use ops::gemm::{write_epilogue, EpilogueBlueprint};
+use ops::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
 use ops::norm::sum_squares;
-use ops::pdl::wait_after;
+use ops::pdl::{index_after, wait_after};
 use ops::reduce::{lane_group_sum, row_sum_shared_len, row_sum_split_in};
 use ops::{caps, DeviceTensor};
 
@@ -272,6 +272,57 @@ fn load_vectors(
     }
 }
 
+/// Each column's weight-row scales (the gate's, then the up row's when gated) into `scales`,
+/// read once for all rows of x.
+#[cube]
+fn load_scales(
+    w_scale: &[f32],
+    scales: &mut Array<f32>,
+    col0: usize,
+    n_cols: usize,
+    up_offset: usize,
+    #[comptime] plan: SimtPlan,
+) {
+    let cols = comptime![plan.cols as usize];
+    #[unroll]
+    for j in 0..cols {
+        let row = column_row(col0 + j, n_cols);
+        scales[j] = w_scale[row];
+        if comptime![plan.epilogue.is_gated()] {
+            scales[cols + j] = w_scale[up_offset + row];
+        }
+    }
+}
+
+/// The residual of each row of x and column of the group into `residual_f[m * cols + j]` (a
+/// column past N reads column N - 1's, never written), once the unit's partial dot product of
+/// that row and column (`acc[m * cols + j]`) is known ([`index_after`]): after the products,
+/// before the reductions.
+#[cube]
+fn load_residuals<F: Float>(
+    residual: &[F],
+    residual_f: &mut Array<f32>,
+    col0: usize,
+    n_cols: usize,
+    acc: &Array<f32>,
+    #[comptime] plan: SimtPlan,
+) {
+    let cols = comptime![plan.cols as usize];
+    #[unroll]
+    for m in 0..comptime![plan.m as usize] {
+        #[unroll]
+        for j in 0..cols {
+            let col = min(col0 + j, n_cols - 1);
+            let at = index_after(m * n_cols + col, acc[m * cols + j], m * n_cols);
+            residual_f[m * cols + j] = residual_value::<F>(residual, at, plan.epilogue);
+        }
+    }
+}
+
+/// The most rows of x for which [`float_x_simt_kernel`] loads its epilogue's bias and residual
+/// ahead (a bias held through the loop, and a residual a row, per column).
+const PRELOAD_ROWS: u32 = 2;
+
 /// The sum of `value` over the units of a column group, valid in its unit with x = 0; every unit
 /// must call it.
 #[cube]
@@ -324,6 +375,24 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![2 * plan.cols as usize]);
     let first = UNIT_POS_X as usize;
     let mut start = first;
+    // The epilogue's operands ahead of their use: the weight rows' scales and the bias (weights,
+    // which no kernel writes) with the first weight vectors, the residual right after the
+    // products, before the reductions. Loaded in the epilogue, ptxas issued them after the
+    // reductions, one column after the other, and up to three load latencies sat between the
+    // last product and the store.
+    let preload = comptime![plan.m <= PRELOAD_ROWS];
+    let writer = UNIT_POS_X == 0;
+    let mut scales = Array::<f32>::new(comptime![2 * plan.cols as usize]);
+    let mut bias_f = Array::<f32>::new(cols);
+    let mut residual_f = Array::<f32>::new(comptime![(plan.m * plan.cols) as usize]);
+    load_scales(w_scale, &mut scales, col0, n_cols, up_offset, plan);
+    if comptime![preload] && writer {
+        #[unroll]
+        for j in 0..cols {
+            let col = min(col0 + j, n_cols - 1);
+            bias_f[j] = bias_value::<F>(bias, col, plan.epilogue);
+        }
+    }
     if comptime![plan.early_wait] {
         // Weights are never written by a kernel: the first vectors load while the kernel before
         // this one finishes; x and the outputs wait for it.
@@ -349,6 +418,16 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         #[unroll]
         for i in 0..comptime![2 * plan.cols as usize] {
             dep ^= u32::reinterpret(wv[i].extract(0usize));
+        }
+        #[unroll]
+        for j in 0..cols {
+            dep ^= u32::reinterpret(scales[j]);
+            if gated {
+                dep ^= u32::reinterpret(scales[cols + j]);
+            }
+            if comptime![preload && plan.epilogue.has_bias] {
+                dep ^= u32::reinterpret(bias_f[j]);
+            }
         }
         wait_after(dep);
         if has_first {
@@ -380,6 +459,9 @@ fn float_x_simt_kernel<F: Float, N: Size>(
             plan,
         );
     }
+    if comptime![preload] && writer {
+        load_residuals::<F>(residual, &mut residual_f, col0, n_cols, &acc, plan);
+    }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
@@ -390,16 +472,6 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         plan.groups_per_cube,
         plan.use_plane
     )]);
-    // Each column's weight-row scales (the gate's, then the up row's), read once for all rows.
-    let mut scales = Array::<f32>::new(comptime![2 * plan.cols as usize]);
-    #[unroll]
-    for j in 0..cols {
-        let row = column_row(col0 + j, n_cols);
-        scales[j] = w_scale[row];
-        if gated {
-            scales[cols + j] = w_scale[up_offset + row];
-        }
-    }
     #[unroll]
     for m in 0..m_rows {
         let mut inv_rms = 1f32;
@@ -416,18 +488,28 @@ fn float_x_simt_kernel<F: Float, N: Size>(
             if gated {
                 total_up = group_sum(acc_up[i], &mut red, plan) * (scales[cols + j] * inv_rms);
             }
-            if col < n_cols && UNIT_POS_X == 0 {
-                write_epilogue::<F>(
-                    out,
-                    total,
-                    total_up,
-                    m,
-                    col,
-                    n_cols,
-                    bias,
-                    residual,
-                    plan.epilogue,
-                );
+            if col < n_cols && writer {
+                if comptime![preload] {
+                    out[m * n_cols + col] = epilogue_loaded::<F>(
+                        total,
+                        total_up,
+                        bias_f[j],
+                        residual_f[i],
+                        plan.epilogue,
+                    );
+                } else {
+                    write_epilogue::<F>(
+                        out,
+                        total,
+                        total_up,
+                        m,
+                        col,
+                        n_cols,
+                        bias,
+                        residual,
+                        plan.epilogue,
+                    );
+                }
             }
         }
     }
