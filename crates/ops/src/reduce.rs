@@ -172,6 +172,73 @@ pub fn row_sum_split_in(
     out
 }
 
+/// The shared `f32` elements [`row_sums_split_in()`] needs for `count` values (at least 1).
+pub fn row_sums_shared_len(
+    count: usize,
+    lanes: u32,
+    splits: u32,
+    rows: u32,
+    use_plane: bool,
+) -> usize {
+    let one = row_sum_shared_len(lanes, splits, rows, use_plane);
+    if use_plane && splits > 1 {
+        count.max(1) * one
+    } else {
+        one
+    }
+}
+
+/// [`row_sum_split_in()`] of `values[0..count]` at once: each is summed over the same units, in
+/// the same order, and its sum replaces it in the unit with x = 0 (the other units keep values
+/// that mean nothing). With planes split along x, one round of barriers and one shared-memory
+/// pass serves every value, where a call per value takes two barriers and a shared-memory round
+/// trip each: at the end of a decode GEMV, on the step's critical path, the SIMT 8-bit qkv
+/// (two columns and the input norm's squares) took six barriers in a row. `shared` holds
+/// [`row_sums_shared_len`] elements. Every unit must call it.
+#[cube]
+pub fn row_sums_split_in(
+    values: &mut Array<f32>,
+    shared: &mut [f32],
+    #[comptime] count: usize,
+    #[comptime] lanes: u32,
+    #[comptime] splits: u32,
+    #[comptime] use_plane: bool,
+) {
+    if comptime![use_plane && splits > 1] {
+        #[unroll]
+        for v in 0..count {
+            values[v] = lane_group_sum(values[v], lanes);
+        }
+        let base = (UNIT_POS_Y * splits) as usize * count;
+        // The previous call's readers are done with the buffer.
+        sync_cube();
+        if UNIT_POS_PLANE == 0 {
+            let at = base + (UNIT_POS_X / lanes) as usize * count;
+            #[unroll]
+            for v in 0..count {
+                shared[at + v] = values[v];
+            }
+        }
+        sync_cube();
+        if UNIT_POS_X == 0 {
+            #[unroll]
+            for v in 0..count {
+                let mut out = 0f32;
+                #[unroll]
+                for i in 0..splits {
+                    out += shared[base + i as usize * count + v];
+                }
+                values[v] = out;
+            }
+        }
+    } else {
+        #[unroll]
+        for v in 0..count {
+            values[v] = row_sum_split_in(values[v], shared, lanes, splits, use_plane);
+        }
+    }
+}
+
 /// Stores each plane's `partial` (valid in its first unit) at the plane's index of `shared`,
 /// where every unit can read it once this returns.
 #[cube]

@@ -42,7 +42,7 @@ use crate::caps;
 use crate::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
 use crate::norm::sum_squares;
 use crate::pdl::{index_after, wait_after};
-use crate::reduce::{row_sum_shared_len, row_sum_split_in};
+use crate::reduce::{row_sum_shared_len, row_sum_split_in, row_sums_shared_len, row_sums_split_in};
 
 #[cfg(test)]
 mod cuda_source;
@@ -264,28 +264,59 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
     // One reduction buffer for all of them (see `row_sum_split_in`).
-    let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
-        plan.lanes,
-        plan.splits,
-        plan.cols_per_cube,
-        plan.use_plane
-    )]);
+    let mut red = Shared::<[f32]>::new_slice(comptime![plan.shared_len()]);
+    // Up to PRELOAD_ROWS rows every sum is reduced in one pass (the products, the up products,
+    // x's squares: `plan.sums()` values, in that order); above, one value at a time, which keeps
+    // fewer of them live in the 16-row kernels.
+    let mut sums = Array::<f32>::new(comptime![plan.sums()]);
+    if comptime![preload] {
+        #[unroll]
+        for m in 0..m_rows {
+            sums[m] = acc[m];
+            if gated {
+                sums[m_rows + m] = acc_up[m];
+            }
+            if normed {
+                sums[comptime![plan.sums()] - m_rows + m] = squares[m];
+            }
+        }
+        row_sums_split_in(
+            &mut sums,
+            &mut red,
+            comptime![plan.sums()],
+            plan.lanes,
+            plan.splits,
+            plan.use_plane,
+        );
+    }
     #[unroll]
     for m in 0..m_rows {
-        let mut total = row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
+        let mut total: f32;
         let mut total_up = 0f32;
-        if gated {
-            total_up =
-                row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
+        if comptime![preload] {
+            total = sums[m];
+            if gated {
+                total_up = sums[m_rows + m];
+            }
+        } else {
+            total = row_sum_split_in(acc[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
+            if gated {
+                total_up =
+                    row_sum_split_in(acc_up[m], &mut red, plan.lanes, plan.splits, plan.use_plane);
+            }
         }
         if normed {
-            let sq = row_sum_split_in(
-                squares[m],
-                &mut red,
-                plan.lanes,
-                plan.splits,
-                plan.use_plane,
-            );
+            let sq = if comptime![preload] {
+                sums[comptime![plan.sums()] - m_rows + m]
+            } else {
+                row_sum_split_in(
+                    squares[m],
+                    &mut red,
+                    plan.lanes,
+                    plan.splits,
+                    plan.use_plane,
+                )
+            };
             let inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
             total *= inv_rms;
             total_up *= inv_rms;
@@ -307,6 +338,29 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
                     plan.epilogue,
                 );
             }
+        }
+    }
+}
+
+impl GemvBlueprint {
+    /// The sums the epilogue reduces in one pass where x has at most [`PRELOAD_ROWS`] rows: the
+    /// products, the up products when gated, and x's squares behind the input norm (one where
+    /// x has more rows, which reduce one value at a time).
+    fn sums(&self) -> usize {
+        if self.m > PRELOAD_ROWS {
+            return 1;
+        }
+        let halves = if self.epilogue.is_gated() { 2 } else { 1 };
+        self.m as usize * (halves + usize::from(self.norm))
+    }
+
+    /// f32s of the epilogue's shared reduction buffer.
+    fn shared_len(&self) -> usize {
+        let (lanes, splits, rows) = (self.lanes, self.splits, self.cols_per_cube);
+        if self.m <= PRELOAD_ROWS {
+            row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
+        } else {
+            row_sum_shared_len(lanes, splits, rows, self.use_plane)
         }
     }
 }

@@ -35,7 +35,9 @@ use cubecl::prelude::*;
 use ops::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
 use ops::norm::sum_squares;
 use ops::pdl::{index_after, wait_after};
-use ops::reduce::{lane_group_sum, row_sum_shared_len, row_sum_split_in};
+use ops::reduce::{
+    lane_group_sum, row_sum_shared_len, row_sum_split_in, row_sums_shared_len, row_sums_split_in,
+};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
@@ -78,6 +80,30 @@ pub(crate) struct SimtPlan {
     trigger: bool,
     /// Load each unit's first weight vectors before `griddepcontrol.wait`.
     early_wait: bool,
+}
+
+impl SimtPlan {
+    /// The sums the epilogue reduces in one pass where x has at most [`PRELOAD_ROWS`] rows: the
+    /// columns' products, the up products when gated, and x's squares behind the input norm (one
+    /// where x has more rows, which reduce one value at a time).
+    fn sums(&self) -> usize {
+        if self.m > PRELOAD_ROWS {
+            return 1;
+        }
+        let products = (self.m * self.cols) as usize;
+        let halves = if self.epilogue.is_gated() { 2 } else { 1 };
+        products * halves + if self.norm { self.m as usize } else { 0 }
+    }
+
+    /// f32s of the epilogue's shared reduction buffer.
+    fn shared_len(&self) -> usize {
+        let (lanes, splits, rows) = (self.lanes, self.splits, self.groups_per_cube);
+        if self.m <= PRELOAD_ROWS {
+            row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
+        } else {
+            row_sum_shared_len(lanes, splits, rows, self.use_plane)
+        }
+    }
 }
 
 /// Whether the kernel takes `m` rows of `k` features: M <= 16 and K a whole number of 16-byte
@@ -334,6 +360,27 @@ fn group_sum(value: f32, red: &mut [f32], #[comptime] plan: SimtPlan) -> f32 {
     }
 }
 
+/// [`group_sum`] of every value of `sums` at once (`plan.sums()` of them, see
+/// [`row_sums_split_in`]); every unit must call it.
+#[cube]
+fn group_sums(sums: &mut Array<f32>, red: &mut [f32], #[comptime] plan: SimtPlan) {
+    if comptime![plan.sub_plane] {
+        #[unroll]
+        for v in 0..comptime![plan.sums()] {
+            sums[v] = lane_group_sum(sums[v], plan.lanes);
+        }
+    } else {
+        row_sums_split_in(
+            sums,
+            red,
+            comptime![plan.sums()],
+            plan.lanes,
+            plan.splits,
+            plan.use_plane,
+        );
+    }
+}
+
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn float_x_simt_kernel<F: Float, N: Size>(
@@ -466,27 +513,59 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
     // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
-    let mut red = Shared::<[f32]>::new_slice(comptime![row_sum_shared_len(
-        plan.lanes,
-        plan.splits,
-        plan.groups_per_cube,
-        plan.use_plane
-    )]);
+    let mut red = Shared::<[f32]>::new_slice(comptime![plan.shared_len()]);
+    // Up to PRELOAD_ROWS rows every sum is reduced in one pass (the columns' products, the up
+    // products, x's squares: `plan.sums()` values, in that order); above, one value at a time,
+    // which keeps fewer of them live in the 16-row kernels.
+    let n_acc = comptime![(plan.m * plan.cols) as usize];
+    let mut sums = Array::<f32>::new(comptime![plan.sums()]);
+    if comptime![preload] {
+        #[unroll]
+        for i in 0..n_acc {
+            sums[i] = acc[i];
+            if gated {
+                sums[n_acc + i] = acc_up[i];
+            }
+        }
+        if comptime![plan.norm] {
+            #[unroll]
+            for m in 0..m_rows {
+                sums[comptime![plan.sums() - plan.m as usize] + m] = squares[m];
+            }
+        }
+        group_sums(&mut sums, &mut red, plan);
+    }
     #[unroll]
     for m in 0..m_rows {
         let mut inv_rms = 1f32;
         if comptime![plan.norm] {
-            let sq = group_sum(squares[m], &mut red, plan);
+            let sq = if comptime![preload] {
+                sums[comptime![plan.sums() - plan.m as usize] + m]
+            } else {
+                group_sum(squares[m], &mut red, plan)
+            };
             inv_rms = f32::inverse_sqrt(sq * inv_k + eps);
         }
         #[unroll]
         for j in 0..cols {
             let col = col0 + j;
             let i = m * cols + j;
-            let total = group_sum(acc[i], &mut red, plan) * (scales[j] * inv_rms);
+            let mut total: f32;
             let mut total_up = 0f32;
+            if comptime![preload] {
+                total = sums[i];
+                if gated {
+                    total_up = sums[n_acc + i];
+                }
+            } else {
+                total = group_sum(acc[i], &mut red, plan);
+                if gated {
+                    total_up = group_sum(acc_up[i], &mut red, plan);
+                }
+            }
+            total *= scales[j] * inv_rms;
             if gated {
-                total_up = group_sum(acc_up[i], &mut red, plan) * (scales[cols + j] * inv_rms);
+                total_up *= scales[cols + j] * inv_rms;
             }
             if col < n_cols && writer {
                 if comptime![preload] {
