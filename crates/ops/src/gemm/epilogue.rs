@@ -169,6 +169,32 @@ pub fn write_epilogue<F: Float>(
     out[row * n + col] = epilogue_value::<F>(acc, up, row, col, n, bias, residual, bp);
 }
 
+/// [`write_epilogue()`] for a kernel that may have loaded the bias and residual ahead: with
+/// `ahead`, from `bias_f` and `residual_f` ([`bias_value()`], [`residual_value()`]), else from
+/// `bias` and `residual` now.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn write_epilogue_ahead<F: Float>(
+    out: &mut [F],
+    acc: f32,
+    up: f32,
+    row: usize,
+    col: usize,
+    n: usize,
+    bias: &[F],
+    residual: &[F],
+    bias_f: f32,
+    residual_f: f32,
+    #[comptime] ahead: bool,
+    #[comptime] bp: EpilogueBlueprint,
+) {
+    if comptime![ahead] {
+        out[row * n + col] = epilogue_loaded::<F>(acc, up, bias_f, residual_f, bp);
+    } else {
+        write_epilogue::<F>(out, acc, up, row, col, n, bias, residual, bp);
+    }
+}
+
 /// The dequantizing epilogue of the 8-bit GEMMs: `acc · sa · sb`, then [`epilogue_value()`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct DequantBlueprint {

@@ -39,10 +39,10 @@ use cubecl::prelude::*;
 
 use super::Problem;
 use crate::caps;
-use crate::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
+use crate::gemm::{bias_value, residual_value, write_epilogue_ahead, EpilogueBlueprint};
 use crate::norm::sum_squares;
 use crate::pdl::{index_after, wait_after};
-use crate::reduce::{row_sum_shared_len, row_sum_split_in, row_sums_shared_len, row_sums_split_in};
+use crate::reduce::{row_sum_split_in, row_sums_shared_len, row_sums_split_in};
 
 #[cfg(test)]
 mod cuda_source;
@@ -322,22 +322,20 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
             total_up *= inv_rms;
         }
         if writer {
-            if comptime![preload] {
-                out[m * n_cols + col] =
-                    epilogue_loaded::<F>(total, total_up, bias_f, residual_f[m], plan.epilogue);
-            } else {
-                write_epilogue::<F>(
-                    out,
-                    total,
-                    total_up,
-                    m,
-                    col,
-                    n_cols,
-                    bias,
-                    residual,
-                    plan.epilogue,
-                );
-            }
+            write_epilogue_ahead::<F>(
+                out,
+                total,
+                total_up,
+                m,
+                col,
+                n_cols,
+                bias,
+                residual,
+                bias_f,
+                residual_f[m],
+                preload,
+                plan.epilogue,
+            );
         }
     }
 }
@@ -354,14 +352,11 @@ impl GemvBlueprint {
         self.m as usize * (halves + usize::from(self.norm))
     }
 
-    /// f32s of the epilogue's shared reduction buffer.
+    /// f32s of the epilogue's shared reduction buffer (one value's where they reduce one at a
+    /// time).
     fn shared_len(&self) -> usize {
         let (lanes, splits, rows) = (self.lanes, self.splits, self.cols_per_cube);
-        if self.m <= PRELOAD_ROWS {
-            row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
-        } else {
-            row_sum_shared_len(lanes, splits, rows, self.use_plane)
-        }
+        row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
     }
 }
 

@@ -32,12 +32,10 @@
 //! f16.
 
 use cubecl::prelude::*;
-use ops::gemm::{bias_value, epilogue_loaded, residual_value, write_epilogue, EpilogueBlueprint};
+use ops::gemm::{bias_value, residual_value, write_epilogue_ahead, EpilogueBlueprint};
 use ops::norm::sum_squares;
 use ops::pdl::{index_after, wait_after};
-use ops::reduce::{
-    lane_group_sum, row_sum_shared_len, row_sum_split_in, row_sums_shared_len, row_sums_split_in,
-};
+use ops::reduce::{lane_group_sum, row_sum_split_in, row_sums_shared_len, row_sums_split_in};
 use ops::{caps, DeviceTensor};
 
 use crate::codec::{byte_exact, decode_e4m3};
@@ -95,14 +93,11 @@ impl SimtPlan {
         products * halves + if self.norm { self.m as usize } else { 0 }
     }
 
-    /// f32s of the epilogue's shared reduction buffer.
+    /// f32s of the epilogue's shared reduction buffer (one value's where they reduce one at a
+    /// time).
     fn shared_len(&self) -> usize {
         let (lanes, splits, rows) = (self.lanes, self.splits, self.groups_per_cube);
-        if self.m <= PRELOAD_ROWS {
-            row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
-        } else {
-            row_sum_shared_len(lanes, splits, rows, self.use_plane)
-        }
+        row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
     }
 }
 
@@ -568,27 +563,20 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 total_up *= scales[cols + j] * inv_rms;
             }
             if col < n_cols && writer {
-                if comptime![preload] {
-                    out[m * n_cols + col] = epilogue_loaded::<F>(
-                        total,
-                        total_up,
-                        bias_f[j],
-                        residual_f[i],
-                        plan.epilogue,
-                    );
-                } else {
-                    write_epilogue::<F>(
-                        out,
-                        total,
-                        total_up,
-                        m,
-                        col,
-                        n_cols,
-                        bias,
-                        residual,
-                        plan.epilogue,
-                    );
-                }
+                write_epilogue_ahead::<F>(
+                    out,
+                    total,
+                    total_up,
+                    m,
+                    col,
+                    n_cols,
+                    bias,
+                    residual,
+                    bias_f[j],
+                    residual_f[i],
+                    preload,
+                    plan.epilogue,
+                );
             }
         }
     }
