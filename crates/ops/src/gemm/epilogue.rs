@@ -12,6 +12,8 @@
 use cubecl::cmma;
 use cubecl::prelude::*;
 
+use crate::pdl::index_after;
+
 /// The gate activation of a gated MLP (`act(x·gateᵀ) * (x·upᵀ)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Activation {
@@ -167,6 +169,51 @@ pub fn write_epilogue<F: Float>(
     #[comptime] bp: EpilogueBlueprint,
 ) {
     out[row * n + col] = epilogue_value::<F>(acc, up, row, col, n, bias, residual, bp);
+}
+
+/// The most rows of x for which the decode GEMVs (`crate::matmul::gemv` and the quant crate's SIMT
+/// 8-bit GEMV) load their epilogue's operands ahead of the products ([`bias_value()`] with the
+/// first weights, [`residuals_ahead()`] after the products) and reduce their sums in one pass
+/// (`crate::reduce::row_sums_split_in`): registers held per row, so not for batches of 16.
+pub const AHEAD_ROWS: u32 = 2;
+
+/// The values a decode GEMV's epilogue reduces in one pass for `rows` rows of x and `cols`
+/// columns a group: the products, the up products when `gated`, and x's squares behind the
+/// input `norm`; one above [`AHEAD_ROWS`], where they reduce one value at a time.
+pub fn ahead_sums(rows: u32, cols: u32, gated: bool, norm: bool) -> usize {
+    if rows > AHEAD_ROWS {
+        return 1;
+    }
+    let halves = if gated { 2 } else { 1 };
+    (rows * cols * halves + if norm { rows } else { 0 }) as usize
+}
+
+/// The residual of each of `rows` rows of x and `cols` columns from `col0` into
+/// `residual_f[m * cols + j]` (a column past `n` reads column `n - 1`'s, never written), once the
+/// unit's partial dot product of that row and column (`acc[m * cols + j]`) is known
+/// ([`index_after()`]): after the products, before the reductions, so that the load's latency
+/// hides behind them and the load stays below the kernel's `griddepcontrol.wait`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub fn residuals_ahead<F: Float>(
+    residual: &[F],
+    residual_f: &mut Array<f32>,
+    col0: usize,
+    n: usize,
+    acc: &Array<f32>,
+    #[comptime] rows: usize,
+    #[comptime] cols: usize,
+    #[comptime] bp: EpilogueBlueprint,
+) {
+    #[unroll]
+    for m in 0..rows {
+        #[unroll]
+        for j in 0..cols {
+            let col = min(col0 + j, n - 1);
+            let at = index_after(m * n + col, acc[m * cols + j], m * n);
+            residual_f[m * cols + j] = residual_value::<F>(residual, at, bp);
+        }
+    }
 }
 
 /// [`write_epilogue()`] for a kernel that may have loaded the bias and residual ahead: with

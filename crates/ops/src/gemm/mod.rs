@@ -32,9 +32,10 @@ pub mod split_k;
 use cubecl::prelude::*;
 
 pub use epilogue::{
-    activation, bias_value, dequant_epilogue, dequant_epilogue_scaled, epilogue_loaded,
-    epilogue_value, residual_value, scale_at, write_epilogue, write_epilogue_ahead,
-    write_fragments, Activation, DequantBlueprint, EpilogueBlueprint, FragmentGrid, FRAG,
+    activation, ahead_sums, bias_value, dequant_epilogue, dequant_epilogue_scaled, epilogue_loaded,
+    epilogue_value, residual_value, residuals_ahead, scale_at, write_epilogue,
+    write_epilogue_ahead, write_fragments, Activation, DequantBlueprint, EpilogueBlueprint,
+    FragmentGrid, AHEAD_ROWS, FRAG,
 };
 pub use loader::{
     copy_or_zero_async, issue_tile_async, load_tile_regs, load_tile_transposed, store_tile_regs,

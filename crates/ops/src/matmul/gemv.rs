@@ -39,9 +39,11 @@ use cubecl::prelude::*;
 
 use super::Problem;
 use crate::caps;
-use crate::gemm::{bias_value, residual_value, write_epilogue_ahead, EpilogueBlueprint};
+use crate::gemm::{
+    ahead_sums, bias_value, residuals_ahead, write_epilogue_ahead, EpilogueBlueprint, AHEAD_ROWS,
+};
 use crate::norm::sum_squares;
-use crate::pdl::{index_after, wait_after};
+use crate::pdl::wait_after;
 use crate::reduce::{row_sum_split_in, row_sums_shared_len, row_sums_split_in};
 
 #[cfg(test)]
@@ -182,7 +184,7 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
     // products, before the reductions): loaded in the epilogue, ptxas issued them after the
     // reductions, and the whole latency of the load sat between the last product and the store.
     let writer = active && UNIT_POS_X == 0;
-    let preload = comptime![plan.m <= PRELOAD_ROWS];
+    let preload = comptime![plan.m <= AHEAD_ROWS];
     let mut bias_f = 0f32;
     let mut residual_f = Array::<f32>::new(m_rows);
     if comptime![preload] && writer {
@@ -258,14 +260,23 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
         );
     }
     if comptime![preload] && writer {
-        load_residuals::<F>(residual, &mut residual_f, col, n_cols, &acc, plan);
+        residuals_ahead::<F>(
+            residual,
+            &mut residual_f,
+            col,
+            n_cols,
+            &acc,
+            m_rows,
+            1usize,
+            plan.epilogue,
+        );
     }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
     // One reduction buffer for all of them (see `row_sum_split_in`).
     let mut red = Shared::<[f32]>::new_slice(comptime![plan.shared_len()]);
-    // Up to PRELOAD_ROWS rows every sum is reduced in one pass (the products, the up products,
+    // Up to AHEAD_ROWS rows every sum is reduced in one pass (the products, the up products,
     // x's squares: `plan.sums()` values, in that order); above, one value at a time, which keeps
     // fewer of them live in the 16-row kernels.
     let mut sums = Array::<f32>::new(comptime![plan.sums()]);
@@ -341,15 +352,9 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
 }
 
 impl GemvBlueprint {
-    /// The sums the epilogue reduces in one pass where x has at most [`PRELOAD_ROWS`] rows: the
-    /// products, the up products when gated, and x's squares behind the input norm (one where
-    /// x has more rows, which reduce one value at a time).
+    /// The sums the epilogue reduces in one pass ([`ahead_sums`], one column a group).
     fn sums(&self) -> usize {
-        if self.m > PRELOAD_ROWS {
-            return 1;
-        }
-        let halves = if self.epilogue.is_gated() { 2 } else { 1 };
-        self.m as usize * (halves + usize::from(self.norm))
+        ahead_sums(self.m, 1, self.epilogue.is_gated(), self.norm)
     }
 
     /// f32s of the epilogue's shared reduction buffer (one value's where they reduce one at a
@@ -357,29 +362,6 @@ impl GemvBlueprint {
     fn shared_len(&self) -> usize {
         let (lanes, splits, rows) = (self.lanes, self.splits, self.cols_per_cube);
         row_sums_shared_len(self.sums(), lanes, splits, rows, self.use_plane)
-    }
-}
-
-/// The most rows of x for which [`gemv_kernel`] loads its epilogue's operands ahead (a register
-/// a row for the residual).
-const PRELOAD_ROWS: u32 = 2;
-
-/// Row `m`'s residual of column `col` into `residual_f[m]`, for every row of x, once the unit's
-/// partial dot product of that row (`acc[m]`) is known ([`index_after`]): after the products,
-/// before the reductions.
-#[cube]
-fn load_residuals<F: Float>(
-    residual: &[F],
-    residual_f: &mut Array<f32>,
-    col: usize,
-    n_cols: usize,
-    acc: &Array<f32>,
-    #[comptime] plan: GemvBlueprint,
-) {
-    #[unroll]
-    for m in 0..comptime![plan.m as usize] {
-        let at = index_after(m * n_cols + col, acc[m], m * n_cols);
-        residual_f[m] = residual_value::<F>(residual, at, plan.epilogue);
     }
 }
 

@@ -32,7 +32,7 @@
 //! f16.
 
 use cubecl::prelude::*;
-use ops::gemm::{bias_value, write_epilogue_ahead, EpilogueBlueprint};
+use ops::gemm::{bias_value, residuals_ahead, write_epilogue_ahead, EpilogueBlueprint, AHEAD_ROWS};
 use ops::norm::sum_squares;
 use ops::pdl::wait_after;
 use ops::{caps, DeviceTensor};
@@ -43,7 +43,7 @@ use crate::w4a16_nk::NkEpilogue;
 
 mod epilogue;
 
-use epilogue::{group_sum, group_sums, load_residuals, load_scales, PRELOAD_ROWS};
+use epilogue::{group_sum, group_sums, load_scales};
 
 /// Bytes (codes) per weight vector.
 const CODES: usize = 16;
@@ -321,7 +321,7 @@ fn float_x_simt_kernel<F: Float, N: Size>(
     // products, before the reductions. Loaded in the epilogue, ptxas issued them after the
     // reductions, one column after the other, and up to three load latencies sat between the
     // last product and the store.
-    let preload = comptime![plan.m <= PRELOAD_ROWS];
+    let preload = comptime![plan.m <= AHEAD_ROWS];
     let writer = UNIT_POS_X == 0;
     let mut scales = Array::<f32>::new(comptime![2 * plan.cols as usize]);
     let mut bias_f = Array::<f32>::new(cols);
@@ -401,14 +401,23 @@ fn float_x_simt_kernel<F: Float, N: Size>(
         );
     }
     if comptime![preload] && writer {
-        load_residuals::<F>(residual, &mut residual_f, col0, n_cols, &acc, plan);
+        residuals_ahead::<F>(
+            residual,
+            &mut residual_f,
+            col0,
+            n_cols,
+            &acc,
+            m_rows,
+            cols,
+            plan.epilogue,
+        );
     }
     if comptime![plan.trigger] {
         gpu_asm!("griddepcontrol.launch_dependents;");
     }
     // Out-of-range columns still take part in the (shared-memory) reductions' barriers.
     let mut red = Shared::<[f32]>::new_slice(comptime![plan.shared_len()]);
-    // Up to PRELOAD_ROWS rows every sum is reduced in one pass (the columns' products, the up
+    // Up to AHEAD_ROWS rows every sum is reduced in one pass (the columns' products, the up
     // products, x's squares: `plan.sums()` values, in that order); above, one value at a time,
     // which keeps fewer of them live in the 16-row kernels.
     let n_acc = comptime![(plan.m * plan.cols) as usize];
