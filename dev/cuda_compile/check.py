@@ -8,9 +8,11 @@ DIR holds `.cu` files, e.g. those the quant crate's `cuda_sources_build_for_sm90
 with CUBELLM_CUDA_SOURCE_DIR=DIR. NVRTC, ptxas and the CUDA headers come from PyPI's
 `nvidia-cuda-nvrtc-cu12`, `nvidia-cuda-nvcc-cu12`, `nvidia-cuda-runtime-cu12` and
 `nvidia-cuda-cccl-cu12` (the CCCL headers that cooperative groups include, for the attention
-kernels' `cp.async` barriers; see `dev/cuda_compile/README.md`). With --sass (PyPI's `nvidia-cuda-nvdisasm`) each kernel's SASS
-is written beside its source and a count of its instruction classes printed. Exits 1 if any
-source fails to compile or assemble.
+kernels' `cp.async` barriers; see `dev/cuda_compile/README.md`). With --sass (PyPI's
+`nvidia-cuda-nvdisasm`) each kernel's SASS is written beside its source and a count of its
+instruction classes printed. Exits 1 if any source fails to compile or assemble, or, with
+--sass, if a kernel issues a read-only (`.CONSTANT`) load of a parameter before its
+`griddepcontrol.wait` that its source does not name in `cubellm.early_params`.
 """
 import argparse
 import ctypes
@@ -43,7 +45,8 @@ def sass_counts(ptxas, cubin_from, arch):
     open(cubin_from[:-4] + ".sass", "w").write(sass)
     ops = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
     counts = {c: sum(1 for o in ops if o == c or o.startswith(c + "_")) for c in SASS_CLASSES}
-    return len(ops), counts, wide_loads_before_wait(sass), loads_after_trigger(sass)
+    return (len(ops), counts, wide_loads_before_wait(sass), loads_after_trigger(sass),
+            params_loaded_before_wait(sass))
 
 
 def wide_loads_before_wait(sass):
@@ -55,6 +58,61 @@ def wide_loads_before_wait(sass):
         if re.search(r"\bACQBULK\b", line):
             return sum(1 for l in lines[:i] if re.search(r"\bLDG(STS)?\.E(\.\w+)*\.128\b", l))
     return None
+
+
+PARAM_BASE = 0x210  # the first kernel parameter in the sm_90 constant bank 0
+
+
+def params_loaded_before_wait(sass):
+    """The kernel parameters (pointer positions, 0 first; '?' where the address was not traced
+    back to one) that global loads read before the first `griddepcontrol.wait` (`ACQBULK`), or
+    None where the kernel has no wait. Only weights, which no kernel writes, may be read there:
+    a buffer that the kernel before writes is read stale. ptxas moves a read-only
+    (`ld.global.nc`, SASS `.CONSTANT`) load above the wait when the PTX has it after."""
+    lines = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass)
+    wait = next((i for i, l in enumerate(lines) if re.search(r"\bACQBULK\b", l)), None)
+    if wait is None:
+        return None
+
+    def origin(reg, before):
+        # Back to the constant-bank load that set `reg` (through IMAD.WIDE / IADD3 / MOV and
+        # their uniform forms).
+        for j in range(before - 1, -1, -1):
+            m = re.match(r"(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)\s+(.*)", lines[j])
+            if not m:
+                continue
+            op, args = m.group(1), [a.strip().replace(".reuse", "") for a in m.group(2).split(",")]
+            if not args or args[0] != reg:
+                continue
+            op = op[1:] if op.startswith("U") else op  # uniform datapath forms alike
+            c = re.search(r"c\[0x0\]\[(0x[0-9a-f]+)\]", m.group(2))
+            if op.startswith("LDC") and c:
+                return (int(c.group(1), 16) - PARAM_BASE) // 8
+            if op.startswith("IMAD.WIDE"):
+                return origin(args[-1], j) if re.fullmatch(r"U?R\d+", args[-1]) else "?"
+            if op.startswith(("IMAD.U32", "IMAD.MOV")) and args[1:3] == ["RZ", "RZ"]:
+                return origin(args[3], j)  # a move through the multiplier: 0 · 0 + src
+            if op.startswith(("IADD3", "MOV", "LEA")):
+                regs = [a for a in args[1:] if re.fullmatch(r"U?R\d+", a)]
+                return origin(regs[-1] if op.startswith("LEA") else regs[0], j) if regs else "?"
+            return "?"
+        return "?"
+
+    found = {}
+    for i, line in enumerate(lines[:wait]):
+        m = re.search(r"\bLDG(?:STS)?\.E([.\w]*)\s.*\[(U?R\d+)(?:\.64)?", line)
+        if m:
+            param = origin(m.group(2), i)
+            found[param] = found.get(param, False) or ".CONSTANT" in m.group(1)
+    return found
+
+
+def early_params(source):
+    """The parameters a kernel that places its own wait names as read before it (the comment
+    `cubellm.early_params i j ..`; empty without one): the patched CUDA runtime keeps
+    `__restrict__`, so read-only loads, only on these."""
+    m = re.search(r"cubellm\.early_params([ 0-9]*)", source)
+    return {int(w) for w in m.group(1).split()} if m else set()
 
 
 def loads_after_trigger(sass):
@@ -133,11 +191,21 @@ def main():
               f"{spill.group(1) if spill else '?'} B spilled, "
               f"{smem.group(1) if smem else '0'} B static shared")
         if args.sass:
-            total, counts, early, late = sass_counts(ptxas, ptx_path, args.arch)
+            total, counts, early, late, params = sass_counts(ptxas, ptx_path, args.arch)
             print(f"    {total} instructions: " + ", ".join(
                 f"{c} {n}" for c, n in counts.items() if n))
             if early is not None:
                 print(f"    {early} 16-byte loads before the first griddepcontrol.wait (ACQBULK)")
+            if params is not None:
+                print(f"    parameters read before the wait: {sorted(params, key=str)}")
+                early_ok = early_params(open(path).read())
+                stray = sorted((p for p, nc in params.items() if nc and p not in early_ok),
+                               key=str)
+                if stray:
+                    # A read-only load above the wait of a buffer the kernel before may write.
+                    failed += 1
+                    print(f"{name}: FAILED: read-only loads of parameters {stray} before "
+                          f"griddepcontrol.wait, not named in cubellm.early_params")
             if late is not None:
                 print(f"    {late} global loads after griddepcontrol.launch_dependents (PREEXIT)")
     print(f"{len(sources) - failed} passed, {failed} failed")

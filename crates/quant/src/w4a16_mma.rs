@@ -321,7 +321,9 @@ fn w4a16_mma_kernel<F: Float, NX: Size>(
         if comptime![plan.trigger] {
             gpu_asm!("griddepcontrol.launch_dependents;");
         }
-        // Only weights and scales were read so far (never written by any kernel).
+        // Only weights and scales were read so far (never written by any kernel): qweight,
+        // scales, bias and norm_w are the parameters read before the wait (`ops::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         gpu_asm!("griddepcontrol.wait;");
     }
 

@@ -309,7 +309,9 @@ fn w4a16_gemv_nk_kernel<F: Float, NW: Size, NX: Size>(
     );
     if comptime![plan.early_wait] {
         // Only weights were read so far (never written by any kernel): x waits for the kernel
-        // before this one.
+        // before this one. qweight, scales, bias and norm_w are the parameters read before the
+        // wait (`ops::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         gpu_asm!("griddepcontrol.wait;");
     }
     // The norm's statistics: every cube reduces x's squares itself (x is a few KB), while the

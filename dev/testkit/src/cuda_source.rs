@@ -7,6 +7,9 @@ use cubecl::prelude::*;
 use cubecl::Compiler;
 
 // The patched CUDA runtime's source rewrites (std only), applied as it applies them.
+#[path = "../../../vendor/cubecl-cuda/src/pdl/coherent.rs"]
+#[allow(dead_code)]
+mod coherent;
 #[path = "../../../vendor/cubecl-cuda/src/pdl/launch_bounds.rs"]
 #[allow(dead_code)]
 mod launch_bounds;
@@ -68,7 +71,8 @@ pub fn buffer<R: Runtime>(client: &ComputeClient<R>) -> BufferArg<R> {
 /// `CUBELLM_CUDA_SOURCE_DIR` set, writes the source there as `<name>.cu`.
 ///
 /// The source is rewritten as the patched CUDA runtime rewrites it for sm_90 (the programmatic
-/// dependent launch prologue, a kernel's cubes-per-SM request as launch bounds).
+/// dependent launch prologue, coherent loads of the inputs a kernel that waits itself does not
+/// read before its wait, a kernel's cubes-per-SM request as launch bounds).
 pub fn check(name: &str, definition: KernelDefinition) -> String {
     let entry = definition.settings.kernel_name.clone();
     // The features the CUDA runtime turns on for an sm_90 device with CUDA 12.8 or newer: the
@@ -84,6 +88,9 @@ pub fn check(name: &str, definition: KernelDefinition) -> String {
         .compile(definition, &options)
         .unwrap_or_else(|e| panic!("{name}: the CUDA backend refused the kernel: {e}"))
         .to_string();
+    if let Some(s) = coherent::with_coherent_inputs(&source, &entry) {
+        source = s;
+    }
     if let Some(s) = prologue::with_prologue(&source, &entry) {
         source = s;
     }

@@ -338,6 +338,10 @@ fn split_kv_mma<F: Float>(
                 );
             }
         }
+        // The cache lengths and the RoPE tables: the parameters read before the wait besides
+        // the caches, which are not `const` (`crate::pdl`). The lengths are advanced by the
+        // step's last kernel, which has completed before the kernel before this one waited.
+        gpu_asm!("// cubellm.early_params 3 7 8");
         gpu_asm!("griddepcontrol.wait;");
     }
 

@@ -207,6 +207,8 @@ pub(crate) fn gemv_kernel<F: Float, N: Size>(
                 g0 = norm_weight[first];
             }
         }
+        // w, w_up, bias and norm_weight: the parameters read before the wait (`crate::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         if comptime![preload && plan.epilogue.has_bias] {
             // Pinned below the loads: with the bias's load before it, ptxas scheduled a bare
             // wait above every load (see `wait_after`).

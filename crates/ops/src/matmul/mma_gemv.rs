@@ -426,6 +426,8 @@ pub(crate) fn tensor_gemv_kernel<F: Float, N: Size>(
         }
     }
     if comptime![plan.early_wait] {
+        // w, w_up, bias and norm_weight: the parameters read before the wait (`crate::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         // For planes that had no slice (and a no-op for the others).
         gpu_asm!("griddepcontrol.wait;");
     }

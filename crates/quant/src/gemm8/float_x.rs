@@ -222,7 +222,9 @@ fn float_x_kernel<F: Float, NX: Size>(
         if comptime![plan.trigger] {
             gpu_asm!("griddepcontrol.launch_dependents;");
         }
-        // Only weights were read so far (never written by any kernel).
+        // Only weights were read so far (never written by any kernel): w, w_scale, bias and
+        // norm_w are the parameters read before the wait (`ops::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         gpu_asm!("griddepcontrol.wait;");
     }
 

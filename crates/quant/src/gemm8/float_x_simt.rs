@@ -370,6 +370,8 @@ fn float_x_simt_kernel<F: Float, N: Size>(
                 dep ^= u32::reinterpret(bias_f[j]);
             }
         }
+        // w, w_scale, bias and norm_w: the parameters read before the wait (`ops::pdl`).
+        gpu_asm!("// cubellm.early_params 1 2 3 6");
         wait_after(dep);
         if has_first {
             accumulate_vector::<F, N>(

@@ -188,7 +188,9 @@ fn gemm8_skinny_kernel<F: Float, Acc: Numeric, NX: Size>(
     let mut wv = Array::<Vector<i32, Const<4>>>::new(comptime![plan.batch as usize]);
     if comptime![plan.early] {
         load_weights(b, &mut wv, col, col_ok, warp, chunks, k, b_pv, plan);
-        // Only weights were read so far (never written by any kernel).
+        // Only weights were read so far (never written by any kernel): b and sb, with the bias
+        // and norm_w, are the parameters read before the wait (`ops::pdl`).
+        gpu_asm!("// cubellm.early_params 2 4 5 8");
         gpu_asm!("griddepcontrol.wait;");
     }
 

@@ -187,6 +187,17 @@ impl CudaContext {
 
         self.validate_shared(&kernel_compiled.repr)?;
 
+        // cubellm patch: coherent loads of what the kernel before writes, in kernels that wait
+        // themselves (applied before the prologue gives every other kernel its wait; see
+        // `crate::pdl::with_coherent_inputs`).
+        if crate::pdl::enabled(self.arch.version)
+            && let Some(source) = crate::pdl::with_coherent_inputs(
+                &kernel_compiled.source,
+                &kernel_compiled.entrypoint_name,
+            )
+        {
+            kernel_compiled.source = source;
+        }
         // cubellm patch: programmatic dependent launch (see `crate::pdl`).
         if crate::pdl::enabled(self.arch.version)
             && let Some(source) =

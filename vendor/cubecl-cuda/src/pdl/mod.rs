@@ -27,8 +27,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use cudarc::driver::{DriverError, sys};
 
+mod coherent;
 mod launch_bounds;
 mod prologue;
+pub(crate) use coherent::with_coherent_inputs;
 pub(crate) use launch_bounds::with_min_cubes;
 pub(crate) use prologue::{waits_first, with_prologue};
 

@@ -1,6 +1,8 @@
 //! The SIMT GEMV's CUDA C++ for an sm_90 device, built on any machine (`testkit::cuda_source`):
 //! the 1.5B model's projections and LM head as single-sequence bf16 decode runs them (this
-//! kernel, not the tensor-core GEMV, at one row) and a 16-row gated one must compile.
+//! kernel, not the tensor-core GEMV, at one row) and a 16-row gated one must compile; the same
+//! projections in f32, as the f32 models decode, too (ptxas schedules each dtype's loads apart:
+//! only the f32 qkv once loaded x above its wait).
 
 use cubecl::prelude::*;
 use testkit::cuda_source;
@@ -18,25 +20,25 @@ const SM90: GemvDevice = GemvDevice {
     trigger: true,
     early_wait: true,
 };
-/// bf16 elements per 16-byte vector.
-const VEC: usize = 8;
-
-/// Checks the CUDA C++ of the bf16 launch for `m` rows, `n` columns over `k` on an sm_90 device
-/// with programmatic dependent launch, expanded with `client`'s runtime (written as `name.cu`
-/// where asked).
+/// Checks the CUDA C++ of the `dtype` launch for `m` rows, `n` columns over `k` on an sm_90
+/// device with programmatic dependent launch, expanded with `client`'s runtime (written as
+/// `name.cu` where asked).
 fn source<R: Runtime>(
     client: &ComputeClient<R>,
+    dtype: DType,
     name: &str,
     [m, k, n]: [usize; 3],
     epilogue: EpilogueBlueprint,
     norm: bool,
 ) {
-    let k_vectors = k / VEC;
+    // Elements per 16-byte vector.
+    let vec = 16 / dtype.size();
+    let k_vectors = k / vec;
     let (plan, cube_dim, _) = launch_plan([m, n, k_vectors], None, norm, epilogue, SM90);
-    let elem = DType::BF16.elem_type();
+    let elem = dtype.elem_type();
     let (settings, mut launcher) = cuda_source::launcher_of(client, cube_dim);
     launcher.with_scope(|scope| {
-        scope.register_size::<DynamicSize<gemv_kernel::_N>>(VEC);
+        scope.register_size::<DynamicSize<gemv_kernel::_N>>(vec);
         scope.register_type::<DynamicScalar<gemv_kernel::_F>>(elem);
     });
     use gemv_kernel::{F, N};
@@ -71,7 +73,7 @@ fn source<R: Runtime>(
         (),
         (),
         (),
-        VEC,
+        vec,
         plan,
         elem,
     );
@@ -80,7 +82,16 @@ fn source<R: Runtime>(
 
 fn case<R: Runtime>(client: &ComputeClient<R>) {
     for (name, mkn, epilogue, norm) in super::super::decode_products() {
-        source(client, &format!("gemv_bf16_{name}"), mkn, epilogue, norm);
+        // f32 at one row only: the f32 models decode one sequence at a time here.
+        let dtypes: &[(DType, &str)] = if mkn[0] == 1 {
+            &[(DType::BF16, "bf16"), (DType::F32, "f32")]
+        } else {
+            &[(DType::BF16, "bf16")]
+        };
+        for &(dtype, label) in dtypes {
+            let name = format!("gemv_{label}_{name}");
+            source(client, dtype, &name, mkn, epilogue, norm);
+        }
     }
 }
 
