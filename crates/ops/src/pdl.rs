@@ -11,7 +11,7 @@
 //! The other direction matters for correctness: a buffer the kernel only reads is declared
 //! `const __restrict__` and loaded with `ld.global.nc`, which ptxas may move above the wait, so a
 //! load of the previous kernel's output written after the wait could still read it stale (in
-//! ptxas 12.9's SASS of the f32 decode GEMV with its wait pinned by [`wait_after`], the first
+//! ptxas 12.9's SASS of the f32 decode GEMV with its wait pinned by [`wait_after()`], the first
 //! vector of x was loaded above the wait). A kernel that places its own wait therefore names the
 //! parameters it reads before the wait in the PTX comment `// cubellm.early_params i j ..`
 //! (positions in the entry point's parameter list, 0 first: its weights); the patched CUDA
