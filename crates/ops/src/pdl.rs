@@ -48,6 +48,11 @@ pub fn wait_after(dep: u32) {
 /// after the wait (a unit's partial dot product, which reads x) holds the load below it. The
 /// witness must be one that makes the loaded value's output NaN where it is NaN (the partial
 /// sum of that output's own row and column): there the other index changes nothing.
+///
+/// Under the patched CUDA runtime a parameter that the kernel does not name in its
+/// `cubellm.early_params` comment is no longer `__restrict__`, so its loads are coherent and stay
+/// below the wait anyway (see the module docs); the dependency is kept as a second guard, at the
+/// cost of one compare and select per load.
 #[cube]
 pub fn index_after(at: usize, witness: f32, last: usize) -> usize {
     select(witness.is_nan(), last, at)
