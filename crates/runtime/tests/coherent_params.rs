@@ -5,3 +5,5 @@
 
 #[path = "../../../vendor/cubecl-cuda/src/pdl/coherent.rs"]
 mod coherent;
+#[path = "../../../vendor/cubecl-cuda/src/pdl/entry.rs"]
+mod entry;

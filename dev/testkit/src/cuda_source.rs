@@ -10,6 +10,8 @@ use cubecl::Compiler;
 #[path = "../../../vendor/cubecl-cuda/src/pdl/coherent.rs"]
 #[allow(dead_code)]
 mod coherent;
+#[path = "../../../vendor/cubecl-cuda/src/pdl/entry.rs"]
+mod entry;
 #[path = "../../../vendor/cubecl-cuda/src/pdl/launch_bounds.rs"]
 #[allow(dead_code)]
 mod launch_bounds;

@@ -17,6 +17,8 @@
 //! every other `const` pointer parameter loses its `__restrict__`. Without the comment, all of
 //! them do.
 
+use super::entry::entry_signature;
+
 /// The comment a kernel's source holds, followed by the positions of its early parameters.
 pub const MARKER: &str = "cubellm.early_params";
 
@@ -40,46 +42,33 @@ pub fn with_coherent_inputs(source: &str, entry: &str) -> Option<String> {
         }
         None => Vec::new(),
     };
-    let marker = "extern \"C\" __global__";
-    let mut from = 0;
-    while let Some(found) = source[from..].find(marker) {
-        let sig = from + found;
-        let line_end = source[sig..].find('{').map(|i| sig + i)?;
-        let header = &source[sig..line_end];
-        let name_at = header
-            .match_indices(entry)
-            .map(|(i, _)| i + entry.len())
-            .find(|&i| header[i..].trim_start().starts_with('('));
-        if let Some(after_name) = name_at {
-            let open = sig + after_name + header[after_name..].find('(')? + 1;
-            let close = open + source[open..line_end].rfind(')')?;
-            let params = &source[open..close];
-            let mut out = String::with_capacity(params.len());
-            let mut changed = false;
-            for (i, param) in params.split(',').enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                let restricted = param.contains("const*") || param.contains("const *");
-                if restricted && param.contains("__restrict__") && !early.contains(&i) {
-                    out.push_str(&param.replacen(" __restrict__", "", 1));
-                    changed = true;
-                } else {
-                    out.push_str(param);
-                }
-            }
-            if !changed {
-                return None;
-            }
-            let mut rewritten = String::with_capacity(source.len());
-            rewritten.push_str(&source[..open]);
-            rewritten.push_str(&out);
-            rewritten.push_str(&source[close..]);
-            return Some(rewritten);
+    // The parameter list is the last parenthesised group before the body (the parameters
+    // hold no parentheses).
+    let (sig, body) = entry_signature(source, entry)?;
+    let close = sig + source[sig..body].rfind(')')?;
+    let open = sig + source[sig..close].rfind('(')? + 1;
+    let mut params = String::with_capacity(close - open);
+    let mut changed = false;
+    for (i, param) in source[open..close].split(',').enumerate() {
+        if i > 0 {
+            params.push(',');
         }
-        from = line_end;
+        let restricted = param.contains("const*") || param.contains("const *");
+        if restricted && param.contains("__restrict__") && !early.contains(&i) {
+            params.push_str(&param.replacen(" __restrict__", "", 1));
+            changed = true;
+        } else {
+            params.push_str(param);
+        }
     }
-    None
+    if !changed {
+        return None;
+    }
+    let mut rewritten = String::with_capacity(source.len());
+    rewritten.push_str(&source[..open]);
+    rewritten.push_str(&params);
+    rewritten.push_str(&source[close..]);
+    Some(rewritten)
 }
 
 #[cfg(test)]

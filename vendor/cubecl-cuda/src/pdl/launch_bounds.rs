@@ -8,6 +8,8 @@
 //! wave of such cubes (a persistent kernel walking its work) relies on it: a cube that did not
 //! fit would wait for a whole cube's work.
 
+use super::entry::entry_signature;
+
 /// The comment a kernel's source holds, followed by the cube count (`// cubellm.min_cubes_per_sm 3`).
 pub const MARKER: &str = "cubellm.min_cubes_per_sm ";
 
@@ -21,32 +23,19 @@ pub fn with_min_cubes(source: &str, entry: &str) -> Option<String> {
         .take_while(|c| c.is_ascii_digit())
         .collect();
     let cubes: u32 = digits.parse().ok().filter(|&n| n > 0)?;
-    let marker = "extern \"C\" __global__";
-    let mut from = 0;
-    while let Some(found) = source[from..].find(marker) {
-        let sig = from + found;
-        let line_end = source[sig..].find('{').map(|i| sig + i)?;
-        let header = &source[sig..line_end];
-        let named = header
-            .match_indices(entry)
-            .any(|(i, _)| header[i + entry.len()..].trim_start().starts_with('('));
-        if named {
-            let bounds = "__launch_bounds__(";
-            let open = sig + header.find(bounds)? + bounds.len();
-            let close = open + source[open..line_end].find(')')?;
-            let units = source[open..close].trim();
-            if units.is_empty() || !units.chars().all(|c| c.is_ascii_digit()) {
-                return None;
-            }
-            let mut out = String::with_capacity(source.len() + 8);
-            out.push_str(&source[..close]);
-            out.push_str(&format!(", {cubes}"));
-            out.push_str(&source[close..]);
-            return Some(out);
-        }
-        from = line_end;
+    let (sig, body) = entry_signature(source, entry)?;
+    let bounds = "__launch_bounds__(";
+    let open = sig + source[sig..body].find(bounds)? + bounds.len();
+    let close = open + source[open..body].find(')')?;
+    let units = source[open..close].trim();
+    if units.is_empty() || !units.chars().all(|c| c.is_ascii_digit()) {
+        return None;
     }
-    None
+    let mut out = String::with_capacity(source.len() + 8);
+    out.push_str(&source[..close]);
+    out.push_str(&format!(", {cubes}"));
+    out.push_str(&source[close..]);
+    Some(out)
 }
 
 #[cfg(test)]

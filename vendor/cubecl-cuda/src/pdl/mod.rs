@@ -28,6 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use cudarc::driver::{DriverError, sys};
 
 mod coherent;
+mod entry;
 mod launch_bounds;
 mod prologue;
 pub(crate) use coherent::with_coherent_inputs;

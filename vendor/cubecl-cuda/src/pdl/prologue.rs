@@ -3,6 +3,8 @@
 
 use std::ffi::c_char;
 
+use super::entry::entry_signature;
+
 /// The first statement of every entry point. It holds the kernel until the grid before it on
 /// the stream has completed and its writes are visible (at once when the kernel was launched
 /// without PDL). There is no early `griddepcontrol.launch_dependents`: the next grid launches
@@ -20,27 +22,12 @@ pub fn with_prologue(source: &str, entry: &str) -> Option<String> {
     if source.contains("griddepcontrol.wait") {
         return Some(source.to_owned());
     }
-    let marker = "extern \"C\" __global__";
-    let mut from = 0;
-    while let Some(at) = source[from..].find(marker) {
-        let sig = from + at;
-        // The signature is `extern "C" __global__ <ty> __launch_bounds__(n) [cluster] name(...)`;
-        // the parameters hold no braces, so the body opens at the first `{` after the name.
-        let line_end = source[sig..].find('{').map(|i| sig + i)?;
-        let header = &source[sig..line_end];
-        let named = header
-            .match_indices(entry)
-            .any(|(i, _)| header[i + entry.len()..].trim_start().starts_with('('));
-        if named {
-            let mut out = String::with_capacity(source.len() + PROLOGUE.len());
-            out.push_str(&source[..=line_end]);
-            out.push_str(PROLOGUE);
-            out.push_str(&source[line_end + 1..]);
-            return Some(out);
-        }
-        from = line_end;
-    }
-    None
+    let (_, body) = entry_signature(source, entry)?;
+    let mut out = String::with_capacity(source.len() + PROLOGUE.len());
+    out.push_str(&source[..=body]);
+    out.push_str(PROLOGUE);
+    out.push_str(&source[body + 1..]);
+    Some(out)
 }
 
 /// Whether a module's PTX holds the wait of [`PROLOGUE`].
