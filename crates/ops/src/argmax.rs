@@ -572,3 +572,4 @@ fn gcd(a: usize, b: usize) -> usize {
 
 #[cfg(test)]
 mod cuda_source;
+pub mod screened;

@@ -91,7 +91,7 @@ fn dot3<F: Float, N: Size>(a: Vector<F, N>, g: Vector<F, N>, b: Vector<F, N>) ->
 
 /// `x` dot `w` for one vector, in f32.
 #[cube]
-fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
+pub(crate) fn dot<F: Float, N: Size>(a: Vector<F, N>, b: Vector<F, N>) -> f32 {
     let p = Vector::<f32, N>::cast_from(a) * Vector::<f32, N>::cast_from(b);
     let mut s = 0f32;
     #[unroll]

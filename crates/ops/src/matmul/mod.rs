@@ -69,6 +69,7 @@ fn decode_products() -> [(
 
 pub use crate::gemm::Activation;
 pub use cmma::{CmmaBlueprint, CmmaTile};
+pub(crate) use gemv::dot as gemv_dot;
 pub use gemv::{gemv_lanes, gemv_splits, GemvBlueprint};
 pub use mma_gemv::{TensorGemvBlueprint, TensorGemvShape, MAX_CUBE_SPLITS};
 use strategy::plan_with;

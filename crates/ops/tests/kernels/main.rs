@@ -14,4 +14,5 @@ mod norm;
 mod qkv;
 mod rope;
 mod sampling;
+mod screened_argmax;
 mod softmax;
