@@ -17,6 +17,7 @@ pub mod layout;
 pub mod linear8;
 pub mod reference;
 pub mod rowquant;
+pub mod screen;
 mod tile_sums;
 pub mod transpose;
 pub mod w4a16;

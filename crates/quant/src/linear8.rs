@@ -26,7 +26,7 @@ use ops::{caps, DType, DeviceTensor, OpsError, Result};
 
 use crate::format::QuantFormat;
 use crate::gemm8::{float_x, float_x_simt, Gemm8, KernelChoice, XSource};
-use crate::host::quantize_weight_8bit;
+use crate::host::{quantize_weight_8bit, QuantizedWeight8};
 use crate::layout::{
     check_byte_matrix, check_output, check_scales, empty_byte_matrix, output_shape,
 };
@@ -176,10 +176,14 @@ impl<R: Runtime> Weight8<R> {
         caps::check_float_dtype(client, "quantized linear", act_dtype)?;
         let [n, k] = shape;
         let w = quantize_weight_8bit(weight, n, k, format)?;
+        Self::upload(client, &w)
+    }
+
+    fn upload(client: &ComputeClient<R>, w: &QuantizedWeight8) -> Result<Self> {
         Ok(Self {
-            format,
-            q: w.q.upload(client, format.dtype()),
-            scales: DeviceTensor::from_f32(client, &w.scales, &[n], DType::F32)?,
+            format: w.format,
+            q: w.q.upload(client, w.format.dtype()),
+            scales: DeviceTensor::from_f32(client, &w.scales, &[w.q.rows], DType::F32)?,
             choice: KernelChoice::default(),
         })
     }
@@ -552,6 +556,24 @@ macro_rules! linear8_layer {
             ) -> Result<Self> {
                 let inner = Weight8::from_dense(client, weight, shape, act_dtype, $format)?;
                 Ok(Self { inner })
+            }
+
+            /// The layer of a weight already quantized in this format on the host
+            /// ([`crate::host::quantize_weight_8bit`]); `act_dtype` is the float dtype of `x`
+            /// and `y`.
+            pub fn from_quantized(
+                client: &ComputeClient<R>,
+                weight: &QuantizedWeight8,
+                act_dtype: DType,
+            ) -> Result<Self> {
+                caps::check_float_dtype(client, "quantized linear", act_dtype)?;
+                if weight.format != $format {
+                    return Err(OpsError::invalid(
+                        "quantized linear",
+                        format!("a {:?} weight for a {:?} layer", weight.format, $format),
+                    ));
+                }
+                Ok(Self { inner: Weight8::upload(client, weight)? })
             }
 
             /// Runs the GEMM with `choice` instead of the default kernel.

@@ -6,6 +6,7 @@ mod gemm8;
 mod linear8_float_x;
 mod linear8_fused;
 mod rowquant;
+mod screen;
 mod w4a16;
 
 /// The gated MLP's reference over an f64 product of `n` columns per row (the first `n / 2` the
