@@ -12,7 +12,8 @@
 # quantizes the LM head: --quant-lm-head; the 8-bit formats decode as the CLI's default, on the
 # float activation on the SIMT cores, and with `+codes`, e.g. `w8a8+codes`, on quantized
 # activations: --quant-decode codes; `+float` asks for the float activation on f16 tensor cores:
-# --quant-decode float, `+float-simt` for the default explicitly), NEW_TOKENS (128) and
+# --quant-decode float, `+float-simt` for the default explicitly; `+screen`, e.g. `none+screen`,
+# screens the float LM head with an int8 copy: --screen-lm-head), NEW_TOKENS (128) and
 # RUNS (3) set the runs; the prompt is CONTEXT tokens, so the last decode step attends over
 # CONTEXT + NEW_TOKENS - 1 keys.
 set -euo pipefail
@@ -35,6 +36,7 @@ for ctx in $contexts; do
     base=${mode%%+*}
     [ "$base" != none ] && q=(--quant "$base")
     case "+$mode+" in *+head+*) q+=(--quant-lm-head) ;; esac
+    case "+$mode+" in *+screen+*) q+=(--screen-lm-head) ;; esac
     case "+$mode+" in *+float+*) q+=(--quant-decode float) ;; esac
     case "+$mode+" in *+codes+*) q+=(--quant-decode codes) ;; esac
     case "+$mode+" in *+float-simt+*) q+=(--quant-decode float-simt) ;; esac

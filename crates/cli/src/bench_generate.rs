@@ -110,6 +110,7 @@ pub fn bench_generate<R: Runtime>(
         dtype,
         max_len: Some(max_len),
         compression,
+        screen_lm_head: args.weights.screen_lm_head,
         device_free_bytes: runtime::free_memory(client),
     };
     let (m, report) = Model::<R>::load(client, dir, &options, &mut |_| {})?;
@@ -119,7 +120,9 @@ pub fn bench_generate<R: Runtime>(
         report.dtype,
         report.elapsed.as_secs_f64()
     );
-    if let Some(line) = crate::weight_args::memory_line(&report, compression) {
+    if let Some(line) =
+        crate::weight_args::memory_line(&report, compression, options.screen_lm_head)
+    {
         eprintln!("{line}");
     }
     // Explicit flags only: the checkpoint's sampling defaults do not turn sampling on here.
@@ -280,6 +283,7 @@ pub fn bench_generate<R: Runtime>(
             "other": (other_us * 10.0).round() / 10.0,
         },
         "weights": format!("{compression:?}"),
+        "screen_lm_head": args.weights.screen_lm_head,
         "weight_bytes": report.weight_bytes,
         "greedy_agreement": agreement,
         "sampled": sampled,

@@ -168,6 +168,7 @@ pub fn load_model<R: Runtime>(
         dtype,
         max_len: args.max_len,
         compression,
+        screen_lm_head: args.weights.screen_lm_head,
         device_free_bytes: runtime::free_memory(client),
     };
     let loaded = Model::<R>::load(client, &files.dir, &options, &mut |p| {
@@ -196,7 +197,9 @@ pub fn load_model<R: Runtime>(
     for n in &report.notices {
         eprintln!("{n}");
     }
-    if let Some(line) = crate::weight_args::memory_line(&report, compression) {
+    if let Some(line) =
+        crate::weight_args::memory_line(&report, compression, options.screen_lm_head)
+    {
         eprintln!("{line}");
     }
     eprintln!(

@@ -69,6 +69,11 @@ pub fn serve<R: Runtime>(client: &ComputeClient<R>, args: &ServeArgs) -> anyhow:
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local: SocketAddr = listener.local_addr()?;
 
+    anyhow::ensure!(
+        !args.model.weights.screen_lm_head,
+        "--screen-lm-head screens one-sequence greedy decoding (generate, chat, bench-generate); \
+         the server decodes its sequences in batches"
+    );
     let decode = args.model.weights.quant_decode.as_str();
     if matches!(decode, "float" | "float-simt") {
         eprintln!(

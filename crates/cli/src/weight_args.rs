@@ -39,6 +39,12 @@ pub struct WeightArgs {
         default_value = "auto"
     )]
     pub quant_decode: String,
+    /// Greedy decoding screens the float LM head with an int8 copy of it and computes again
+    /// from the float head only the rows that can be the largest: the same tokens, about half
+    /// the head's bytes a step, one byte a vocabulary weight more memory. One-sequence greedy
+    /// decoding only (generate, chat, bench-generate; not serve); not with --quant-lm-head.
+    #[arg(long, conflicts_with = "quant_lm_head")]
+    pub screen_lm_head: bool,
 }
 
 impl WeightArgs {
@@ -83,10 +89,16 @@ impl WeightArgs {
     }
 }
 
-/// The one-line weight-memory report (only when the weights are not plain dense ones).
-pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<String> {
-    let what = match compression {
-        Compression::None => return None,
+/// The one-line weight-memory report (only when the weights are not plain dense ones, or the
+/// LM head is `screened` by an int8 copy).
+pub fn memory_line(
+    report: &LoadReport,
+    compression: Compression,
+    screened: bool,
+) -> Option<String> {
+    let mut what = match compression {
+        Compression::None if !screened => return None,
+        Compression::None => "linear layers dense".to_string(),
         Compression::Sparsify { sparsity } => {
             format!(
                 "MLP pruned to {:.0}% block sparsity (accuracy trade-off)",
@@ -113,6 +125,9 @@ pub fn memory_line(report: &LoadReport, compression: Compression) -> Option<Stri
             }
         ),
     };
+    if screened {
+        what.push_str("; the LM head screened by an int8 copy for greedy decoding");
+    }
     Some(format!(
         "weights: {} MB on the device, {} MB dense ({:.2}x); {what}",
         report.weight_bytes / 1_000_000,

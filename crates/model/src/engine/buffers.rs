@@ -14,6 +14,7 @@ use ops::{DType, DeviceTensor};
 
 use crate::config::ModelConfig;
 use crate::engine::projection::ProjectionScratch;
+use crate::engine::screen::ScreenBuffers;
 use crate::error::{ModelError, Result};
 
 /// The activations of `T` tokens through one layer, reused by every layer.
@@ -140,6 +141,7 @@ pub struct StepContext<'a, R: Runtime> {
 /// | `chosen` | 2 x `[1]` | u32 | `next_token` again, in slot `len % 2` (`len`: the cache length after the step), so that the host reads a step's id while the next step writes the other slot |
 /// | `workspace` | | f32 | split-KV attention partials, sized for the cache's capacity |
 /// | `scratch` | | compute | intermediates of compressed projections |
+/// | `screen` | `[1, V]` + scratch | compute | the screened LM head's approximate logits (models that screen it; the screened step leaves `logits` unwritten) |
 pub struct DecodeBuffers<R: Runtime> {
     pub dtype: DType,
     pub token: DeviceTensor<R>,
@@ -149,6 +151,8 @@ pub struct DecodeBuffers<R: Runtime> {
     pub chosen: [DeviceTensor<R>; 2],
     pub workspace: AttentionWorkspace<R>,
     pub scratch: ProjectionScratch<R>,
+    /// The screened LM head's approximate logits and scratch (models that screen it).
+    pub screen: Option<ScreenBuffers<R>>,
 }
 
 impl<R: Runtime> DecodeBuffers<R> {
@@ -173,6 +177,7 @@ impl<R: Runtime> DecodeBuffers<R> {
             chosen: [scalar()?, scalar()?],
             workspace: AttentionWorkspace::for_shapes(client, 1, hq, hkv, d, max_len),
             scratch: ProjectionScratch::new(client, config, dtype),
+            screen: None,
         })
     }
 

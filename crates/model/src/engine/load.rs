@@ -114,6 +114,11 @@ pub struct LoadOptions {
     pub max_len: Option<usize>,
     /// How the projections are stored (dense unless asked otherwise).
     pub compression: Compression,
+    /// Greedy decoding screens the float LM head with an int8 copy of it (built at load, one
+    /// byte a weight more on the device) and computes again from the float head only the rows
+    /// that can be the argmax: the same tokens, about half the head's bytes a step. Errors on
+    /// a quantized head or a hidden size that is not a multiple of 16.
+    pub screen_lm_head: bool,
     /// Bytes free on the device, for the check of the model and its context before anything is
     /// allocated (CubeCL does not report it; the CLI asks the driver). `None`: only the
     /// runtime's limit on one allocation is checked.
@@ -331,7 +336,16 @@ impl<R: Runtime> Model<R> {
         if let Some(note) = compression.decode_notice(client, dtype, config.hidden_size) {
             notices.push(note);
         }
-        let (weights, largest_weight) = planned_weight_bytes(&plan, dtype, compression);
+        let (mut weights, largest_weight) = planned_weight_bytes(&plan, dtype, compression);
+        if options.screen_lm_head {
+            if compression.applies_to(Slot::LmHead) {
+                return Err(ModelError::param(
+                    "screen_lm_head",
+                    "the LM head is quantized already: screening needs a float LM head",
+                ));
+            }
+            weights += crate::engine::screen::planned_bytes(config.vocab_size, config.hidden_size);
+        }
         let device = DeviceMemory {
             // On wgpu CubeCL's page size is the storage-buffer binding limit, a hard limit on
             // one buffer; on CUDA it is only the size of its memory pools' pages.
@@ -417,7 +431,7 @@ impl<R: Runtime> Model<R> {
             dense_weight_bytes,
             elapsed: start.elapsed(),
         };
-        let model = Self::from_parts(
+        let mut model = Self::from_parts(
             client,
             config,
             generation,
@@ -430,6 +444,9 @@ impl<R: Runtime> Model<R> {
             lm_head,
             rope,
         );
+        if options.screen_lm_head {
+            model.build_screen()?;
+        }
         report.weight_bytes = model.weight_bytes();
         Ok((model, report))
     }

@@ -10,6 +10,7 @@
 //! memory.rs       MemoryPlan: device bytes from the config, checked before any allocation
 //! compression.rs  Compression / QuantMode / Int4Group: projections as Box<dyn ops::linear::Linear>
 //! projection.rs   Projection (dense or compressed, with its bias), Weight, ProjectionScratch
+//! screen.rs       the screened LM head of greedy decoding: an int8 copy and its error bounds
 //! kv_cache.rs     KvCache: per layer [max_len, Hkv, D]; one source of truth for its length
 //! buffers.rs      Activations, DecodeBuffers (everything the decode step writes), StepContext
 //! model.rs        Model: weights, prefill and the allocation-free decode step, one forward
@@ -36,4 +37,5 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod projection;
+pub mod screen;
 pub mod session;

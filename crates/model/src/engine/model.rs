@@ -28,6 +28,7 @@ use crate::engine::batch::{BatchBuffers, SlotCache};
 use crate::engine::buffers::{Activations, CacheLen, DecodeBuffers, StepContext};
 use crate::engine::kv_cache::{KvCache, LayerCache};
 use crate::engine::projection::{Projection, ProjectionScratch, Weight};
+use crate::engine::screen::{HeadScreen, ScreenBuffers};
 use crate::error::{ModelError, Result};
 use crate::models::decoder::DecoderLayer;
 
@@ -56,6 +57,8 @@ pub struct Model<R: Runtime> {
     pub lm_head: Option<Projection<R>>,
     /// RoPE cos/sin for every position below `max_len`.
     pub rope: RopeCache<R>,
+    /// The int8 screen of the float LM head ([`crate::LoadOptions::screen_lm_head`]).
+    screen: Option<HeadScreen<R>>,
 }
 
 impl<R: Runtime> std::fmt::Debug for Model<R> {
@@ -98,7 +101,8 @@ struct Head<'a, R: Runtime> {
     /// Gather this row of the residual stream into `row` first (prefill's last position).
     last_row: Option<(&'a DeviceTensor<R>, &'a DeviceTensor<R>)>,
     normed: &'a DeviceTensor<R>,
-    logits: &'a DeviceTensor<R>,
+    /// `None`: the forward pass ends with the final norm (the screened head follows).
+    logits: Option<&'a DeviceTensor<R>>,
 }
 
 impl<R: Runtime> Model<R> {
@@ -128,7 +132,29 @@ impl<R: Runtime> Model<R> {
             norm,
             lm_head,
             rope,
+            screen: None,
         }
+    }
+
+    /// Builds the int8 screen of the float LM head (the embedding table when tied).
+    pub(crate) fn build_screen(&mut self) -> Result<()> {
+        let head = match &self.lm_head {
+            None => &self.embed_tokens,
+            Some(p) => *p.dense_weights().first().ok_or_else(|| {
+                ModelError::param(
+                    "screen_lm_head",
+                    "the LM head is compressed: screening needs a float LM head",
+                )
+            })?,
+        };
+        self.screen = Some(HeadScreen::build(&self.client, &head.tensor)?);
+        Ok(())
+    }
+
+    /// Whether greedy decode steps on the previous step's argmax screen the LM head
+    /// ([`crate::LoadOptions::screen_lm_head`]).
+    pub fn screens_lm_head(&self) -> bool {
+        self.screen.is_some()
     }
 
     /// Device bytes of every weight (compressed projections as stored).
@@ -143,7 +169,8 @@ impl<R: Runtime> Model<R> {
             .filter(|p| !p.is_dense())
             .map(Projection::bytes)
             .sum();
-        (dense + compressed) as u64
+        let screen = self.screen.as_ref().map_or(0, HeadScreen::bytes);
+        (dense + compressed + screen) as u64
     }
 
     /// Every projection: per layer qkv, o, gate-up, down; then the LM head if it has its own.
@@ -196,7 +223,12 @@ impl<R: Runtime> Model<R> {
 
     /// The preallocated buffers of the decode step.
     pub fn new_decode_buffers(&self) -> Result<DecodeBuffers<R>> {
-        DecodeBuffers::new(&self.client, &self.config, self.dtype, self.max_len)
+        let mut step = DecodeBuffers::new(&self.client, &self.config, self.dtype, self.max_len)?;
+        if self.screen.is_some() {
+            let vocab = self.config.vocab_size;
+            step.screen = Some(ScreenBuffers::new(&self.client, vocab, self.dtype)?);
+        }
+        Ok(step)
     }
 
     fn heads(&self) -> HeadShape {
@@ -290,7 +322,10 @@ impl<R: Runtime> Model<R> {
         // The final norm stays a kernel of its own: fused into the LM head's GEMV, each of its
         // ~19k cubes would reduce x's squares again before its first weight load.
         ops::norm::rms_norm_into(c, x, &self.norm.tensor, s.eps, head.normed)?;
-        self.logits_into(head.normed, head.logits, s.scratch)
+        match head.logits {
+            Some(logits) => self.logits_into(head.normed, logits, s.scratch),
+            None => Ok(()),
+        }
     }
 
     /// Each row's argmax of `logits` into `ids`, with the rows split across cubes where the
@@ -387,7 +422,7 @@ impl<R: Runtime> Model<R> {
         let head = Head {
             last_row: gather.as_ref().map(|(index, row)| (index, row)),
             normed: &normed,
-            logits: &out,
+            logits: Some(&out),
         };
         self.forward(&s, Some(&ids), cache.layers(), head)?;
         cache.commit_append()?;
@@ -433,10 +468,15 @@ impl<R: Runtime> Model<R> {
             ));
         }
         let s = self.context(&step.act, cache, CacheLen::Device(cache.end()), Some(step));
+        // A step on the previous step's argmax is greedy: its LM head may be screened.
+        let screened = match (input, &self.screen, &step.screen) {
+            (StepInput::Chosen, Some(screen), Some(buffers)) => Some((screen, buffers)),
+            _ => None,
+        };
         let head = Head {
             last_row: None,
             normed: &step.act.normed,
-            logits: &step.logits,
+            logits: screened.is_none().then_some(&step.logits),
         };
         // The embedding of `step.token` (the first kernel, where there is one) reads its row
         // before the argmax (the last) gathers the next one into the same activation.
@@ -453,16 +493,69 @@ impl<R: Runtime> Model<R> {
             None => cache.layers(),
         };
         self.forward(&s, ids, layers, head)?;
-        self.greedy_into(
-            &step.logits,
+        let one = OneSequence {
+            cache,
+            slots: &step.chosen,
+            hidden: &step.act.hidden,
+        };
+        match screened {
+            Some((screen, buffers)) => self.screened_greedy_into(screen, buffers, step, one),
+            None => self.greedy_into(&step.logits, &step.next_token, &step.scratch, Some(one)),
+        }
+    }
+
+    /// The argmax of a step's logits through the screened LM head, advancing and gathering as
+    /// [`Self::greedy_into`] does; `step.logits` is not written ([`Self::fill_step_logits`]).
+    fn screened_greedy_into(
+        &self,
+        screen: &HeadScreen<R>,
+        buffers: &ScreenBuffers<R>,
+        step: &DecodeBuffers<R>,
+        one: OneSequence<'_, R>,
+    ) -> Result<()> {
+        use ops::linear::{Epilogue, Linear};
+        let c = &self.client;
+        let x = &step.act.normed;
+        let ws = Some(&step.scratch.linear);
+        let approx = &buffers.approx;
+        screen
+            .head
+            .linear
+            .forward_into(c, x, Epilogue::NONE, approx, ws)?;
+        let screened = ops::argmax::screened::Screened {
+            x,
+            w: self.float_head(),
+            approx,
+            coef: &screen.head.coef,
+        };
+        let next_row = ops::argmax::NextRow {
+            table: &self.embed_tokens.tensor,
+            row: one.hidden,
+        };
+        ops::argmax::screened::screened_argmax_advance_into(
+            c,
+            screened,
             &step.next_token,
-            &step.scratch,
-            Some(OneSequence {
-                cache,
-                slots: &step.chosen,
-                hidden: &step.act.hidden,
-            }),
-        )
+            &buffers.scratch,
+            [one.cache.start(), one.cache.end()],
+            [&one.slots[0], &one.slots[1]],
+            Some(next_row),
+        )?;
+        Ok(())
+    }
+
+    /// The float LM head's weight (the embedding table when tied); only for a float head.
+    fn float_head(&self) -> &DeviceTensor<R> {
+        match &self.lm_head {
+            Some(head) => &head.dense_weights()[0].tensor,
+            None => &self.embed_tokens.tensor,
+        }
+    }
+
+    /// The full logits of the last decode step into `step.logits`, from the final norm's output
+    /// the step left in `step.act.normed`: what a screened step did not write.
+    pub(crate) fn fill_step_logits(&self, step: &DecodeBuffers<R>) -> Result<()> {
+        self.logits_into(&step.act.normed, &step.logits, Some(&step.scratch))
     }
 
     /// One decode step of a ragged batch, allocation-free and graph-capturable: row `b` runs
@@ -502,7 +595,7 @@ impl<R: Runtime> Model<R> {
         let head = Head {
             last_row: None,
             normed: &step.act.normed,
-            logits: &step.logits,
+            logits: Some(&step.logits),
         };
         self.forward(&s, Some(&step.tokens), slots.layers(), head)?;
         self.greedy_into(&step.logits, &step.next_tokens, &step.scratch, None)

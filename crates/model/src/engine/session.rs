@@ -259,6 +259,9 @@ pub struct Session<R: Runtime> {
     sampler: Option<DeviceSampler<R>>,
     /// The input token of the last decode step (what the step's presence mark adds).
     last_decoded: Option<u32>,
+    /// The last decode step screened its LM head ([`crate::LoadOptions::screen_lm_head`]) and
+    /// did not write its logits: they are computed when asked for ([`Self::logits_ready`]).
+    logits_unwritten: bool,
 }
 
 impl<R: Runtime> Session<R> {
@@ -296,6 +299,7 @@ impl<R: Runtime> Session<R> {
             options,
             sampler: None,
             last_decoded: None,
+            logits_unwritten: false,
         })
     }
 
@@ -351,6 +355,8 @@ impl<R: Runtime> Session<R> {
         // decode buffers), which live as long as the graph, and everything runs on the one
         // client's stream.
         let run = unsafe { graph.run(&c, || model.decode_step_reading(cache, step, input, rows)) };
+        // Only a step on the argmax screens its head (`Model::decode_step_reading`).
+        self.logits_unwritten = on_argmax && model.screens_lm_head() && step.screen.is_some();
         if run.is_err() {
             // Part of the step may have run (its embedding, say) without its argmax: the input
             // row and the chosen id no longer agree, so no step may run on them.
@@ -442,6 +448,16 @@ impl<R: Runtime> Session<R> {
         }
         self.last_decoded = Some(token);
         Ok(Some(token))
+    }
+
+    /// Computes the last decode step's logits where it screened its LM head and did not write
+    /// them (one product of the float head, eager).
+    fn logits_ready(&mut self) -> Result<()> {
+        if self.logits_unwritten && matches!(self.current, Current::Decode) {
+            self.model.fill_step_logits(&self.step)?;
+        }
+        self.logits_unwritten = false;
+        Ok(())
     }
 
     /// The device sampler, allocated on first use.
@@ -570,6 +586,7 @@ impl<R: Runtime> CausalLm for Session<R> {
                 .as_ref()
                 .is_some_and(|s| s.capturing(plan, true));
         let _device = device_lock::for_step(capturing);
+        self.logits_ready()?;
         self.prepare_draw(&c, row, context, u, true)?;
         let sampler = self.sampler.as_mut().expect("allocated above");
         sampler.draw_after_step(&c, &self.step, plan, true)?;
@@ -610,6 +627,10 @@ impl<R: Runtime> CausalLm for Session<R> {
                 return Err(ModelError::param("sample", "no forward pass has run yet"))
             }
         };
+        if decode {
+            let _device = device_lock::shared();
+            self.logits_ready()?;
+        }
         let vocab = self.model.config().vocab_size;
         let c = self.model.client().clone();
         let row = params.row_params();
@@ -641,6 +662,10 @@ impl<R: Runtime> CausalLm for Session<R> {
     }
 
     fn logits(&mut self, out: &mut Vec<f32>) -> Result<()> {
+        {
+            let _device = device_lock::shared();
+            self.logits_ready()?;
+        }
         let tensor = match &self.current {
             Current::Prefill(t) => t,
             Current::Decode => &self.step.logits,

@@ -382,18 +382,29 @@ fn a_kept_prefix_gives_the_logits_of_a_whole_prefill() {
 /// its token budget keeps exactly the decoded tokens in the cache (the step launched on the last
 /// token is truncated away).
 fn greedy_ahead<R: Runtime>(client: &ComputeClient<R>) {
+    for screen in [false, true] {
+        greedy_ahead_with(client, screen);
+    }
+}
+
+/// Greedy decoding one step ahead of the host against steps the host feeds, the steps ahead
+/// with the LM head screened or not (`screen`: the same tokens, and the logits, computed when
+/// asked for, the same too).
+fn greedy_ahead_with<R: Runtime>(client: &ComputeClient<R>, screen: bool) {
     const MAX_LEN: usize = 40;
     let demo = Demo::new();
     let prompt = [5u32, 80, 300, 17, 999, 42];
-    let session = || {
+    let load_session = |screen_lm_head| {
         let options = LoadOptions {
             max_len: Some(MAX_LEN),
+            screen_lm_head,
             ..LoadOptions::default()
         };
         Session::new(load(client, &demo.0, &options).unwrap().0).unwrap()
     };
+    let session = || load_session(screen);
 
-    let mut host = session();
+    let mut host = load_session(false);
     let vocab = host.vocab_size();
     host.prefill(&prompt).unwrap();
     let mut tokens = Vec::new();
@@ -416,10 +427,14 @@ fn greedy_ahead<R: Runtime>(client: &ComputeClient<R>) {
         chosen.push(token);
     }
     assert_eq!(ahead.len(), MAX_LEN, "a full cache stops the steps ahead");
-    assert_eq!(chosen, tokens);
+    assert_eq!(ahead.model().screens_lm_head(), screen);
+    assert_eq!(chosen, tokens, "screened: {screen}");
     ahead.logits(&mut got).unwrap();
     let err = worst_row_error(&got, &want, vocab);
-    assert!(err < 1e-6, "logits after steps ahead differ by {err:.2e}");
+    assert!(
+        err < 1e-6,
+        "logits after steps ahead differ by {err:.2e} (screened: {screen})"
+    );
     assert_eq!(ahead.argmax().unwrap(), host.argmax().unwrap());
 
     let config = ahead.model().config().clone();
@@ -456,4 +471,72 @@ fn greedy_ahead<R: Runtime>(client: &ComputeClient<R>) {
 #[test]
 fn greedy_decoding_one_step_ahead_of_the_host() {
     on_each_runtime_one_cuda_at_a_time!(greedy_ahead);
+}
+
+/// A screened LM head on an untied checkpoint and on the demo's tied one: greedy tokens one step
+/// ahead as without it, and a step ahead followed by a draw (which needs the logits the screened
+/// step did not write) draws what the unscreened session draws, on the device and from the
+/// logits copied to the host.
+fn screened_head<R: Runtime>(client: &ComputeClient<R>) {
+    use model::SamplingParams;
+    let demo = Demo::new();
+    for dir in [fixture("qwen2-gqa-untied"), demo.0.clone()] {
+        let session = |screen_lm_head| {
+            let options = LoadOptions {
+                dtype: Some(DType::F32),
+                max_len: Some(24),
+                screen_lm_head,
+                ..LoadOptions::default()
+            };
+            Session::new(load(client, &dir, &options).unwrap().0).unwrap()
+        };
+        let (mut plain, mut screened) = (session(false), session(true));
+        assert!(screened.model().screens_lm_head() && !plain.model().screens_lm_head());
+        let prompt = [3u32, 14, 15, 9, 2, 6];
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_k: 20,
+            ..SamplingParams::default()
+        };
+        let run = |s: &mut Session<R>| {
+            s.prefill(&prompt).unwrap();
+            let first = s.argmax().unwrap();
+            s.decode(first).unwrap();
+            let mut tokens = vec![first];
+            for _ in 0..6 {
+                tokens.push(s.decode_argmax_ahead().unwrap().unwrap());
+            }
+            let drawn = s.sample_on_device(&params, &tokens, 0.37).unwrap();
+            tokens.push(s.decode_argmax_ahead().unwrap().unwrap());
+            let mut logits = Vec::new();
+            s.logits(&mut logits).unwrap();
+            (tokens, drawn, logits)
+        };
+        let (want, got) = (run(&mut plain), run(&mut screened));
+        let what = dir.display();
+        assert_eq!(got.0, want.0, "{what}: greedy tokens");
+        assert_eq!(got.1, want.1, "{what}: the draw after a screened step");
+        let err = worst_row_error(&got.2, &want.2, plain.vocab_size());
+        assert!(
+            err < 1e-6,
+            "{what}: logits after a screened step differ by {err:.2e}"
+        );
+    }
+    // A quantized LM head has nothing to screen.
+    let options = LoadOptions {
+        screen_lm_head: true,
+        compression: model::Compression::Quant {
+            mode: model::QuantMode::W8A8,
+            lm_head: true,
+            decode: model::Decode8::Auto,
+        },
+        ..LoadOptions::default()
+    };
+    let err = model::Model::<R>::load(client, &demo.0, &options, &mut |_| {}).unwrap_err();
+    assert_eq!(err.kind(), "parameter", "{err}");
+}
+
+#[test]
+fn a_screened_lm_head_decodes_the_same_tokens() {
+    on_each_runtime_one_cuda_at_a_time!(screened_head);
 }
