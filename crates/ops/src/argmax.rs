@@ -424,15 +424,27 @@ pub fn argmax_split_advance_into<R: Runtime>(
             ),
         ));
     }
+    let advance = (counters, slots, next_row);
+    check_advance(OP, &advance, x)?;
+    split_launch(client, x, out, scratch, Some(advance))
+}
+
+/// Checks what an advancing argmax over `logits` writes besides the id: two `u32[1]` counters,
+/// two `u32[1]` slots and the row it gathers, if any ([`NextRow`]).
+fn check_advance<R: Runtime>(
+    op: &'static str,
+    (counters, slots, next_row): &Advance<'_, R>,
+    logits: &DeviceTensor<R>,
+) -> Result<()> {
     let named = ["first counter", "second counter", "even slot", "odd slot"];
     let all = [counters[0], counters[1], slots[0], slots[1]];
     for (name, c) in named.into_iter().zip(all) {
-        check_u32_ids(OP, name, c, 1)?;
+        check_u32_ids(op, name, c, 1)?;
     }
-    if let Some(next) = &next_row {
-        next.validate(OP, x)?;
+    if let Some(next) = next_row {
+        next.validate(op, logits)?;
     }
-    split_launch(client, x, out, scratch, Some((counters, slots, next_row)))
+    Ok(())
 }
 
 /// The embedding row an advancing argmax gathers for the step its id feeds: `row[0..H] =

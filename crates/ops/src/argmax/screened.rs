@@ -554,16 +554,9 @@ pub fn screened_argmax_advance_into<R: Runtime>(
     slots: [&DeviceTensor<R>; 2],
     next_row: Option<NextRow<'_, R>>,
 ) -> Result<()> {
-    const OP: &str = "screened argmax advance";
-    let named = ["first counter", "second counter", "even slot", "odd slot"];
-    let all = [counters[0], counters[1], slots[0], slots[1]];
-    for (name, c) in named.into_iter().zip(all) {
-        check_u32_ids(OP, name, c, 1)?;
-    }
-    if let Some(next) = &next_row {
-        next.validate(OP, s.approx)?;
-    }
-    launch(client, s, out, scratch, Some((counters, slots, next_row)))
+    let advance = (counters, slots, next_row);
+    super::check_advance("screened argmax advance", &advance, s.approx)?;
+    launch(client, s, out, scratch, Some(advance))
 }
 
 fn launch<R: Runtime>(
