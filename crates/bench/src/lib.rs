@@ -262,8 +262,9 @@ pub const FAMILIES: &[&str] = &[
     "cubek",
 ];
 
-/// Families run only when asked for by name (`--family`): parameter sweeps.
-pub const SWEEPS: &[&str] = &["gemv-sweep"];
+/// Families run only when asked for by name (`--family`): parameter sweeps, and the LM head at
+/// the 1.5B vocabulary (host-side quantization of a 233M-weight head at setup).
+pub const SWEEPS: &[&str] = &["gemv-sweep", "lm-head"];
 
 /// The cases of one family on the runtime behind `client`.
 pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<Case<'a>> {
@@ -276,6 +277,7 @@ pub fn cases<'a, R: Runtime>(client: &'a ComputeClient<R>, family: &str) -> Vec<
         "quant" => quant::cases(client),
         "cubek" => cubek::cases(client),
         "gemv-sweep" => matmul::gemv_sweep(client),
+        "lm-head" => screen::cases(client),
         _ => Vec::new(),
     }
 }
@@ -286,4 +288,5 @@ pub mod cubek;
 pub mod matmul;
 pub mod norm;
 pub mod quant;
+pub mod screen;
 pub mod sparse;
