@@ -194,10 +194,23 @@ pub fn bench_generate<R: Runtime>(
         }
         Ok((median(prefill), median(decode), host.map(median)))
     };
+    let screen_before = g.model().screen_stats()?;
     let (prefill, decode, [launch_us, choose_us, other_us]) = timed(&mut g, greedy)?;
     eprintln!(
         "host time per decode step: launch {launch_us:.1} us, choose (wait + read back) {choose_us:.1} us, other {other_us:.1} us"
     );
+    // The screen's survivors per screened step over the greedy runs (warm-ups included).
+    let screen_rows = match (screen_before, g.model().screen_stats()?) {
+        (Some((s0, r0)), Some((s1, r1))) if s1 > s0 => {
+            let per_step = r1.wrapping_sub(r0) as f64 / (s1 - s0) as f64;
+            eprintln!(
+                "screened LM head: {per_step:.1} rows computed again from the float head a step ({} steps)",
+                s1 - s0
+            );
+            Some((per_step * 10.0).round() / 10.0)
+        }
+        _ => None,
+    };
     let sampled_decode = if sampled {
         Some(timed(&mut g, sampling)?.1)
     } else {
@@ -284,6 +297,7 @@ pub fn bench_generate<R: Runtime>(
         },
         "weights": format!("{compression:?}"),
         "screen_lm_head": args.weights.screen_lm_head,
+        "screen_rows_per_step": screen_rows,
         "weight_bytes": report.weight_bytes,
         "greedy_agreement": agreement,
         "sampled": sampled,

@@ -262,6 +262,8 @@ pub struct Session<R: Runtime> {
     /// The last decode step screened its LM head ([`crate::LoadOptions::screen_lm_head`]) and
     /// did not write its logits: they are computed when asked for ([`Self::logits_ready`]).
     logits_unwritten: bool,
+    /// Decode steps run with the LM head screened.
+    screened_steps: u64,
 }
 
 impl<R: Runtime> Session<R> {
@@ -300,6 +302,7 @@ impl<R: Runtime> Session<R> {
             sampler: None,
             last_decoded: None,
             logits_unwritten: false,
+            screened_steps: 0,
         })
     }
 
@@ -357,6 +360,7 @@ impl<R: Runtime> Session<R> {
         let run = unsafe { graph.run(&c, || model.decode_step_reading(cache, step, input, rows)) };
         // Only a step on the argmax screens its head (`Model::decode_step_reading`).
         self.logits_unwritten = on_argmax && model.screens_lm_head() && step.screen.is_some();
+        self.screened_steps += self.logits_unwritten as u64;
         if run.is_err() {
             // Part of the step may have run (its embedding, say) without its argmax: the input
             // row and the chosen id no longer agree, so no step may run on them.
@@ -482,6 +486,18 @@ impl<R: Runtime> Session<R> {
 
     pub fn model(&self) -> &Model<R> {
         &self.model
+    }
+
+    /// With a screened LM head ([`crate::LoadOptions::screen_lm_head`]): the decode steps that
+    /// screened it so far and the vocabulary rows they computed again from the float head
+    /// (modulo 2^32), read back (a sync); `None` without one.
+    pub fn screen_stats(&self) -> Result<Option<(u64, u32)>> {
+        let Some(screen) = &self.step.screen else {
+            return Ok(None);
+        };
+        let _device = device_lock::shared();
+        let rows = screen.scratch.rows_rescored(self.model.client())?;
+        Ok(Some((self.screened_steps, rows)))
     }
 
     pub fn cache(&self) -> &KvCache<R> {

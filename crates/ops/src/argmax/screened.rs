@@ -116,9 +116,9 @@ impl ScreenPlan {
     }
 }
 
-/// Device memory of a screened argmax: the best lower bound's key and `‖x‖₂` (two words, zero
-/// between launches) and a (value, index) candidate per rescoring cube. Used by one stream at a
-/// time.
+/// Device memory of a screened argmax: the best lower bound's key (zero between launches),
+/// `‖x‖₂`, a running count of the rows computed again, and a (value, index) candidate per
+/// rescoring cube. Used by one stream at a time.
 pub struct ScreenScratch<R: Runtime> {
     state: DeviceTensor<R>,
     partials: DeviceTensor<R>,
@@ -130,7 +130,7 @@ impl<R: Runtime> ScreenScratch<R> {
     pub fn new(client: &ComputeClient<R>, n: usize) -> Result<Self> {
         let plan = plan_for(client, n, 1);
         Ok(Self {
-            state: DeviceTensor::from_slice(client, &[0u32, 0], &[2])?,
+            state: DeviceTensor::from_slice(client, &[0u32, 0, 0], &[3])?,
             partials: DeviceTensor::empty(client, &[2 * plan.cubes as usize], DType::F32),
             n,
         })
@@ -139,6 +139,13 @@ impl<R: Runtime> ScreenScratch<R> {
     /// The number of logits it was made for.
     pub fn logits(&self) -> usize {
         self.n
+    }
+
+    /// The rows the launches on this scratch have computed again from the float weights so
+    /// far (the screen's survivors; modulo 2^32): how well the bounds screen, read back (a
+    /// sync).
+    pub fn rows_rescored(&self, client: &ComputeClient<R>) -> Result<u32> {
+        Ok(self.state.to_vec::<u32>(client)?[2])
     }
 }
 
@@ -234,8 +241,9 @@ fn threshold_kernel<F: Float, N: Size>(
     }
 }
 
-/// Each cube's survivors of the threshold computed again from `w` as the GEMV computes them, and
-/// the cube's best (value, index) in `partials[2·cube ..]` (index `rows` for none).
+/// Each cube's survivors of the threshold computed again from `w` as the GEMV computes them (and
+/// counted in `state[2]`), and the cube's best (value, index) in `partials[2·cube ..]` (index
+/// `rows` for none).
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
 fn rescore_kernel<F: Float, N: Size>(
@@ -243,7 +251,7 @@ fn rescore_kernel<F: Float, N: Size>(
     w: &[Vector<F, N>],
     approx: &[F],
     coef: &[f32],
-    state: &[Atomic<u32>],
+    state: &mut [Atomic<u32>],
     partials: &mut [f32],
     rows: usize,
     k_vectors: usize,
@@ -305,6 +313,9 @@ fn rescore_kernel<F: Float, N: Size>(
             count += scan[block - 1];
             // The last read of `scan` before the next block overwrites it.
             sync_cube();
+        }
+        if UNIT_POS == 0 {
+            state[2].fetch_add(count);
         }
 
         let groups = comptime![plan.groups()];
@@ -575,7 +586,7 @@ fn launch<R: Runtime>(
     let rel = rel_slack(dtype);
     let elem = dtype.elem_type();
     // SAFETY: shapes validated above; the threshold kernel reads x (k_vectors vectors), approx
-    // and coef (n each) and updates the scratch's two words.
+    // and coef (n each) and updates the scratch's first two words.
     unsafe {
         threshold_kernel::launch_unchecked::<R>(
             client,

@@ -161,9 +161,15 @@ fn matches_case<R: Runtime>(client: &ComputeClient<R>) {
                 assert_eq!(want, 3, "{what}: the tie's first index");
             }
             for spread in [1e-3, 0.05, 1e3] {
+                let before = scratch.rows_rescored(client).unwrap();
                 let (approx, coef) = noisy_approx(&mut rng, &wh, &xh, k, spread);
                 let got = screened_twice(client, &x, &w, &approx, &coef, dtype, &scratch, &what);
                 assert_eq!(got, want, "{what}: approximations off by {spread}·‖x‖");
+                if spread > 1.0 {
+                    // Bounds wider than every logit's spread keep every row (in both calls).
+                    let rescored = scratch.rows_rescored(client).unwrap() - before;
+                    assert_eq!(rescored as usize, 2 * n, "{what}: rows computed again");
+                }
             }
         }
     }

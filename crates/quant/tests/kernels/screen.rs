@@ -99,6 +99,13 @@ fn screen_case<R: Runtime>(client: &ComputeClient<R>) {
             };
             screened_argmax_into(client, s, &out, &scratch).unwrap();
             assert_exact(&what, &out.to_vec::<u32>(client).unwrap(), &want);
+            // The device's bounds are the host's with a little more slack: at least as many
+            // rows, and still few.
+            let rescored = scratch.rows_rescored(client).unwrap() as usize;
+            assert!(
+                (survivors..n / 10).contains(&rescored),
+                "{what}: {rescored} rows computed again, {survivors} on the host"
+            );
         }
     }
 }
