@@ -40,6 +40,18 @@ pub fn cases<R: Runtime>(client: &ComputeClient<R>) -> Vec<Case<'_>> {
         DType::F16
     };
     let e = dtype.size() as f64;
+    // On wgpu the page size is the storage-buffer binding limit, a hard limit on one buffer; on
+    // CUDA it is only the size of the memory pools' pages.
+    let head_bytes = (N * K * dtype.size()) as u64;
+    let runtime = caps::runtime_name(client);
+    if runtime != "cuda" && head_bytes > client.properties().memory.max_page_size {
+        eprintln!(
+            "lm-head: the {} MB head is larger than one buffer may be on the {} runtime; skipped",
+            head_bytes / 1_000_000,
+            runtime
+        );
+        return Vec::new();
+    }
     // A final norm's output (unit RMS, times a weight near 1) and head rows of about 0.02.
     let x = DeviceTensor::from_f32(client, &hashed(K, 1, 1.7), &[1, K], dtype).unwrap();
     let w = DeviceTensor::from_f32(client, &hashed(N * K, 2, 0.035), &[N, K], dtype).unwrap();
