@@ -451,7 +451,9 @@ impl<R: Runtime> Model<R> {
     /// never copied to the host first), whose embedding row that argmax already gathered, and
     /// overwrites both with its own. Greedy decoding then runs one step ahead of the host: the
     /// host queues the read of a step's choice, then this step, and only then waits for the
-    /// choice (the read sees the id from before this step: stream order).
+    /// choice (the read sees the id from before this step: stream order). Such a step screens
+    /// the LM head where the model has a screen and `step` its buffers, and then leaves
+    /// `step.logits` unwritten ([`Self::fill_step_logits`]).
     pub(crate) fn decode_step_reading(
         &self,
         cache: &KvCache<R>,
