@@ -184,6 +184,67 @@ fn plane_best(v: f32, i: u32) -> (f32, u32) {
     (bv, bi)
 }
 
+/// The best of `count` (value, index) candidates staged in shared memory (one per plane or
+/// column group), read by one unit, into slot `slot` of `partials` (value, then index bits).
+#[cube]
+fn store_best(
+    vals: &[f32],
+    idxs: &[u32],
+    partials: &mut [f32],
+    slot: usize,
+    #[comptime] count: usize,
+) {
+    let mut cv = vals[0];
+    let mut ci = idxs[0];
+    #[unroll]
+    for p in 1..count {
+        if beats(vals[p], idxs[p], cv, ci) {
+            cv = vals[p];
+            ci = idxs[p];
+        }
+    }
+    partials[slot * 2] = cv;
+    partials[slot * 2 + 1] = f32::reinterpret(ci);
+}
+
+/// The best of the candidates in slots `base + s` of `partials`, `s` from `first` below `count`
+/// by `step` (`none`: no candidate).
+#[cube]
+fn best_of_slots(
+    partials: &[f32],
+    base: usize,
+    first: usize,
+    count: usize,
+    step: usize,
+    none: u32,
+) -> (f32, u32) {
+    let mut cv = f32::new(f32::MIN);
+    let mut ci = none;
+    for s in range_stepped(first, count, step) {
+        let slot = base + s;
+        let v = partials[slot * 2];
+        let i = u32::reinterpret(partials[slot * 2 + 1]);
+        if beats(v, i, cv, ci) {
+            cv = v;
+            ci = i;
+        }
+    }
+    (cv, ci)
+}
+
+/// `next_row = table[id]` (rows of `row_vectors` vectors), by the whole cube.
+#[cube]
+fn gather_row<F: Float, N: Size>(
+    table: &[Vector<F, N>],
+    next_row: &mut [Vector<F, N>],
+    id: usize,
+    row_vectors: usize,
+) {
+    for i in range_stepped(UNIT_POS as usize, row_vectors, CUBE_DIM as usize) {
+        next_row[i] = table[id * row_vectors + i];
+    }
+}
+
 /// Argmax with each row split over `shape.splits` cubes (CUDA: 32-unit planes and a device-scope
 /// fence): every cube reduces its slice to one (value, index) candidate in slot `row · splits +
 /// split` of `partials`, and the last cube of the row to finish ([`last_to_finish`]) reduces
@@ -252,18 +313,8 @@ fn argmax_split_kernel<F: Float, N: Size>(
     }
     sync_cube();
     if UNIT_POS == 0 {
-        let mut cv = vals[0];
-        let mut ci = idxs[0];
-        #[unroll]
-        for p in 1..comptime![(SPLIT_CUBE / 32) as usize] {
-            if beats(vals[p], idxs[p], cv, ci) {
-                cv = vals[p];
-                ci = idxs[p];
-            }
-        }
-        let slot = row * splits + split;
-        partials[slot * 2] = cv;
-        partials[slot * 2 + 1] = f32::reinterpret(ci);
+        let planes = comptime![(SPLIT_CUBE / 32) as usize];
+        store_best(&vals, &idxs, partials, row * splits + split, planes);
     }
     // Uniform across the cube (the flag is shared), so the last cube may synchronise below.
     if last_to_finish(counters, row, comptime![shape.splits]) {
@@ -275,17 +326,7 @@ fn argmax_split_kernel<F: Float, N: Size>(
                 first = first_counter[0];
                 second = second_counter[0];
             }
-            let mut cv = f32::new(f32::MIN);
-            let mut ci = none;
-            for s in range_stepped(lane, splits, 32usize) {
-                let slot = row * splits + s;
-                let v = partials[slot * 2];
-                let i = u32::reinterpret(partials[slot * 2 + 1]);
-                if beats(v, i, cv, ci) {
-                    cv = v;
-                    ci = i;
-                }
-            }
+            let (cv, ci) = best_of_slots(&*partials, row * splits, lane, splits, 32usize, none);
             let (_, wi) = plane_best(cv, ci);
             if lane == 0 {
                 // A row of only NaN has no candidate: report index 0.
@@ -304,10 +345,7 @@ fn argmax_split_kernel<F: Float, N: Size>(
             // The next step's input row, by the whole cube: one load a unit at the 1.5B
             // model's 192 vectors, instead of a kernel of its own at the next step's start.
             sync_cube();
-            let id = idxs[0] as usize;
-            for i in range_stepped(UNIT_POS as usize, row_vectors_out, CUBE_DIM as usize) {
-                next_row[i] = table[id * row_vectors_out + i];
-            }
+            gather_row(table, next_row, idxs[0] as usize, row_vectors_out);
         }
     }
 }

@@ -138,16 +138,13 @@ impl<R: Runtime> Model<R> {
 
     /// Builds the int8 screen of the float LM head (the embedding table when tied).
     pub(crate) fn build_screen(&mut self) -> Result<()> {
-        let head = match &self.lm_head {
-            None => &self.embed_tokens,
-            Some(p) => *p.dense_weights().first().ok_or_else(|| {
-                ModelError::param(
-                    "screen_lm_head",
-                    "the LM head is compressed: screening needs a float LM head",
-                )
-            })?,
-        };
-        self.screen = Some(HeadScreen::build(&self.client, &head.tensor)?);
+        let head = self.float_head().ok_or_else(|| {
+            ModelError::param(
+                "screen_lm_head",
+                "the LM head is compressed: screening needs a float LM head",
+            )
+        })?;
+        self.screen = Some(HeadScreen::build(&self.client, head)?);
         Ok(())
     }
 
@@ -526,7 +523,9 @@ impl<R: Runtime> Model<R> {
             .forward_into(c, x, Epilogue::NONE, approx, ws)?;
         let screened = ops::argmax::screened::Screened {
             x,
-            w: self.float_head(),
+            w: self
+                .float_head()
+                .expect("a screen is built on a float head"),
             approx,
             coef: &screen.head.coef,
         };
@@ -546,11 +545,11 @@ impl<R: Runtime> Model<R> {
         Ok(())
     }
 
-    /// The float LM head's weight (the embedding table when tied); only for a float head.
-    fn float_head(&self) -> &DeviceTensor<R> {
+    /// The float LM head's weight (the embedding table when tied); `None` for a compressed head.
+    fn float_head(&self) -> Option<&DeviceTensor<R>> {
         match &self.lm_head {
-            Some(head) => &head.dense_weights()[0].tensor,
-            None => &self.embed_tokens.tensor,
+            Some(head) => head.dense_weights().first().map(|w| &w.tensor),
+            None => Some(&self.embed_tokens.tensor),
         }
     }
 

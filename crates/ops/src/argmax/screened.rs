@@ -23,7 +23,7 @@
 
 use cubecl::prelude::*;
 
-use super::{beats, write_slot, NextRow};
+use super::{beats, best_of_slots, gather_row, store_best, write_slot, NextRow};
 use crate::launch::{check_same_dtype, check_u32_ids};
 use crate::matmul::{gemv_lanes, gemv_splits};
 use crate::norm::sum_squares;
@@ -361,18 +361,13 @@ fn rescore_kernel<F: Float, N: Size>(
         }
         sync_cube();
         if UNIT_POS == 0 {
-            let mut cv = vals[0];
-            let mut ci = idxs[0];
-            #[unroll]
-            for g in 1..comptime![plan.groups() as usize] {
-                if beats(vals[g], idxs[g], cv, ci) {
-                    cv = vals[g];
-                    ci = idxs[g];
-                }
-            }
-            let slot = CUBE_POS * 2;
-            partials[slot] = cv;
-            partials[slot + 1] = f32::reinterpret(ci);
+            store_best(
+                &vals,
+                &idxs,
+                partials,
+                CUBE_POS,
+                comptime![plan.groups() as usize],
+            );
         }
     } else if UNIT_POS == 0 {
         let slot = CUBE_POS * 2;
@@ -405,16 +400,7 @@ fn finish_kernel<F: Float, N: Size>(
 ) {
     let none = rows as u32;
     let unit = UNIT_POS as usize;
-    let mut best = f32::new(f32::MIN);
-    let mut best_i = none;
-    for s in range_stepped(unit, cubes, CUBE_DIM as usize) {
-        let v = partials[s * 2];
-        let i = u32::reinterpret(partials[s * 2 + 1]);
-        if beats(v, i, best, best_i) {
-            best = v;
-            best_i = i;
-        }
-    }
+    let (best, best_i) = best_of_slots(partials, 0, unit, cubes, CUBE_DIM as usize, none);
     let mut vals = Shared::<[f32]>::new_slice(comptime![CUBE as usize]);
     let mut idxs = Shared::<[u32]>::new_slice(comptime![CUBE as usize]);
     vals[unit] = best;
@@ -446,10 +432,7 @@ fn finish_kernel<F: Float, N: Size>(
     }
     if comptime![gather] {
         sync_cube();
-        let id = idxs[0] as usize;
-        for i in range_stepped(unit, row_vectors_out, CUBE_DIM as usize) {
-            next_row[i] = table[id * row_vectors_out + i];
-        }
+        gather_row(table, next_row, idxs[0] as usize, row_vectors_out);
     }
 }
 
@@ -476,7 +459,7 @@ fn validate<R: Runtime>(
     s: Screened<'_, R>,
     out: &DeviceTensor<R>,
     scratch: &ScreenScratch<R>,
-) -> Result<(usize, usize)> {
+) -> Result<Validated> {
     caps::check_float_dtype(client, op, s.x.dtype())?;
     let (n, k) = match s.w.shape() {
         [n, k] => (*n, *k),
@@ -530,14 +513,29 @@ fn validate<R: Runtime>(
         }
     }
     check_u32_ids(op, "out", out, 1)?;
-    let cubes = plan_for(client, n, k / caps::vector_size_for(client, s.x.dtype(), k)).cubes;
-    if scratch.n != n || scratch.partials.numel() < 2 * cubes as usize {
+    let vector = caps::vector_size_for(client, s.x.dtype(), k);
+    let plan = plan_for(client, n, k / vector);
+    if scratch.n != n || scratch.partials.numel() < 2 * plan.cubes as usize {
         return Err(OpsError::shape(
             op,
             format!("the scratch is for {} logits, not {n}", scratch.n),
         ));
     }
-    Ok((n, k))
+    Ok(Validated {
+        n,
+        vector,
+        k_vectors: k / vector,
+        plan,
+    })
+}
+
+/// A validated screened argmax: its logits, the vector width and count of a row of `w`, and
+/// the launch plan.
+struct Validated {
+    n: usize,
+    vector: usize,
+    k_vectors: usize,
+    plan: ScreenPlan,
 }
 
 /// `argmax(linear(x, w))` of one row into `out[0]` (u32 `[1]`) from the approximations and
@@ -578,11 +576,13 @@ fn launch<R: Runtime>(
     advance: Option<super::Advance<'_, R>>,
 ) -> Result<()> {
     const OP: &str = "screened argmax";
-    let (n, k) = validate(client, OP, s, out, scratch)?;
+    let Validated {
+        n,
+        vector,
+        k_vectors,
+        plan,
+    } = validate(client, OP, s, out, scratch)?;
     let dtype = s.x.dtype();
-    let vector = caps::vector_size_for(client, dtype, k);
-    let k_vectors = k / vector;
-    let plan = plan_for(client, n, k_vectors);
     let rel = rel_slack(dtype);
     let elem = dtype.elem_type();
     // SAFETY: shapes validated above; the threshold kernel reads x (k_vectors vectors), approx
